@@ -1,0 +1,351 @@
+//! Parsing and validation. Every error names the path of the offending value
+//! (`agents[0].model`) and, where it can, the fix.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::{Config, ProviderKind};
+use crate::event::nearest;
+
+/// The configuration `hookwire serve` runs without `--config`: one agent
+/// `demo` on the embedded scripted model, no hooks.
+pub const EMBEDDED_DEFAULT: &str = r#"
+models:
+  - name: scripted
+    provider: scripted
+agents:
+  - name: demo
+    model: scripted
+    system_prompt: "You are hookwire's demo agent."
+"#;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {file}: {source}")]
+    Read {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}: {path}: {message}")]
+    Parse {
+        origin: String,
+        path: String,
+        message: String,
+    },
+    #[error("{origin}: {path}: {message}")]
+    Invalid {
+        origin: String,
+        path: String,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The dotted path of the offending value.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            ConfigError::Read { .. } => None,
+            ConfigError::Parse { path, .. } | ConfigError::Invalid { path, .. } => Some(path),
+        }
+    }
+}
+
+impl Config {
+    pub fn load(file: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text, &file.display().to_string())
+    }
+
+    pub fn embedded_default() -> Config {
+        Config::parse(EMBEDDED_DEFAULT, "embedded default").expect("embedded default is valid")
+    }
+
+    /// Parses and validates YAML; `origin` names the source in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let de = serde_norway::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError::Parse {
+                origin: origin.to_string(),
+                path: if path.is_empty() || path == "." {
+                    "(top level)".into()
+                } else {
+                    path
+                },
+                message: e.into_inner().to_string(),
+            }
+        })?;
+        let errors = config.validate();
+        match errors.into_iter().next() {
+            Some((path, message)) => Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                path,
+                message,
+            }),
+            None => Ok(config),
+        }
+    }
+
+    /// Semantic checks serde cannot express; returns (path, message) pairs.
+    fn validate(&self) -> Vec<(String, String)> {
+        let mut errs = Vec::new();
+        unique(&mut errs, "models", self.models.iter().map(|m| m.name.as_str()));
+        unique(&mut errs, "hooks", self.hooks.iter().map(|h| h.name.as_str()));
+        unique(&mut errs, "agents", self.agents.iter().map(|a| a.name.as_str()));
+
+        if self.agents.is_empty() {
+            errs.push(("agents".into(), "at least one agent is required".into()));
+        }
+
+        for (i, m) in self.models.iter().enumerate() {
+            let p = format!("models[{i}]");
+            match m.provider {
+                ProviderKind::Scripted => {
+                    for (field, set) in [
+                        ("base_url", m.base_url.is_some()),
+                        ("model", m.model.is_some()),
+                        ("api_key_env", m.api_key_env.is_some()),
+                        ("organization", m.organization.is_some()),
+                        ("headers", !m.headers.is_empty()),
+                        ("max_retries", m.max_retries.is_some()),
+                        ("timeout", m.timeout.is_some()),
+                    ] {
+                        if set {
+                            errs.push((
+                                format!("{p}.{field}"),
+                                "only valid for provider: openai; remove it or change the provider"
+                                    .into(),
+                            ));
+                        }
+                    }
+                }
+                ProviderKind::Openai => {
+                    if m.rules.is_some() {
+                        errs.push((
+                            format!("{p}.rules"),
+                            "only valid for provider: scripted".into(),
+                        ));
+                    }
+                    match &m.base_url {
+                        None => errs.push((
+                            format!("{p}.base_url"),
+                            "required for provider: openai (e.g. https://api.openai.com/v1)".into(),
+                        )),
+                        Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => errs
+                            .push((
+                                format!("{p}.base_url"),
+                                format!("`{u}` must start with http:// or https://"),
+                            )),
+                        _ => {}
+                    }
+                    if m.model.is_none() {
+                        errs.push((
+                            format!("{p}.model"),
+                            "required for provider: openai (the provider's model id)".into(),
+                        ));
+                    }
+                    if let Some(env) = &m.api_key_env {
+                        if env.is_empty() || env.contains(char::is_whitespace) {
+                            errs.push((
+                                format!("{p}.api_key_env"),
+                                "must name an environment variable (the key itself never goes in the file)".into(),
+                            ));
+                        }
+                    }
+                }
+            }
+            if let Some(t) = m.temperature {
+                if !(0.0..=2.0).contains(&t) {
+                    errs.push((format!("{p}.temperature"), "must be within 0.0..=2.0".into()));
+                }
+            }
+        }
+
+        for (i, h) in self.hooks.iter().enumerate() {
+            let p = format!("hooks[{i}]");
+            if !(h.endpoint.starts_with("http://") || h.endpoint.starts_with("https://")) {
+                errs.push((
+                    format!("{p}.endpoint"),
+                    format!(
+                        "`{}` must be a URL starting with http:// or https:// (e.g. http://127.0.0.1:50061)",
+                        h.endpoint
+                    ),
+                ));
+            }
+            if h.timeout.is_zero() {
+                errs.push((format!("{p}.timeout"), "must be greater than zero".into()));
+            }
+            for (ev, d) in &h.event_timeouts {
+                if d.0.is_zero() {
+                    errs.push((
+                        format!("{p}.event_timeouts.{ev}"),
+                        "must be greater than zero".into(),
+                    ));
+                }
+            }
+            if h.observe_queue == 0 {
+                errs.push((format!("{p}.observe_queue"), "must be at least 1".into()));
+            }
+        }
+
+        let model_names: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+        let hook_names: Vec<&str> = self.hooks.iter().map(|h| h.name.as_str()).collect();
+        for (i, a) in self.agents.iter().enumerate() {
+            let p = format!("agents[{i}]");
+            if !model_names.contains(&a.model.as_str()) {
+                errs.push((
+                    format!("{p}.model"),
+                    unknown_ref("model", &a.model, &model_names, "models"),
+                ));
+            }
+            for (j, h) in a.hooks.iter().enumerate() {
+                if !hook_names.contains(&h.as_str()) {
+                    errs.push((
+                        format!("{p}.hooks[{j}]"),
+                        unknown_ref("hook", h, &hook_names, "hooks"),
+                    ));
+                }
+            }
+            if a.max_turns == 0 {
+                errs.push((format!("{p}.max_turns"), "must be at least 1".into()));
+            }
+            if a.tool_concurrency == 0 {
+                errs.push((format!("{p}.tool_concurrency"), "must be at least 1".into()));
+            }
+            for (field, d) in [
+                ("event_budget", a.event_budget),
+                ("run_timeout", a.run_timeout),
+                ("approval_timeout", a.approval_timeout),
+            ] {
+                if d.is_zero() {
+                    errs.push((format!("{p}.{field}"), "must be greater than zero".into()));
+                }
+            }
+            if let Some(t) = a.temperature {
+                if !(0.0..=2.0).contains(&t) {
+                    errs.push((format!("{p}.temperature"), "must be within 0.0..=2.0".into()));
+                }
+            }
+        }
+
+        if let Some(r) = self.telemetry.sampling_ratio {
+            if !(0.0..=1.0).contains(&r) {
+                errs.push((
+                    "telemetry.sampling_ratio".into(),
+                    "must be within 0.0..=1.0".into(),
+                ));
+            }
+        }
+        errs
+    }
+}
+
+fn unique<'a>(errs: &mut Vec<(String, String)>, list: &str, names: impl Iterator<Item = &'a str>) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in names.enumerate() {
+        if n.is_empty() {
+            errs.push((format!("{list}[{i}].name"), "must not be empty".into()));
+        } else if let Some(first) = seen.insert(n, i) {
+            errs.push((
+                format!("{list}[{i}].name"),
+                format!("duplicate name `{n}` (first defined at {list}[{first}])"),
+            ));
+        }
+    }
+}
+
+fn unknown_ref(what: &str, given: &str, known: &[&str], section: &str) -> String {
+    let hint = match nearest(given, known.iter().copied()) {
+        Some(n) => format!("; did you mean `{n}`?"),
+        None if known.is_empty() => format!("; no {what}s are defined under `{section}:`"),
+        None => format!("; defined {what}s: {}", known.join(", ")),
+    };
+    format!("unknown {what} `{given}`{hint}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(yaml: &str) -> ConfigError {
+        Config::parse(yaml, "test.yaml").unwrap_err()
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::embedded_default();
+        assert_eq!(c.agents[0].name, "demo");
+        assert_eq!(c.agents[0].max_turns, super::super::DEFAULT_MAX_TURNS);
+    }
+
+    #[test]
+    fn unknown_field_names_its_path() {
+        let e = err("agents:\n  - name: a\n    model: m\n    max_turn: 3\nmodels: [{name: m, provider: scripted}]\n");
+        assert_eq!(e.path(), Some("agents[0].max_turn"));
+        assert!(e.to_string().contains("unknown field `max_turn`"), "{e}");
+        assert!(e.to_string().contains("max_turns"), "lists expected fields: {e}");
+    }
+
+    #[test]
+    fn misspelled_event_suggests_nearest() {
+        let e = err(
+            "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\nhooks:\n  - name: h\n    endpoint: http://x:1\n    events: [run_start, tool_reslt]\n",
+        );
+        assert_eq!(e.path(), Some("hooks[0].events[1]"));
+        assert!(e.to_string().contains("did you mean `tool_result`"), "{e}");
+    }
+
+    #[test]
+    fn unknown_model_reference_suggests() {
+        let e = err("models: [{name: scripted, provider: scripted}]\nagents: [{name: a, model: scriptd}]\n");
+        assert_eq!(e.path(), Some("agents[0].model"));
+        assert!(e.to_string().contains("did you mean `scripted`"), "{e}");
+    }
+
+    #[test]
+    fn unknown_hook_reference() {
+        let e = err("models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m, hooks: [nope]}]\n");
+        assert_eq!(e.path(), Some("agents[0].hooks[0]"));
+        assert!(e.to_string().contains("no hooks are defined"), "{e}");
+    }
+
+    #[test]
+    fn openai_requires_base_url_and_model() {
+        let e = err("models: [{name: m, provider: openai}]\nagents: [{name: a, model: m}]\n");
+        assert_eq!(e.path(), Some("models[0].base_url"));
+    }
+
+    #[test]
+    fn provider_field_mismatch() {
+        let e = err("models: [{name: m, provider: scripted, base_url: 'http://x'}]\nagents: [{name: a, model: m}]\n");
+        assert_eq!(e.path(), Some("models[0].base_url"));
+        assert!(e.to_string().contains("only valid for provider: openai"));
+    }
+
+    #[test]
+    fn duplicate_names() {
+        let e = err("models: [{name: m, provider: scripted}, {name: m, provider: scripted}]\nagents: [{name: a, model: m}]\n");
+        assert_eq!(e.path(), Some("models[1].name"));
+    }
+
+    #[test]
+    fn bad_duration_and_endpoint() {
+        let e = err("models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\nhooks: [{name: h, endpoint: 'x:1', timeout: 5 parsecs}]\n");
+        assert_eq!(e.path(), Some("hooks[0].timeout"));
+        let e = err("models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\nhooks: [{name: h, endpoint: 'x:1'}]\n");
+        assert_eq!(e.path(), Some("hooks[0].endpoint"));
+    }
+
+    #[test]
+    fn hook_defaults_and_overrides() {
+        let c = Config::parse("models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m, hooks: [h]}]\nhooks: [{name: h, endpoint: 'http://x:1', timeout: 2s, event_timeouts: {tool_call: 30s}}]\n", "t").unwrap();
+        let h = &c.hooks[0];
+        assert_eq!(h.failure, super::super::FailurePolicy::Closed);
+        assert_eq!(h.timeout_for(crate::event::EventKind::ToolCall).as_secs(), 30);
+        assert_eq!(h.timeout_for(crate::event::EventKind::RunStart).as_secs(), 2);
+    }
+}

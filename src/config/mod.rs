@@ -1,0 +1,308 @@
+//! The configuration model: one YAML file (ConfigMap friendly). Unknown
+//! fields are rejected; every error names the offending path.
+//!
+//! Defaults are chosen for agents, whose hooks may themselves call a model:
+//! seconds, not milliseconds. See README "Configuration reference".
+
+mod load;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::event::EventKind;
+use crate::model::scripted::Rule;
+
+pub use load::{ConfigError, EMBEDDED_DEFAULT};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// gRPC listen address (AgentService, health, reflection).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Admin HTTP listen address (/metrics, /healthz, /readyz).
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: SocketAddr,
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    #[serde(default)]
+    pub hooks: Vec<HookConfig>,
+    pub agents: Vec<AgentConfig>,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+    #[serde(default)]
+    pub server: ServerConfig,
+}
+
+fn default_listen() -> SocketAddr {
+    DEFAULT_LISTEN.parse().expect("valid default")
+}
+fn default_admin_listen() -> SocketAddr {
+    DEFAULT_ADMIN_LISTEN.parse().expect("valid default")
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    Scripted,
+    Openai,
+}
+
+/// A model. Fields apply to one provider each; using a field of another
+/// provider is an error.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    pub provider: ProviderKind,
+    // scripted
+    #[serde(default)]
+    pub rules: Option<Vec<Rule>>,
+    // openai
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub api_key_env: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    pub max_retries: Option<u32>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    pub organization: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// A hook failure ends the run with outcome hook_failed.
+    #[default]
+    Closed,
+    /// A hook failure is treated as continue (warned, counted).
+    Open,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HookMode {
+    #[default]
+    Blocking,
+    /// Every subscribed event is delivered without waiting; cannot steer.
+    Observe,
+}
+
+pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_OBSERVE_QUEUE: usize = 256;
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookConfig {
+    pub name: String,
+    /// gRPC endpoint, e.g. `http://redactor:50061`.
+    pub endpoint: String,
+    /// Events to receive; empty means whatever Describe reports.
+    #[serde(default)]
+    pub events: Vec<EventKind>,
+    /// Higher fires first; ties keep config order.
+    #[serde(default)]
+    pub priority: i32,
+    /// Per-call deadline.
+    #[serde(default = "default_hook_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Per-event overrides of `timeout`.
+    #[serde(default)]
+    pub event_timeouts: BTreeMap<EventKind, HumanDuration>,
+    #[serde(default)]
+    pub failure: FailurePolicy,
+    #[serde(default)]
+    pub mode: HookMode,
+    /// With failure: open, stop calling the hook for the rest of a run after
+    /// it failed once.
+    #[serde(default = "yes")]
+    pub detach_on_failure: bool,
+    /// Bounded queue of observe events per run stream; overflow is dropped
+    /// and counted.
+    #[serde(default = "default_observe_queue")]
+    pub observe_queue: usize,
+    #[serde(default)]
+    pub breaker: BreakerConfig,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct HumanDuration(#[serde(with = "humantime_serde")] pub Duration);
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// Consecutive failures (across runs) that open the breaker; 0 disables.
+    #[serde(default = "default_breaker_failures")]
+    pub failures: u32,
+    /// How long the breaker stays open before a probe call is let through.
+    #[serde(default = "default_breaker_cooldown", with = "humantime_serde")]
+    pub cooldown: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failures: DEFAULT_BREAKER_FAILURES,
+            cooldown: DEFAULT_BREAKER_COOLDOWN,
+        }
+    }
+}
+
+fn default_hook_timeout() -> Duration {
+    DEFAULT_HOOK_TIMEOUT
+}
+fn default_observe_queue() -> usize {
+    DEFAULT_OBSERVE_QUEUE
+}
+fn default_breaker_failures() -> u32 {
+    DEFAULT_BREAKER_FAILURES
+}
+fn default_breaker_cooldown() -> Duration {
+    DEFAULT_BREAKER_COOLDOWN
+}
+fn yes() -> bool {
+    true
+}
+
+impl HookConfig {
+    pub fn timeout_for(&self, event: EventKind) -> Duration {
+        self.event_timeouts
+            .get(&event)
+            .map(|d| d.0)
+            .unwrap_or(self.timeout)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamDeltas {
+    /// Hold text deltas until model_response hooks accept the turn.
+    #[default]
+    Hold,
+    /// Stream deltas provisionally; retract them if the turn is rewritten.
+    Pass,
+}
+
+pub const DEFAULT_MAX_TURNS: u32 = 8;
+pub const DEFAULT_EVENT_BUDGET: Duration = Duration::from_secs(15);
+pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(600);
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    pub name: String,
+    /// Name of a configured model.
+    pub model: String,
+    #[serde(default)]
+    pub system_prompt: String,
+    /// Static context documents appended after the system prompt.
+    #[serde(default)]
+    pub context: Vec<String>,
+    /// Hook names, from `hooks:`.
+    #[serde(default)]
+    pub hooks: Vec<String>,
+    /// Tool names, owned by configured hook servers.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    #[serde(default = "default_max_turns")]
+    pub max_turns: u32,
+    #[serde(default = "one")]
+    pub tool_concurrency: usize,
+    #[serde(default)]
+    pub stream_deltas: StreamDeltas,
+    /// All hooks of one event together.
+    #[serde(default = "default_event_budget", with = "humantime_serde")]
+    pub event_budget: Duration,
+    #[serde(default = "default_run_timeout", with = "humantime_serde")]
+    pub run_timeout: Duration,
+    #[serde(default = "default_approval_timeout", with = "humantime_serde")]
+    pub approval_timeout: Duration,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+}
+
+fn default_max_turns() -> u32 {
+    DEFAULT_MAX_TURNS
+}
+fn one() -> usize {
+    1
+}
+fn default_event_budget() -> Duration {
+    DEFAULT_EVENT_BUDGET
+}
+fn default_run_timeout() -> Duration {
+    DEFAULT_RUN_TIMEOUT
+}
+fn default_approval_timeout() -> Duration {
+    DEFAULT_APPROVAL_TIMEOUT
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Record prompt / tool content on spans (after hooks ran). Off by default.
+    #[serde(default)]
+    pub capture_content: bool,
+    /// OTLP gRPC endpoint; `OTEL_EXPORTER_OTLP_ENDPOINT` overrides it. Export
+    /// is off when neither is set.
+    pub otlp_endpoint: Option<String>,
+    /// Service name; `OTEL_SERVICE_NAME` overrides it.
+    pub service_name: Option<String>,
+    /// Parent-based trace-id ratio sampling, 0.0..=1.0 (default 1.0).
+    pub sampling_ratio: Option<f64>,
+}
+
+pub const DEFAULT_MAX_INPUT_BYTES: usize = 256 * 1024;
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Largest accepted user input.
+    #[serde(default = "default_max_input")]
+    pub max_input_bytes: usize,
+    /// How long in-flight runs may finish after SIGTERM before cancellation.
+    #[serde(default = "default_grace", with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+fn default_max_input() -> usize {
+    DEFAULT_MAX_INPUT_BYTES
+}
+fn default_grace() -> Duration {
+    DEFAULT_SHUTDOWN_GRACE
+}
+
+impl Config {
+    pub fn agent(&self, name: &str) -> Option<&AgentConfig> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+    pub fn hook(&self, name: &str) -> Option<&HookConfig> {
+        self.hooks.iter().find(|h| h.name == name)
+    }
+    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}

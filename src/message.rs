@@ -1,0 +1,113 @@
+//! Provider-agnostic, block-structured conversation messages.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+    Tool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    pub blocks: Vec<Block>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Block {
+    Text { text: String },
+    Reasoning { text: String },
+    ToolCall(ToolCall),
+    ToolResult(ToolResult),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// JSON text, kept verbatim so what the model sent is what hooks see.
+    pub arguments_json: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub call_id: String,
+    pub name: String,
+    pub content: String,
+    pub is_error: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema text; empty means any object.
+    pub parameters_json_schema: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub estimated: bool,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.estimated |= other.estimated;
+    }
+}
+
+impl Message {
+    pub fn user(text: impl Into<String>) -> Self {
+        Message {
+            role: Role::User,
+            blocks: vec![Block::Text { text: text.into() }],
+        }
+    }
+
+    pub fn assistant_text(text: impl Into<String>) -> Self {
+        Message {
+            role: Role::Assistant,
+            blocks: vec![Block::Text { text: text.into() }],
+        }
+    }
+
+    pub fn tool_results(results: Vec<ToolResult>) -> Self {
+        Message {
+            role: Role::Tool,
+            blocks: results.into_iter().map(Block::ToolResult).collect(),
+        }
+    }
+
+    /// All text blocks joined (reasoning excluded).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for b in &self.blocks {
+            if let Block::Text { text } = b {
+                out.push_str(text);
+            }
+        }
+        out
+    }
+
+    pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {
+        self.blocks.iter().filter_map(|b| match b {
+            Block::ToolCall(c) => Some(c),
+            _ => None,
+        })
+    }
+
+    pub fn tool_results_iter(&self) -> impl Iterator<Item = &ToolResult> {
+        self.blocks.iter().filter_map(|b| match b {
+            Block::ToolResult(r) => Some(r),
+            _ => None,
+        })
+    }
+}

@@ -1,0 +1,95 @@
+//! Model providers: the embedded deterministic `scripted` model and (in
+//! `openai`) any OpenAI-compatible chat-completions endpoint.
+
+pub mod scripted;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::message::{Message, ToolSpec, Usage};
+
+/// Whether and how the model must call tools.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    #[default]
+    Auto,
+    None,
+    Required,
+    Tool(String),
+}
+
+/// The effective request of one model call (after `model_request` hooks).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ModelRequest {
+    pub model: String,
+    pub system_prompt: String,
+    pub extra_context: Vec<String>,
+    pub history: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    pub tool_choice: ToolChoice,
+    pub additional_params: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ModelRequest {
+    /// The system prompt followed by the extra context documents, as most
+    /// providers take a single system message.
+    pub fn system_text(&self) -> String {
+        let mut parts: Vec<&str> = Vec::new();
+        if !self.system_prompt.is_empty() {
+            parts.push(&self.system_prompt);
+        }
+        parts.extend(self.extra_context.iter().map(String::as_str));
+        parts.join("\n\n")
+    }
+}
+
+/// A complete model turn.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ModelResponse {
+    pub message: Option<Message>,
+    pub finish_reason: String,
+    pub usage: Usage,
+    pub model: String,
+}
+
+impl ModelResponse {
+    pub fn message(&self) -> Message {
+        self.message
+            .clone()
+            .unwrap_or_else(|| Message::assistant_text(""))
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{provider} model `{model}` failed{}: {message}", status_text(.status))]
+pub struct ModelError {
+    pub provider: &'static str,
+    pub model: String,
+    /// HTTP status from the provider, when there was one.
+    pub status: Option<u16>,
+    pub message: String,
+}
+
+fn status_text(s: &Option<u16>) -> String {
+    s.map(|s| format!(" (status {s})")).unwrap_or_default()
+}
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Receives streamed text chunks while a model call is in flight.
+pub type DeltaSink<'a> = &'a (dyn Fn(&str) + Send + Sync);
+
+/// A model backend. Cancellation is by dropping the returned future.
+pub trait ModelProvider: Send + Sync + 'static {
+    /// Provider kind for telemetry (`gen_ai.provider.name`).
+    fn provider_name(&self) -> &'static str;
+    /// Configured model name.
+    fn model_name(&self) -> &str;
+    fn complete<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        on_delta: DeltaSink<'a>,
+    ) -> BoxFuture<'a, Result<ModelResponse, ModelError>>;
+}
