@@ -7,3 +7,5 @@ pub mod event;
 pub mod message;
 pub mod model;
 pub mod pb;
+pub mod agent;
+pub mod hooks;

@@ -1,0 +1,3 @@
+//! The agent loop.
+
+pub mod outcome;

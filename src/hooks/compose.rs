@@ -1,0 +1,711 @@
+//! Composition rules, free of IO: hook order, chain threading, and the merge
+//! of concurrent `model_request` patches. The dispatcher calls hooks; this
+//! module decides what their verdicts mean together.
+
+use crate::event::EventKind;
+use crate::hooks::provenance::{Conflict, VerdictRecord};
+use crate::hooks::verdict::*;
+use crate::message::{Block, Message, ToolCall, ToolResult};
+use crate::model::{ModelRequest, ModelResponse, ToolChoice};
+
+/// A hook as far as ordering is concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ranked {
+    pub name: String,
+    pub priority: i32,
+}
+
+/// Firing order: agent hooks, then session extras; within each group by
+/// descending priority, ties keeping listed order. A hook listed in both
+/// groups fires once, with the agent group.
+pub fn firing_order(agent: &[Ranked], session: &[Ranked]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for group in [agent, session] {
+        let mut g: Vec<&Ranked> = group.iter().collect();
+        // Stable sort keeps listed order for equal priorities.
+        g.sort_by(|a, b| b.priority.cmp(&a.priority));
+        for r in g {
+            if !out.contains(&r.name) {
+                out.push(r.name.clone());
+            }
+        }
+    }
+    out
+}
+
+/// What one verdict did to a chain.
+#[derive(Debug, PartialEq)]
+pub enum Step<S> {
+    Continue { changed: Vec<&'static str> },
+    Stop(S),
+}
+
+/// A chain-composed event: each hook sees the payload as rewritten by the
+/// hooks before it; a terminal verdict stops the chain.
+pub trait ChainEvent {
+    const KIND: EventKind;
+    type Payload: Clone + Send + Sync + 'static;
+    type Stop: Send + 'static;
+    /// Applies a verdict; `Err` returns a verdict of the wrong kind.
+    fn apply(payload: &mut Self::Payload, action: Action) -> Result<Step<Self::Stop>, Action>;
+}
+
+pub struct SessionStartChain;
+impl ChainEvent for SessionStartChain {
+    const KIND: EventKind = EventKind::SessionStart;
+    type Payload = ();
+    type Stop = Terminate;
+    fn apply(_: &mut (), action: Action) -> Result<Step<Terminate>, Action> {
+        match action {
+            Action::SessionStart(SessionStartAction::Continue) => Ok(unchanged()),
+            Action::SessionStart(SessionStartAction::Terminate(t)) => Ok(Step::Stop(t)),
+            other => Err(other),
+        }
+    }
+}
+
+pub struct RunStartChain;
+impl ChainEvent for RunStartChain {
+    const KIND: EventKind = EventKind::RunStart;
+    type Payload = String;
+    type Stop = Terminate;
+    fn apply(input: &mut String, action: Action) -> Result<Step<Terminate>, Action> {
+        match action {
+            Action::RunStart(RunStartAction::Continue) => Ok(unchanged()),
+            Action::RunStart(RunStartAction::RewriteInput(new)) => {
+                *input = new;
+                Ok(changed(&["input"]))
+            }
+            Action::RunStart(RunStartAction::Terminate(t)) => Ok(Step::Stop(t)),
+            other => Err(other),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub enum ResponseStop {
+    Retry(String),
+    Terminate(Terminate),
+}
+
+pub struct ModelResponseChain;
+impl ChainEvent for ModelResponseChain {
+    const KIND: EventKind = EventKind::ModelResponse;
+    type Payload = ModelResponse;
+    type Stop = ResponseStop;
+    fn apply(resp: &mut ModelResponse, action: Action) -> Result<Step<ResponseStop>, Action> {
+        match action {
+            Action::ModelResponse(ModelResponseAction::Continue) => Ok(unchanged()),
+            Action::ModelResponse(ModelResponseAction::Rewrite(blocks)) => {
+                resp.message = Some(Message {
+                    role: crate::message::Role::Assistant,
+                    blocks,
+                });
+                Ok(changed(&["message"]))
+            }
+            Action::ModelResponse(ModelResponseAction::Retry(f)) => {
+                Ok(Step::Stop(ResponseStop::Retry(f)))
+            }
+            Action::ModelResponse(ModelResponseAction::Terminate(t)) => {
+                Ok(Step::Stop(ResponseStop::Terminate(t)))
+            }
+            other => Err(other),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub enum InvalidCallStop {
+    Retry(String),
+    Skip(Skip),
+    Terminate(Terminate),
+}
+
+pub struct InvalidToolCallChain;
+impl ChainEvent for InvalidToolCallChain {
+    const KIND: EventKind = EventKind::InvalidToolCall;
+    type Payload = ToolCall;
+    type Stop = InvalidCallStop;
+    fn apply(_: &mut ToolCall, action: Action) -> Result<Step<InvalidCallStop>, Action> {
+        match action {
+            Action::InvalidToolCall(InvalidToolCallAction::Continue) => Ok(unchanged()),
+            Action::InvalidToolCall(InvalidToolCallAction::Retry(f)) => {
+                Ok(Step::Stop(InvalidCallStop::Retry(f)))
+            }
+            Action::InvalidToolCall(InvalidToolCallAction::Skip(s)) => {
+                Ok(Step::Stop(InvalidCallStop::Skip(s)))
+            }
+            Action::InvalidToolCall(InvalidToolCallAction::Terminate(t)) => {
+                Ok(Step::Stop(InvalidCallStop::Terminate(t)))
+            }
+            other => Err(other),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub enum ToolCallStop {
+    Skip(Skip),
+    Ask(Ask),
+    Terminate(Terminate),
+}
+
+pub struct ToolCallChain;
+impl ChainEvent for ToolCallChain {
+    const KIND: EventKind = EventKind::ToolCall;
+    type Payload = ToolCall;
+    type Stop = ToolCallStop;
+    fn apply(call: &mut ToolCall, action: Action) -> Result<Step<ToolCallStop>, Action> {
+        match action {
+            Action::ToolCall(ToolCallAction::Continue) => Ok(unchanged()),
+            Action::ToolCall(ToolCallAction::RewriteArgs(args)) => {
+                call.arguments_json = args;
+                Ok(changed(&["arguments"]))
+            }
+            Action::ToolCall(ToolCallAction::Skip(s)) => Ok(Step::Stop(ToolCallStop::Skip(s))),
+            Action::ToolCall(ToolCallAction::Ask(a)) => Ok(Step::Stop(ToolCallStop::Ask(a))),
+            Action::ToolCall(ToolCallAction::Terminate(t)) => {
+                Ok(Step::Stop(ToolCallStop::Terminate(t)))
+            }
+            other => Err(other),
+        }
+    }
+}
+
+pub struct ToolResultChain;
+impl ChainEvent for ToolResultChain {
+    const KIND: EventKind = EventKind::ToolResult;
+    type Payload = ToolResult;
+    type Stop = Terminate;
+    fn apply(result: &mut ToolResult, action: Action) -> Result<Step<Terminate>, Action> {
+        match action {
+            Action::ToolResult(ToolResultAction::Continue) => Ok(unchanged()),
+            Action::ToolResult(ToolResultAction::Rewrite { content, is_error }) => {
+                result.content = content;
+                let mut fields = vec!["content"];
+                if let Some(e) = is_error {
+                    result.is_error = e;
+                    fields.push("is_error");
+                }
+                Ok(changed(&fields))
+            }
+            Action::ToolResult(ToolResultAction::Terminate(t)) => Ok(Step::Stop(t)),
+            other => Err(other),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub enum TurnEndStop {
+    ContinueRun(String),
+    Terminate(Terminate),
+}
+
+pub struct TurnEndChain;
+impl ChainEvent for TurnEndChain {
+    const KIND: EventKind = EventKind::TurnEnd;
+    type Payload = Message;
+    type Stop = TurnEndStop;
+    fn apply(_: &mut Message, action: Action) -> Result<Step<TurnEndStop>, Action> {
+        match action {
+            Action::TurnEnd(TurnEndAction::Continue) => Ok(unchanged()),
+            Action::TurnEnd(TurnEndAction::ContinueRun(m)) => {
+                Ok(Step::Stop(TurnEndStop::ContinueRun(m)))
+            }
+            Action::TurnEnd(TurnEndAction::Terminate(t)) => {
+                Ok(Step::Stop(TurnEndStop::Terminate(t)))
+            }
+            other => Err(other),
+        }
+    }
+}
+
+fn unchanged<S>() -> Step<S> {
+    Step::Continue { changed: vec![] }
+}
+
+fn changed<S>(fields: &[&'static str]) -> Step<S> {
+    Step::Continue {
+        changed: fields.to_vec(),
+    }
+}
+
+// ------------------------------------------------------------------ merge
+
+/// The combined answer of all `model_request` hooks.
+#[derive(Debug, PartialEq)]
+pub enum Merged {
+    /// The first terminate in firing order (any terminate wins).
+    Terminate { hook: String, terminate: Terminate },
+    /// The first respond in firing order (when nobody terminated).
+    Respond {
+        hook: String,
+        response: ModelResponse,
+    },
+    /// The effective request after merging every patch.
+    Request {
+        request: ModelRequest,
+        records: Vec<VerdictRecord>,
+    },
+}
+
+/// Checks a patch against the request it patches, before merging. An
+/// invalid patch is an invalid verdict (a hook failure), not a merge input.
+pub fn validate_patch(baseline: &ModelRequest, patch: &RequestPatch) -> Result<(), String> {
+    if let Some(names) = &patch.active_tools {
+        for n in names {
+            if !baseline.tools.iter().any(|t| &t.name == n) {
+                return Err(format!(
+                    "active_tools names `{n}`, which is not offered for this call (offered: {})",
+                    baseline
+                        .tools
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+    }
+    if let Some(t) = patch.temperature {
+        if !(0.0..=2.0).contains(&t) || t.is_nan() {
+            return Err(format!("temperature {t} is outside 0.0..=2.0"));
+        }
+    }
+    Ok(())
+}
+
+/// Merges verdicts given in firing order. Precedence: any terminate, then
+/// the first respond, then patches merged field by field.
+pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)>) -> Merged {
+    if let Some((hook, t)) = verdicts.iter().find_map(|(h, a)| match a {
+        ModelRequestAction::Terminate(t) => Some((h.clone(), t.clone())),
+        _ => None,
+    }) {
+        return Merged::Terminate { hook, terminate: t };
+    }
+    if let Some((hook, r)) = verdicts.iter().find_map(|(h, a)| match a {
+        ModelRequestAction::Respond(r) => Some((h.clone(), r.clone())),
+        _ => None,
+    }) {
+        let mut blocks = Vec::new();
+        if !r.text.is_empty() {
+            blocks.push(Block::Text { text: r.text });
+        }
+        blocks.extend(r.tool_calls.into_iter().map(Block::ToolCall));
+        let finish = if blocks.iter().any(|b| matches!(b, Block::ToolCall(_))) {
+            "tool_calls"
+        } else {
+            "stop"
+        };
+        return Merged::Respond {
+            hook: hook.clone(),
+            response: ModelResponse {
+                message: Some(Message {
+                    role: crate::message::Role::Assistant,
+                    blocks,
+                }),
+                finish_reason: finish.into(),
+                usage: Default::default(),
+                model: format!("hook:{hook}"),
+            },
+        };
+    }
+
+    let mut req = baseline.clone();
+    let mut records = Vec::new();
+    // field -> hook that set it first
+    let mut owners: Vec<(&'static str, String)> = Vec::new();
+    let mut param_owners: Vec<(String, String)> = Vec::new();
+
+    for (hook, action) in verdicts {
+        let mut rec = VerdictRecord::new(&hook, EventKind::ModelRequest, "continue", "");
+        if let ModelRequestAction::Patch(p) = action {
+            rec.verdict = "patch_request";
+            let claim = |field: &'static str,
+                             rec: &mut VerdictRecord,
+                             owners: &mut Vec<(&'static str, String)>|
+             -> bool {
+                if let Some((_, winner)) = owners.iter().find(|(f, _)| *f == field) {
+                    rec.conflicts.push(Conflict {
+                        field: field.into(),
+                        winner: winner.clone(),
+                        loser: hook.clone(),
+                    });
+                    false
+                } else {
+                    owners.push((field, hook.clone()));
+                    rec.fields_changed.push(field.into());
+                    true
+                }
+            };
+            if !p.extra_context.is_empty() {
+                req.extra_context.extend(p.extra_context);
+                rec.fields_changed.push("extra_context".into());
+            }
+            if let Some(v) = p.system_prompt {
+                if claim("system_prompt", &mut rec, &mut owners) {
+                    req.system_prompt = v;
+                }
+            }
+            if let Some(v) = p.temperature {
+                if claim("temperature", &mut rec, &mut owners) {
+                    req.temperature = Some(v);
+                }
+            }
+            if let Some(v) = p.max_tokens {
+                if claim("max_tokens", &mut rec, &mut owners) {
+                    req.max_tokens = Some(v);
+                }
+            }
+            if let Some(v) = p.tool_choice {
+                if claim("tool_choice", &mut rec, &mut owners) {
+                    req.tool_choice = v;
+                }
+            }
+            if let Some(v) = p.history {
+                if claim("history", &mut rec, &mut owners) {
+                    req.history = v;
+                }
+            }
+            if let Some(names) = p.active_tools {
+                let before = req.tools.len();
+                req.tools.retain(|t| names.contains(&t.name));
+                if req.tools.len() != before {
+                    rec.fields_changed.push("active_tools".into());
+                }
+                owners.push(("active_tools", hook.clone()));
+            }
+            if let Some(params) = p.additional_params {
+                let mut changed = false;
+                for (k, v) in params {
+                    if let Some((_, winner)) = param_owners.iter().find(|(key, _)| key == &k) {
+                        rec.conflicts.push(Conflict {
+                            field: format!("additional_params.{k}"),
+                            winner: winner.clone(),
+                            loser: hook.clone(),
+                        });
+                    } else {
+                        param_owners.push((k.clone(), hook.clone()));
+                        req.additional_params.insert(k, v);
+                        changed = true;
+                    }
+                }
+                if changed {
+                    rec.fields_changed.push("additional_params".into());
+                }
+            }
+        }
+        records.push(rec);
+    }
+    Merged::Request {
+        request: req,
+        records,
+    }
+}
+
+/// Checks the merged request before the provider call. The error names the
+/// hook(s) whose patch caused it.
+pub fn validate_effective(
+    request: &ModelRequest,
+    records: &[VerdictRecord],
+) -> Result<(), String> {
+    let setter = |field: &str| {
+        records
+            .iter()
+            .find(|r| r.fields_changed.iter().any(|f| f == field))
+            .map(|r| r.hook.clone())
+    };
+    let blame = |field: &str| match setter(field) {
+        Some(h) => format!("hook `{h}`"),
+        None => "the agent configuration".to_string(),
+    };
+    match &request.tool_choice {
+        ToolChoice::Required if request.tools.is_empty() => Err(format!(
+            "tool_choice `required` (from {}) but no tool is left in the effective tool set (narrowed by {})",
+            blame("tool_choice"),
+            blame("active_tools")
+        )),
+        ToolChoice::Tool(name) if !request.tools.iter().any(|t| &t.name == name) => Err(format!(
+            "tool_choice names tool `{name}` (from {}) but it is not in the effective tool set (narrowed by {})",
+            blame("tool_choice"),
+            blame("active_tools")
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::ToolSpec;
+    use serde_json::json;
+
+    fn r(name: &str, p: i32) -> Ranked {
+        Ranked {
+            name: name.into(),
+            priority: p,
+        }
+    }
+
+    #[test]
+    fn order_by_priority_ties_keep_listed_order_agent_before_session() {
+        let agent = [r("a", 0), r("b", 10), r("c", 0), r("d", 10)];
+        let session = [r("s1", 100), r("s2", 0), r("a", 50)];
+        assert_eq!(
+            firing_order(&agent, &session),
+            ["b", "d", "a", "c", "s1", "s2"]
+        );
+    }
+
+    #[test]
+    fn chain_threads_rewrites_and_records_fields() {
+        let mut input = "hello".to_string();
+        let s = RunStartChain::apply(
+            &mut input,
+            Action::RunStart(RunStartAction::RewriteInput("hi".into())),
+        )
+        .unwrap();
+        assert_eq!(s, Step::Continue { changed: vec!["input"] });
+        assert_eq!(input, "hi");
+    }
+
+    #[test]
+    fn wrong_kind_is_returned_not_ignored() {
+        let mut input = String::new();
+        let wrong = Action::ToolCall(ToolCallAction::Continue);
+        assert_eq!(
+            RunStartChain::apply(&mut input, wrong.clone()).unwrap_err(),
+            wrong
+        );
+        let mut call = ToolCall {
+            id: "1".into(),
+            name: "t".into(),
+            arguments_json: "{}".into(),
+        };
+        assert!(ToolCallChain::apply(
+            &mut call,
+            Action::ToolResult(ToolResultAction::Continue)
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn terminal_verdicts_stop() {
+        let mut call = ToolCall {
+            id: "1".into(),
+            name: "t".into(),
+            arguments_json: "{}".into(),
+        };
+        let skip = Skip {
+            result: "no".into(),
+            is_error: true,
+        };
+        assert_eq!(
+            ToolCallChain::apply(&mut call, Action::ToolCall(ToolCallAction::Skip(skip.clone())))
+                .unwrap(),
+            Step::Stop(ToolCallStop::Skip(skip))
+        );
+        let mut res = ToolResult {
+            call_id: "1".into(),
+            name: "t".into(),
+            content: "secret".into(),
+            is_error: false,
+        };
+        let s = ToolResultChain::apply(
+            &mut res,
+            Action::ToolResult(ToolResultAction::Rewrite {
+                content: "[redacted]".into(),
+                is_error: None,
+            }),
+        )
+        .unwrap();
+        assert_eq!(s, Step::Continue { changed: vec!["content"] });
+        assert_eq!(res.content, "[redacted]");
+        assert!(!res.is_error);
+    }
+
+    fn baseline() -> ModelRequest {
+        ModelRequest {
+            model: "m".into(),
+            system_prompt: "base".into(),
+            tools: ["a", "b", "c"]
+                .iter()
+                .map(|n| ToolSpec {
+                    name: n.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn patch(p: RequestPatch) -> ModelRequestAction {
+        ModelRequestAction::Patch(p)
+    }
+
+    #[test]
+    fn merge_applies_each_field_rule() {
+        let mut params1 = serde_json::Map::new();
+        params1.insert("top_p".into(), json!(0.5));
+        params1.insert("seed".into(), json!(1));
+        let mut params2 = serde_json::Map::new();
+        params2.insert("seed".into(), json!(2));
+        params2.insert("user".into(), json!("u"));
+        let merged = merge(
+            &baseline(),
+            vec![
+                (
+                    "h1".into(),
+                    patch(RequestPatch {
+                        extra_context: vec!["doc1".into()],
+                        system_prompt: Some("from h1".into()),
+                        active_tools: Some(vec!["a".into(), "b".into()]),
+                        additional_params: Some(params1),
+                        ..Default::default()
+                    }),
+                ),
+                ("h2".into(), ModelRequestAction::Continue),
+                (
+                    "h3".into(),
+                    patch(RequestPatch {
+                        extra_context: vec!["doc3".into()],
+                        system_prompt: Some("from h3".into()),
+                        temperature: Some(0.2),
+                        active_tools: Some(vec!["b".into(), "c".into()]),
+                        additional_params: Some(params2),
+                        history: Some(vec![Message::user("short")]),
+                        ..Default::default()
+                    }),
+                ),
+            ],
+        );
+        let Merged::Request { request, records } = merged else {
+            panic!("expected a request")
+        };
+        assert_eq!(request.extra_context, ["doc1", "doc3"], "append in firing order");
+        assert_eq!(request.system_prompt, "from h1", "first writer wins");
+        assert_eq!(request.temperature, Some(0.2));
+        assert_eq!(
+            request.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["b"],
+            "intersection"
+        );
+        assert_eq!(request.additional_params["seed"], json!(1));
+        assert_eq!(request.additional_params["top_p"], json!(0.5));
+        assert_eq!(request.additional_params["user"], json!("u"));
+        assert_eq!(request.history, vec![Message::user("short")]);
+        let h3 = &records[2];
+        assert_eq!(h3.verdict, "patch_request");
+        assert!(h3.conflicts.contains(&Conflict {
+            field: "system_prompt".into(),
+            winner: "h1".into(),
+            loser: "h3".into()
+        }));
+        assert!(h3.conflicts.contains(&Conflict {
+            field: "additional_params.seed".into(),
+            winner: "h1".into(),
+            loser: "h3".into()
+        }));
+        assert!(h3.fields_changed.contains(&"temperature".to_string()));
+        assert!(!h3.fields_changed.contains(&"system_prompt".to_string()));
+        assert_eq!(records[1].verdict, "continue");
+    }
+
+    #[test]
+    fn terminate_beats_respond_beats_patch() {
+        let respond = ModelRequestAction::Respond(Respond {
+            text: "canned".into(),
+            tool_calls: vec![],
+        });
+        let term = |r: &str| {
+            ModelRequestAction::Terminate(Terminate {
+                reason: r.into(),
+                reply: None,
+            })
+        };
+        let m = merge(
+            &baseline(),
+            vec![
+                ("p".into(), patch(RequestPatch::default())),
+                ("r".into(), respond.clone()),
+                ("t1".into(), term("first")),
+                ("t2".into(), term("second")),
+            ],
+        );
+        assert_eq!(
+            m,
+            Merged::Terminate {
+                hook: "t1".into(),
+                terminate: Terminate {
+                    reason: "first".into(),
+                    reply: None
+                }
+            }
+        );
+        let m = merge(
+            &baseline(),
+            vec![("p".into(), patch(RequestPatch::default())), ("r".into(), respond)],
+        );
+        match m {
+            Merged::Respond { hook, response } => {
+                assert_eq!(hook, "r");
+                assert_eq!(response.message.unwrap().text(), "canned");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn invalid_patches_are_rejected_before_merge() {
+        let p = RequestPatch {
+            active_tools: Some(vec!["nope".into()]),
+            ..Default::default()
+        };
+        assert!(validate_patch(&baseline(), &p).unwrap_err().contains("`nope`"));
+    }
+
+    #[test]
+    fn effective_request_validation_names_the_hook() {
+        let merged = merge(
+            &baseline(),
+            vec![
+                (
+                    "chooser".into(),
+                    patch(RequestPatch {
+                        tool_choice: Some(ToolChoice::Tool("a".into())),
+                        ..Default::default()
+                    }),
+                ),
+                (
+                    "narrower".into(),
+                    patch(RequestPatch {
+                        active_tools: Some(vec!["b".into()]),
+                        ..Default::default()
+                    }),
+                ),
+            ],
+        );
+        let Merged::Request { request, records } = merged else {
+            panic!()
+        };
+        let err = validate_effective(&request, &records).unwrap_err();
+        assert!(err.contains("hook `chooser`") && err.contains("hook `narrower`"), "{err}");
+
+        let merged = merge(
+            &baseline(),
+            vec![(
+                "req".into(),
+                patch(RequestPatch {
+                    tool_choice: Some(ToolChoice::Required),
+                    active_tools: Some(vec![]),
+                    ..Default::default()
+                }),
+            )],
+        );
+        let Merged::Request { request, records } = merged else {
+            panic!()
+        };
+        assert!(validate_effective(&request, &records).unwrap_err().contains("`req`"));
+    }
+}

@@ -1,0 +1,95 @@
+//! Hook failure classes. Every way a hook can misbehave maps to exactly one
+//! class, and every class goes through the hook's failure policy.
+
+use std::fmt;
+
+use crate::event::EventKind;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureClass {
+    /// Connection refused, DNS failure, unreachable.
+    Connect,
+    /// TLS handshake or certificate failure.
+    Tls,
+    /// The Process stream could not be opened (e.g. UNIMPLEMENTED).
+    StreamRefused,
+    /// No verdict before the deadline.
+    Deadline,
+    /// The stream or the server died mid-event.
+    StreamReset,
+    /// The hook answered with a gRPC error status.
+    Status,
+    /// A verdict whose kind is not the event's.
+    WrongKind,
+    /// A verdict that fails validation.
+    InvalidVerdict,
+    /// A second verdict for one seq.
+    Duplicate,
+    /// A verdict for a seq that was never sent.
+    Spurious,
+    /// The hook's circuit breaker is open; it was not called.
+    CircuitOpen,
+}
+
+impl FailureClass {
+    pub const ALL: [FailureClass; 11] = [
+        FailureClass::Connect,
+        FailureClass::Tls,
+        FailureClass::StreamRefused,
+        FailureClass::Deadline,
+        FailureClass::StreamReset,
+        FailureClass::Status,
+        FailureClass::WrongKind,
+        FailureClass::InvalidVerdict,
+        FailureClass::Duplicate,
+        FailureClass::Spurious,
+        FailureClass::CircuitOpen,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            FailureClass::Connect => "connect",
+            FailureClass::Tls => "tls",
+            FailureClass::StreamRefused => "stream_refused",
+            FailureClass::Deadline => "deadline",
+            FailureClass::StreamReset => "stream_reset",
+            FailureClass::Status => "status",
+            FailureClass::WrongKind => "wrong_kind",
+            FailureClass::InvalidVerdict => "invalid_verdict",
+            FailureClass::Duplicate => "duplicate",
+            FailureClass::Spurious => "spurious",
+            FailureClass::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What went wrong with one hook call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub class: FailureClass,
+    pub detail: String,
+}
+
+impl Fault {
+    pub fn new(class: FailureClass, detail: impl Into<String>) -> Self {
+        Fault {
+            class,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// A fail-closed hook failure: ends the run with outcome hook_failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("hook `{hook}` failed on {event}: {}: {}", .fault.class, .fault.detail)]
+pub struct HookFailure {
+    pub hook: String,
+    pub event: EventKind,
+    pub fault: Fault,
+}

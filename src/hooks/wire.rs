@@ -1,0 +1,695 @@
+//! The boundary between `pb` and the domain: `TryFrom` wire verdicts into
+//! domain verdicts (with `InvalidVerdict` errors), and domain payloads into
+//! wire events. The only hooks module that knows the generated types.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::agent::outcome::RunOutcome;
+use crate::event::EventKind;
+use crate::hooks::payload::{CallProblem, EventContext, Payload};
+use crate::hooks::verdict::*;
+use crate::message::{Block, Message, Role, ToolCall, ToolResult, ToolSpec, Usage};
+use crate::model::{ModelRequest, ModelResponse, ToolChoice};
+use crate::pb;
+
+/// Largest verdict text field hookwire accepts (rewritten content, patches).
+pub const MAX_VERDICT_TEXT: usize = 4 * 1024 * 1024;
+
+/// Why a wire verdict is not a valid domain verdict.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidVerdict {
+    #[error("verdict has no typed verdict set (expected the `{expected}` field)")]
+    MissingVerdict { expected: EventKind },
+    #[error("{event} verdict has no action set")]
+    MissingAction { event: EventKind },
+    #[error("terminate needs a non-empty reason")]
+    MissingReason,
+    #[error("{field} is not valid JSON: {error}")]
+    BadJson { field: &'static str, error: String },
+    #[error("{field} must be a JSON object")]
+    NotObject { field: &'static str },
+    #[error("{field} is {size} bytes, over the {max} byte limit")]
+    Oversize {
+        field: &'static str,
+        size: usize,
+        max: usize,
+    },
+    #[error("{0}")]
+    BadMessage(String),
+}
+
+impl From<EventKind> for pb::EventKind {
+    fn from(k: EventKind) -> Self {
+        match k {
+            EventKind::SessionStart => pb::EventKind::SessionStart,
+            EventKind::RunStart => pb::EventKind::RunStart,
+            EventKind::ModelRequest => pb::EventKind::ModelRequest,
+            EventKind::TextDelta => pb::EventKind::TextDelta,
+            EventKind::ModelResponse => pb::EventKind::ModelResponse,
+            EventKind::InvalidToolCall => pb::EventKind::InvalidToolCall,
+            EventKind::ToolCall => pb::EventKind::ToolCall,
+            EventKind::ToolResult => pb::EventKind::ToolResult,
+            EventKind::TurnEnd => pb::EventKind::TurnEnd,
+            EventKind::RunEnd => pb::EventKind::RunEnd,
+            EventKind::SessionEnd => pb::EventKind::SessionEnd,
+        }
+    }
+}
+
+/// Wire event kinds from `Describe`; unspecified or unknown values are dropped.
+pub fn event_kind_from_wire(v: i32) -> Option<EventKind> {
+    let k = pb::EventKind::try_from(v).ok()?;
+    Some(match k {
+        pb::EventKind::Unspecified => return None,
+        pb::EventKind::SessionStart => EventKind::SessionStart,
+        pb::EventKind::RunStart => EventKind::RunStart,
+        pb::EventKind::ModelRequest => EventKind::ModelRequest,
+        pb::EventKind::TextDelta => EventKind::TextDelta,
+        pb::EventKind::ModelResponse => EventKind::ModelResponse,
+        pb::EventKind::InvalidToolCall => EventKind::InvalidToolCall,
+        pb::EventKind::ToolCall => EventKind::ToolCall,
+        pb::EventKind::ToolResult => EventKind::ToolResult,
+        pb::EventKind::TurnEnd => EventKind::TurnEnd,
+        pb::EventKind::RunEnd => EventKind::RunEnd,
+        pb::EventKind::SessionEnd => EventKind::SessionEnd,
+    })
+}
+
+impl From<RunOutcome> for pb::RunOutcome {
+    fn from(o: RunOutcome) -> Self {
+        match o {
+            RunOutcome::Completed => pb::RunOutcome::Completed,
+            RunOutcome::Terminated => pb::RunOutcome::Terminated,
+            RunOutcome::Failed => pb::RunOutcome::Failed,
+            RunOutcome::Cancelled => pb::RunOutcome::Cancelled,
+            RunOutcome::MaxTurns => pb::RunOutcome::MaxTurns,
+            RunOutcome::HookFailed => pb::RunOutcome::HookFailed,
+            RunOutcome::ModelFailed => pb::RunOutcome::ModelFailed,
+            RunOutcome::TimedOut => pb::RunOutcome::TimedOut,
+        }
+    }
+}
+
+// ------------------------------------------------------------ domain -> wire
+
+impl From<&ToolCall> for pb::ToolCall {
+    fn from(c: &ToolCall) -> Self {
+        pb::ToolCall {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            arguments_json: c.arguments_json.clone(),
+        }
+    }
+}
+
+impl From<&ToolResult> for pb::ToolResultBlock {
+    fn from(r: &ToolResult) -> Self {
+        pb::ToolResultBlock {
+            call_id: r.call_id.clone(),
+            name: r.name.clone(),
+            content: r.content.clone(),
+            is_error: r.is_error,
+        }
+    }
+}
+
+impl From<&ToolSpec> for pb::ToolSpec {
+    fn from(t: &ToolSpec) -> Self {
+        pb::ToolSpec {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters_json_schema: t.parameters_json_schema.clone(),
+        }
+    }
+}
+
+impl From<Usage> for pb::Usage {
+    fn from(u: Usage) -> Self {
+        pb::Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            estimated: u.estimated,
+        }
+    }
+}
+
+impl From<&Block> for pb::Block {
+    fn from(b: &Block) -> Self {
+        use pb::block::Kind;
+        let kind = match b {
+            Block::Text { text } => Kind::Text(pb::TextBlock { text: text.clone() }),
+            Block::Reasoning { text } => Kind::Reasoning(pb::ReasoningBlock { text: text.clone() }),
+            Block::ToolCall(c) => Kind::ToolCall(c.into()),
+            Block::ToolResult(r) => Kind::ToolResult(r.into()),
+        };
+        pb::Block { kind: Some(kind) }
+    }
+}
+
+impl From<&Message> for pb::Message {
+    fn from(m: &Message) -> Self {
+        pb::Message {
+            role: match m.role {
+                Role::User => pb::Role::User,
+                Role::Assistant => pb::Role::Assistant,
+                Role::Tool => pb::Role::Tool,
+            } as i32,
+            blocks: m.blocks.iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<&ToolChoice> for pb::ToolChoice {
+    fn from(c: &ToolChoice) -> Self {
+        use pb::tool_choice::Mode;
+        let (mode, name) = match c {
+            ToolChoice::Auto => (Mode::Auto, ""),
+            ToolChoice::None => (Mode::None, ""),
+            ToolChoice::Required => (Mode::Required, ""),
+            ToolChoice::Tool(n) => (Mode::Tool, n.as_str()),
+        };
+        pb::ToolChoice {
+            mode: mode as i32,
+            tool_name: name.to_string(),
+        }
+    }
+}
+
+impl From<&ModelRequest> for pb::ModelRequest {
+    fn from(r: &ModelRequest) -> Self {
+        pb::ModelRequest {
+            model: r.model.clone(),
+            system_prompt: r.system_prompt.clone(),
+            extra_context: r.extra_context.clone(),
+            history: r.history.iter().map(Into::into).collect(),
+            tools: r.tools.iter().map(Into::into).collect(),
+            temperature: r.temperature,
+            max_tokens: r.max_tokens,
+            tool_choice: Some((&r.tool_choice).into()),
+            additional_params_json: if r.additional_params.is_empty() {
+                String::new()
+            } else {
+                serde_json::Value::Object(r.additional_params.clone()).to_string()
+            },
+        }
+    }
+}
+
+impl From<&ModelResponse> for pb::ModelResponse {
+    fn from(r: &ModelResponse) -> Self {
+        pb::ModelResponse {
+            message: r.message.as_ref().map(Into::into),
+            finish_reason: r.finish_reason.clone(),
+            usage: Some(r.usage.into()),
+            model: r.model.clone(),
+        }
+    }
+}
+
+pub fn context_to_wire(
+    ctx: &EventContext,
+    scratchpad: &BTreeMap<String, Vec<u8>>,
+    remaining: Duration,
+) -> pb::EventContext {
+    pb::EventContext {
+        session_id: ctx.session_id.clone(),
+        run_id: ctx.run_id.clone(),
+        turn: ctx.turn,
+        agent: ctx.agent.clone(),
+        streaming: ctx.streaming,
+        scratchpad: scratchpad
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        deadline_remaining_ms: remaining.as_millis() as u64,
+        traceparent: ctx.traceparent.clone(),
+        tracestate: ctx.tracestate.clone(),
+    }
+}
+
+pub fn payload_to_wire(p: &Payload) -> pb::hook_event::Payload {
+    use pb::hook_event::Payload as W;
+    match p {
+        Payload::SessionStart { hooks, metadata } => W::SessionStart(pb::SessionStartEvent {
+            hooks: hooks.clone(),
+            metadata: metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        }),
+        Payload::RunStart { input } => W::RunStart(pb::RunStartEvent {
+            input: input.clone(),
+        }),
+        Payload::ModelRequest(r) => W::ModelRequest(pb::ModelRequestEvent {
+            request: Some(r.into()),
+        }),
+        Payload::TextDelta(t) => W::TextDelta(pb::TextDeltaEvent { text: t.clone() }),
+        Payload::ModelResponse(r) => W::ModelResponse(pb::ModelResponseEvent {
+            response: Some(r.into()),
+        }),
+        Payload::InvalidToolCall {
+            call,
+            problem,
+            error,
+            available,
+        } => W::InvalidToolCall(pb::InvalidToolCallEvent {
+            call: Some(call.into()),
+            problem: match problem {
+                CallProblem::UnknownTool => pb::invalid_tool_call_event::Problem::UnknownTool,
+                CallProblem::InvalidArguments => {
+                    pb::invalid_tool_call_event::Problem::InvalidArguments
+                }
+            } as i32,
+            error: error.clone(),
+            available_tools: available.clone(),
+        }),
+        Payload::ToolCall { call, index, tool } => W::ToolCall(pb::ToolCallEvent {
+            call: Some(call.into()),
+            call_index: *index,
+            tool: Some(tool.into()),
+        }),
+        Payload::ToolResult {
+            call,
+            index,
+            result,
+        } => W::ToolResult(pb::ToolResultEvent {
+            call: Some(call.into()),
+            call_index: *index,
+            result: Some(result.into()),
+        }),
+        Payload::TurnEnd(m) => W::TurnEnd(pb::TurnEndEvent {
+            message: Some(m.into()),
+        }),
+        Payload::RunEnd {
+            outcome,
+            reason,
+            final_text,
+            usage,
+            turns,
+        } => W::RunEnd(pb::RunEndEvent {
+            outcome: pb::RunOutcome::from(*outcome) as i32,
+            reason: reason.clone(),
+            final_text: final_text.clone(),
+            usage: Some((*usage).into()),
+            turns: *turns,
+        }),
+        Payload::SessionEnd { reason } => W::SessionEnd(pb::SessionEndEvent {
+            reason: reason.clone(),
+        }),
+    }
+}
+
+// ------------------------------------------------------------ wire -> domain
+
+fn check_size(field: &'static str, s: &str) -> Result<(), InvalidVerdict> {
+    if s.len() > MAX_VERDICT_TEXT {
+        return Err(InvalidVerdict::Oversize {
+            field,
+            size: s.len(),
+            max: MAX_VERDICT_TEXT,
+        });
+    }
+    Ok(())
+}
+
+fn check_json(field: &'static str, s: &str) -> Result<serde_json::Value, InvalidVerdict> {
+    check_size(field, s)?;
+    serde_json::from_str(s).map_err(|e| InvalidVerdict::BadJson {
+        field,
+        error: e.to_string(),
+    })
+}
+
+impl TryFrom<pb::ToolCall> for ToolCall {
+    type Error = InvalidVerdict;
+    fn try_from(c: pb::ToolCall) -> Result<Self, Self::Error> {
+        if c.name.is_empty() {
+            return Err(InvalidVerdict::BadMessage("tool call without a name".into()));
+        }
+        let args = if c.arguments_json.is_empty() {
+            "{}".to_string()
+        } else {
+            check_json("tool_call.arguments_json", &c.arguments_json)?;
+            c.arguments_json
+        };
+        Ok(ToolCall {
+            id: c.id,
+            name: c.name,
+            arguments_json: args,
+        })
+    }
+}
+
+impl TryFrom<pb::Block> for Block {
+    type Error = InvalidVerdict;
+    fn try_from(b: pb::Block) -> Result<Self, Self::Error> {
+        use pb::block::Kind;
+        Ok(match b.kind {
+            Some(Kind::Text(t)) => Block::Text { text: t.text },
+            Some(Kind::Reasoning(t)) => Block::Reasoning { text: t.text },
+            Some(Kind::ToolCall(c)) => Block::ToolCall(c.try_into()?),
+            Some(Kind::ToolResult(r)) => Block::ToolResult(ToolResult {
+                call_id: r.call_id,
+                name: r.name,
+                content: r.content,
+                is_error: r.is_error,
+            }),
+            None => return Err(InvalidVerdict::BadMessage("block with no content".into())),
+        })
+    }
+}
+
+impl TryFrom<pb::Message> for Message {
+    type Error = InvalidVerdict;
+    fn try_from(m: pb::Message) -> Result<Self, Self::Error> {
+        let role = match pb::Role::try_from(m.role) {
+            Ok(pb::Role::User) => Role::User,
+            Ok(pb::Role::Assistant) => Role::Assistant,
+            Ok(pb::Role::Tool) => Role::Tool,
+            _ => {
+                return Err(InvalidVerdict::BadMessage(format!(
+                    "message role {} is not user, assistant or tool",
+                    m.role
+                )))
+            }
+        };
+        Ok(Message {
+            role,
+            blocks: m
+                .blocks
+                .into_iter()
+                .map(Block::try_from)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+pub fn tool_choice_from_wire(c: pb::ToolChoice) -> Result<ToolChoice, InvalidVerdict> {
+    use pb::tool_choice::Mode;
+    Ok(match Mode::try_from(c.mode) {
+        Ok(Mode::Auto) => ToolChoice::Auto,
+        Ok(Mode::None) => ToolChoice::None,
+        Ok(Mode::Required) => ToolChoice::Required,
+        Ok(Mode::Tool) if !c.tool_name.is_empty() => ToolChoice::Tool(c.tool_name),
+        Ok(Mode::Tool) => {
+            return Err(InvalidVerdict::BadMessage(
+                "tool_choice MODE_TOOL needs tool_name".into(),
+            ))
+        }
+        Err(_) => {
+            return Err(InvalidVerdict::BadMessage(format!(
+                "unknown tool_choice mode {}",
+                c.mode
+            )))
+        }
+    })
+}
+
+fn terminate(t: pb::Terminate) -> Result<Terminate, InvalidVerdict> {
+    if t.reason.trim().is_empty() {
+        return Err(InvalidVerdict::MissingReason);
+    }
+    Ok(Terminate {
+        reason: t.reason,
+        reply: t.reply,
+    })
+}
+
+fn skip(s: pb::Skip) -> Result<Skip, InvalidVerdict> {
+    check_size("skip.result", &s.result)?;
+    Ok(Skip {
+        result: s.result,
+        is_error: s.is_error,
+    })
+}
+
+fn patch(p: pb::RequestPatch) -> Result<RequestPatch, InvalidVerdict> {
+    let additional_params = if p.additional_params_json.is_empty() {
+        None
+    } else {
+        match check_json("additional_params_json", &p.additional_params_json)? {
+            serde_json::Value::Object(m) => Some(m),
+            _ => {
+                return Err(InvalidVerdict::NotObject {
+                    field: "additional_params_json",
+                })
+            }
+        }
+    };
+    for c in &p.extra_context {
+        check_size("extra_context", c)?;
+    }
+    if let Some(s) = &p.system_prompt {
+        check_size("system_prompt", s)?;
+    }
+    Ok(RequestPatch {
+        extra_context: p.extra_context,
+        system_prompt: p.system_prompt,
+        temperature: p.temperature,
+        max_tokens: p.max_tokens,
+        tool_choice: p.tool_choice.map(tool_choice_from_wire).transpose()?,
+        active_tools: p.active_tools.map(|t| t.names),
+        additional_params,
+        history: p
+            .history
+            .map(|h| h.messages.into_iter().map(Message::try_from).collect())
+            .transpose()?,
+    })
+}
+
+/// Converts a wire verdict into `(seq, Verdict)`. Whether the verdict's kind
+/// matches its event is decided by the chain (`ChainEvent::apply`).
+impl TryFrom<pb::HookVerdict> for Verdict {
+    type Error = InvalidVerdict;
+
+    fn try_from(v: pb::HookVerdict) -> Result<Self, Self::Error> {
+        use pb::hook_verdict::Verdict as V;
+        let meta = VerdictMeta {
+            scratchpad: v
+                .scratchpad
+                .into_iter()
+                .map(|u| match u.op {
+                    Some(pb::scratchpad_update::Op::Set(b)) => Ok(ScratchOp::Set(u.key, b)),
+                    Some(pb::scratchpad_update::Op::Delete(_)) => Ok(ScratchOp::Delete(u.key)),
+                    None => Err(InvalidVerdict::BadMessage(format!(
+                        "scratchpad update for `{}` has neither set nor delete",
+                        u.key
+                    ))),
+                })
+                .collect::<Result<_, _>>()?,
+            reason: v.reason,
+            telemetry_redaction: v.telemetry_redaction,
+        };
+        let missing = |event| InvalidVerdict::MissingAction { event };
+        let action = match v.verdict {
+            None => {
+                return Err(InvalidVerdict::BadMessage(
+                    "verdict has no typed verdict field set".into(),
+                ))
+            }
+            Some(V::SessionStart(s)) => {
+                use pb::session_start_verdict::Action as A;
+                Action::SessionStart(match s.action.ok_or(missing(EventKind::SessionStart))? {
+                    A::Proceed(_) => SessionStartAction::Continue,
+                    A::Terminate(t) => SessionStartAction::Terminate(terminate(t)?),
+                })
+            }
+            Some(V::RunStart(s)) => {
+                use pb::run_start_verdict::Action as A;
+                Action::RunStart(match s.action.ok_or(missing(EventKind::RunStart))? {
+                    A::Proceed(_) => RunStartAction::Continue,
+                    A::RewriteInput(r) => {
+                        check_size("rewrite_input.input", &r.input)?;
+                        RunStartAction::RewriteInput(r.input)
+                    }
+                    A::Terminate(t) => RunStartAction::Terminate(terminate(t)?),
+                })
+            }
+            Some(V::ModelRequest(s)) => {
+                use pb::model_request_verdict::Action as A;
+                Action::ModelRequest(match s.action.ok_or(missing(EventKind::ModelRequest))? {
+                    A::Proceed(_) => ModelRequestAction::Continue,
+                    A::PatchRequest(p) => ModelRequestAction::Patch(patch(p)?),
+                    A::Respond(r) => {
+                        check_size("respond.text", &r.text)?;
+                        ModelRequestAction::Respond(Respond {
+                            text: r.text,
+                            tool_calls: r
+                                .tool_calls
+                                .into_iter()
+                                .map(ToolCall::try_from)
+                                .collect::<Result<_, _>>()?,
+                        })
+                    }
+                    A::Terminate(t) => ModelRequestAction::Terminate(terminate(t)?),
+                })
+            }
+            Some(V::ModelResponse(s)) => {
+                use pb::model_response_verdict::Action as A;
+                Action::ModelResponse(match s.action.ok_or(missing(EventKind::ModelResponse))? {
+                    A::Proceed(_) => ModelResponseAction::Continue,
+                    A::RewriteResponse(r) => ModelResponseAction::Rewrite(
+                        r.blocks
+                            .into_iter()
+                            .map(Block::try_from)
+                            .collect::<Result<_, _>>()?,
+                    ),
+                    A::Retry(r) => ModelResponseAction::Retry(r.feedback),
+                    A::Terminate(t) => ModelResponseAction::Terminate(terminate(t)?),
+                })
+            }
+            Some(V::InvalidToolCall(s)) => {
+                use pb::invalid_tool_call_verdict::Action as A;
+                Action::InvalidToolCall(
+                    match s.action.ok_or(missing(EventKind::InvalidToolCall))? {
+                        A::Proceed(_) => InvalidToolCallAction::Continue,
+                        A::Retry(r) => InvalidToolCallAction::Retry(r.feedback),
+                        A::Skip(s) => InvalidToolCallAction::Skip(skip(s)?),
+                        A::Terminate(t) => InvalidToolCallAction::Terminate(terminate(t)?),
+                    },
+                )
+            }
+            Some(V::ToolCall(s)) => {
+                use pb::tool_call_verdict::Action as A;
+                Action::ToolCall(match s.action.ok_or(missing(EventKind::ToolCall))? {
+                    A::Proceed(_) => ToolCallAction::Continue,
+                    A::RewriteArgs(r) => {
+                        check_json("rewrite_args.arguments_json", &r.arguments_json)?;
+                        ToolCallAction::RewriteArgs(r.arguments_json)
+                    }
+                    A::Skip(s) => ToolCallAction::Skip(skip(s)?),
+                    A::Ask(a) => ToolCallAction::Ask(Ask {
+                        question: a.question,
+                        timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
+                    }),
+                    A::Terminate(t) => ToolCallAction::Terminate(terminate(t)?),
+                })
+            }
+            Some(V::ToolResult(s)) => {
+                use pb::tool_result_verdict::Action as A;
+                Action::ToolResult(match s.action.ok_or(missing(EventKind::ToolResult))? {
+                    A::Proceed(_) => ToolResultAction::Continue,
+                    A::RewriteResult(r) => {
+                        check_size("rewrite_result.content", &r.content)?;
+                        ToolResultAction::Rewrite {
+                            content: r.content,
+                            is_error: r.is_error,
+                        }
+                    }
+                    A::Terminate(t) => ToolResultAction::Terminate(terminate(t)?),
+                })
+            }
+            Some(V::TurnEnd(s)) => {
+                use pb::turn_end_verdict::Action as A;
+                Action::TurnEnd(match s.action.ok_or(missing(EventKind::TurnEnd))? {
+                    A::Proceed(_) => TurnEndAction::Continue,
+                    A::ContinueRun(c) => TurnEndAction::ContinueRun(c.message),
+                    A::Terminate(t) => TurnEndAction::Terminate(terminate(t)?),
+                })
+            }
+        };
+        Ok(Verdict { meta, action })
+    }
+}
+
+impl From<pb::ToolSpec> for ToolSpec {
+    fn from(t: pb::ToolSpec) -> Self {
+        ToolSpec {
+            name: t.name,
+            description: t.description,
+            parameters_json_schema: t.parameters_json_schema,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(v: pb::hook_verdict::Verdict) -> pb::HookVerdict {
+        pb::HookVerdict {
+            seq: 1,
+            verdict: Some(v),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rewrite_args_must_be_json() {
+        let v = verdict(pb::hook_verdict::Verdict::ToolCall(pb::ToolCallVerdict {
+            action: Some(pb::tool_call_verdict::Action::RewriteArgs(pb::RewriteArgs {
+                arguments_json: "{not json".into(),
+            })),
+        }));
+        assert!(matches!(
+            Verdict::try_from(v),
+            Err(InvalidVerdict::BadJson { .. })
+        ));
+    }
+
+    #[test]
+    fn missing_action_and_reason_are_invalid() {
+        let v = verdict(pb::hook_verdict::Verdict::RunStart(pb::RunStartVerdict { action: None }));
+        assert_eq!(
+            Verdict::try_from(v).unwrap_err(),
+            InvalidVerdict::MissingAction {
+                event: EventKind::RunStart
+            }
+        );
+        let v = verdict(pb::hook_verdict::Verdict::TurnEnd(pb::TurnEndVerdict {
+            action: Some(pb::turn_end_verdict::Action::Terminate(pb::Terminate {
+                reason: " ".into(),
+                reply: None,
+            })),
+        }));
+        assert_eq!(Verdict::try_from(v).unwrap_err(), InvalidVerdict::MissingReason);
+        assert!(Verdict::try_from(pb::HookVerdict::default()).is_err());
+    }
+
+    #[test]
+    fn oversize_is_invalid() {
+        let v = verdict(pb::hook_verdict::Verdict::ToolResult(pb::ToolResultVerdict {
+            action: Some(pb::tool_result_verdict::Action::RewriteResult(
+                pb::RewriteResult {
+                    content: "x".repeat(MAX_VERDICT_TEXT + 1),
+                    is_error: None,
+                },
+            )),
+        }));
+        assert!(matches!(
+            Verdict::try_from(v),
+            Err(InvalidVerdict::Oversize { .. })
+        ));
+    }
+
+    #[test]
+    fn patch_converts_every_field() {
+        let v = verdict(pb::hook_verdict::Verdict::ModelRequest(pb::ModelRequestVerdict {
+            action: Some(pb::model_request_verdict::Action::PatchRequest(pb::RequestPatch {
+                extra_context: vec!["doc".into()],
+                system_prompt: Some("sys".into()),
+                temperature: Some(0.3),
+                max_tokens: Some(10),
+                tool_choice: Some(pb::ToolChoice {
+                    mode: pb::tool_choice::Mode::Tool as i32,
+                    tool_name: "t".into(),
+                }),
+                active_tools: Some(pb::ToolNames {
+                    names: vec!["t".into()],
+                }),
+                additional_params_json: r#"{"seed":1}"#.into(),
+                history: Some(pb::MessageList {
+                    messages: vec![(&Message::user("x")).into()],
+                }),
+            })),
+        }));
+        let Verdict {
+            action: Action::ModelRequest(ModelRequestAction::Patch(p)),
+            ..
+        } = Verdict::try_from(v).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(p.tool_choice, Some(ToolChoice::Tool("t".into())));
+        assert_eq!(p.history, Some(vec![Message::user("x")]));
+        assert_eq!(p.additional_params.unwrap()["seed"], 1);
+    }
+}
