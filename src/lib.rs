@@ -9,3 +9,7 @@ pub mod model;
 pub mod pb;
 pub mod agent;
 pub mod hooks;
+pub mod session;
+pub mod engine;
+pub mod server;
+pub mod cli;

@@ -1,3 +1,11 @@
-//! The agent loop.
+//! The agent loop: an IO-free machine (`machine`, `batch`) driven by a
+//! runner (`runner`, `tools`) that performs hook calls, model calls and tool
+//! executions.
 
+pub mod approvals;
+pub mod batch;
+pub mod events;
+pub mod machine;
 pub mod outcome;
+pub mod runner;
+pub mod tools;

@@ -1,9 +1,14 @@
 //! Remote hooks: configuration-ordered hook servers called at every
 //! lifecycle event over per-run gRPC streams.
 
+pub mod breaker;
+pub mod client;
 pub mod compose;
+pub mod dispatch;
 pub mod failure;
 pub mod payload;
 pub mod provenance;
+pub mod registry;
+pub mod stream;
 pub mod verdict;
 pub mod wire;

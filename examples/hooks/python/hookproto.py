@@ -65,8 +65,8 @@ def generate(force: bool = False) -> None:
 
 if not (PROTO_DIR / PROTOS[1]).exists():
     raise RuntimeError(f"{PROTO_DIR / PROTOS[1]} not found; set HOOKWIRE_PROTO_DIR")
-if _stale():
-    generate()
+if __name__ == "__main__" or _stale():
+    generate(force=__name__ == "__main__")
 # The generated modules import each other as `hookwire.v1.*`.
 sys.path.insert(0, str(OUT))
 
@@ -77,5 +77,4 @@ from hookwire.v1 import hook_pb2_grpc as pb_grpc  # noqa: E402
 __all__ = ["common", "pb", "pb_grpc", "generate"]
 
 if __name__ == "__main__":
-    generate(force=True)
     print(f"generated {', '.join(PROTOS)} into {OUT}")

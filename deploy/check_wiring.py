@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Checks what schema validation cannot see in a rendered kustomization:
+that the pieces point at each other and keep the platform rules.
+
+    kubectl kustomize deploy/k8s/overlays/jaeger | python3 deploy/check_wiring.py NAME
+
+- every Service selects a Deployment whose pods expose each targetPort;
+- every ConfigMap a pod mounts is in the render (hashed names line up);
+- each hook endpoint and the OTLP endpoint in hookwire's config/env name a
+  Service of the render, on a port it exposes (cluster DNS addressing);
+- hookwire's probes are native gRPC, and its grace period covers the
+  preStop pause plus server.shutdown_grace;
+- every pod runs non-root with a read-only root filesystem, no privilege
+  escalation and no capabilities.
+
+Prints one line per failure and exits 1 if there is any. Needs PyYAML
+(installed with kubernetes-validate).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from urllib.parse import urlsplit
+
+import yaml
+
+
+def main() -> int:
+    name = sys.argv[1] if len(sys.argv) > 1 else "stdin"
+    docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
+    errors: list[str] = []
+    by_kind: dict[str, dict[str, dict]] = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+    deployments = by_kind.get("Deployment", {})
+    services = by_kind.get("Service", {})
+    configmaps = by_kind.get("ConfigMap", {})
+
+    def pods_selected(selector: dict) -> list[dict]:
+        return [
+            dep["spec"]["template"]
+            for dep in deployments.values()
+            if selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+        ]
+
+    for svc in services.values():
+        sname = svc["metadata"]["name"]
+        pods = pods_selected(svc["spec"].get("selector", {}))
+        if not pods:
+            errors.append(f"Service {sname} selects no Deployment's pods")
+        for port in svc["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            for pod in pods:
+                exposed = {
+                    v for c in pod["spec"]["containers"] for p in c.get("ports", [])
+                    for v in (p.get("name"), p["containerPort"])
+                }
+                if target not in exposed:
+                    errors.append(f"Service {sname} port {port['port']}: pods expose no port {target!r}")
+
+    def service_port(url: str, what: str) -> None:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").split(".")[0]
+        if host not in services:
+            errors.append(f"{what} {url}: no Service named {host!r} in this render")
+        elif parts.port not in {p["port"] for p in services[host]["spec"]["ports"]}:
+            errors.append(f"{what} {url}: Service {host} has no port {parts.port}")
+
+    for dname, dep in deployments.items():
+        pod = dep["spec"]["template"]["spec"]
+        for vol in pod.get("volumes", []):
+            cm = vol.get("configMap", {}).get("name")
+            if cm and cm not in configmaps:
+                errors.append(f"Deployment {dname} mounts ConfigMap {cm}, which is not in the render")
+        if not pod.get("securityContext", {}).get("runAsNonRoot"):
+            errors.append(f"Deployment {dname}: pod securityContext.runAsNonRoot is not true")
+        for c in pod["containers"]:
+            sc = c.get("securityContext", {})
+            if not (sc.get("readOnlyRootFilesystem") and sc.get("allowPrivilegeEscalation") is False
+                    and sc.get("capabilities", {}).get("drop") == ["ALL"]):
+                errors.append(f"Deployment {dname} container {c['name']}: securityContext is not locked down")
+            if "resources" not in c or "limits" not in c["resources"]:
+                errors.append(f"Deployment {dname} container {c['name']}: no resource limits")
+
+    hookwire = deployments.get("hookwire")
+    if hookwire is None:
+        errors.append("no Deployment named hookwire")
+    else:
+        pod = hookwire["spec"]["template"]["spec"]
+        (container,) = [c for c in pod["containers"] if c["name"] == "hookwire"]
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            if "grpc" not in container.get(probe, {}):
+                errors.append(f"hookwire {probe} is not a native gRPC probe")
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            service_port(env["OTEL_EXPORTER_OTLP_ENDPOINT"], "OTEL_EXPORTER_OTLP_ENDPOINT")
+        cm_name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
+        config = yaml.safe_load(configmaps.get(cm_name, {}).get("data", {}).get("config.yaml", "{}"))
+        for hook in config.get("hooks", []):
+            service_port(hook["endpoint"], f"hook {hook['name']} endpoint")
+        grace = seconds(config.get("server", {}).get("shutdown_grace", "25s"))
+        pause = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+        if pod.get("terminationGracePeriodSeconds", 30) <= grace + pause:
+            errors.append(
+                f"hookwire terminationGracePeriodSeconds {pod.get('terminationGracePeriodSeconds', 30)}"
+                f" does not exceed preStop {pause}s + shutdown_grace {grace}s"
+            )
+
+    for e in errors:
+        print(f"  FAIL {name}: {e}")
+    return 1 if errors else 0
+
+
+def seconds(text: str) -> float:
+    """The subset of humantime durations the shipped configs use: 25s, 1m, 500ms."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m)\s*", str(text))
+    if not m:
+        raise SystemExit(f"cannot read duration {text!r}")
+    return float(m[1]) * {"ms": 0.001, "s": 1, "m": 60}[m[2]]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+//! What a run tells its client, in order.
+
+use std::time::Duration;
+
+use crate::agent::outcome::RunOutcome;
+use crate::hooks::provenance::VerdictRecord;
+use crate::message::{Message, ToolCall, ToolResult, Usage};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunEvent {
+    Started { input: String },
+    TurnStarted { turn: u32 },
+    TextDelta { turn: u32, text: String },
+    DeltasRetracted { turn: u32, reason: String },
+    AssistantMessage {
+        turn: u32,
+        message: Message,
+        finish_reason: String,
+        usage: Usage,
+    },
+    ToolCallRequested { turn: u32, index: u32, call: ToolCall },
+    ToolStarted { turn: u32, index: u32, call: ToolCall },
+    ToolResult { turn: u32, index: u32, result: ToolResult },
+    HookVerdict(VerdictRecord),
+    ApprovalRequested {
+        turn: u32,
+        index: u32,
+        call: ToolCall,
+        question: String,
+        hook: String,
+        timeout: Duration,
+    },
+    Finished(RunReport),
+}
+
+/// The final result of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunReport {
+    pub run_id: String,
+    pub session_id: String,
+    pub outcome: RunOutcome,
+    pub final_text: String,
+    pub reason: String,
+    pub usage: Usage,
+    pub turns: u32,
+    /// Messages this run committed to the transcript.
+    pub messages: Vec<Message>,
+    pub hook_verdicts: Vec<VerdictRecord>,
+}

@@ -1,0 +1,563 @@
+//! The run as an IO-free state machine. It decides what happens next; the
+//! runner performs each step (hooks, model, tools) and feeds the result
+//! back. Every rule about turns, retries, commits and outcomes lives here,
+//! so it is tested without sockets.
+
+use std::collections::VecDeque;
+
+use crate::agent::events::RunEvent;
+use crate::agent::outcome::RunOutcome;
+use crate::hooks::failure::HookFailure;
+use crate::message::{Block, Message, ToolResult, ToolSpec, Usage};
+use crate::model::{ModelRequest, ModelResponse, ToolChoice};
+
+/// The agent facts a run's requests are built from.
+#[derive(Clone, Debug, Default)]
+pub struct RequestTemplate {
+    pub model: String,
+    pub system_prompt: String,
+    pub context: Vec<String>,
+    pub tools: Vec<ToolSpec>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+}
+
+/// Why a step ended the run early.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stop {
+    Terminate {
+        hook: String,
+        reason: String,
+        reply: Option<String>,
+    },
+    HookFailed(HookFailure),
+    /// A local error (e.g. an invalid effective request).
+    Failed(String),
+    ModelFailed(String),
+    Cancelled(String),
+    TimedOut,
+}
+
+#[derive(Debug)]
+pub enum RequestDecision {
+    Call(ModelRequest),
+    /// A hook answered in place of the model.
+    Respond(ModelResponse),
+}
+
+#[derive(Debug)]
+pub enum ResponseDecision {
+    Accept(ModelResponse),
+    Retry(String),
+}
+
+#[derive(Debug)]
+pub enum BatchDecision {
+    /// One result per call, in call order.
+    Settled(Vec<ToolResult>),
+    /// An invalid_tool_call hook asked to re-ask the model.
+    Retry(String),
+}
+
+#[derive(Debug)]
+pub enum EndDecision {
+    Finish,
+    ContinueRun(String),
+}
+
+pub enum Feed {
+    RunStart(Result<String, Stop>),
+    ModelRequest(Result<RequestDecision, Stop>),
+    Model(Result<ModelResponse, Stop>),
+    ModelResponse(Result<ResponseDecision, Stop>),
+    ToolBatch(Result<BatchDecision, Stop>),
+    TurnEnd(Result<EndDecision, Stop>),
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Step {
+    /// Fire run_start hooks on the input.
+    RunStart(String),
+    /// Fire model_request hooks on this baseline request.
+    ModelRequest(ModelRequest),
+    /// Call the model with the effective request.
+    CallModel(ModelRequest),
+    /// Fire model_response hooks.
+    ModelResponse(ModelResponse),
+    /// Run the turn's tool calls (validation, hooks, execution).
+    ToolBatch(Message),
+    /// Fire turn_end hooks on the final answer.
+    TurnEnd(Message),
+    Finish(Ending),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ending {
+    pub outcome: RunOutcome,
+    pub reason: String,
+    pub final_text: String,
+    /// Messages the run commits to the transcript.
+    pub messages: Vec<Message>,
+    pub usage: Usage,
+    pub turns: u32,
+}
+
+#[derive(Debug)]
+enum State {
+    Start(String),
+    AwaitRunStart,
+    AwaitModelRequest,
+    AwaitModel,
+    AwaitModelResponse,
+    AwaitBatch(Message),
+    AwaitTurnEnd(Message),
+    Done,
+}
+
+pub struct Machine {
+    template: RequestTemplate,
+    max_turns: u32,
+    /// Transcript before the run, then the run's committed messages.
+    history: Vec<Message>,
+    run_from: usize,
+    turn: u32,
+    usage: Usage,
+    state: State,
+    events: VecDeque<RunEvent>,
+}
+
+impl Machine {
+    pub fn new(
+        template: RequestTemplate,
+        max_turns: u32,
+        transcript: Vec<Message>,
+        input: String,
+    ) -> Machine {
+        let run_from = transcript.len();
+        Machine {
+            template,
+            max_turns,
+            history: transcript,
+            run_from,
+            turn: 0,
+            usage: Usage::default(),
+            state: State::Start(input),
+            events: VecDeque::new(),
+        }
+    }
+
+    pub fn turn(&self) -> u32 {
+        self.turn
+    }
+
+    /// Events produced by the last transition, for the client.
+    pub fn drain_events(&mut self) -> impl Iterator<Item = RunEvent> + '_ {
+        self.events.drain(..)
+    }
+
+    /// The first step.
+    pub fn start(&mut self) -> Step {
+        match std::mem::replace(&mut self.state, State::AwaitRunStart) {
+            State::Start(input) => Step::RunStart(input),
+            other => panic!("start called twice (state {other:?})"),
+        }
+    }
+
+    /// Feeds the result of the current step; returns the next one.
+    pub fn feed(&mut self, feed: Feed) -> Step {
+        let state = std::mem::replace(&mut self.state, State::Done);
+        match (state, feed) {
+            (State::AwaitRunStart, Feed::RunStart(r)) => match r {
+                Ok(input) => {
+                    self.events.push_back(RunEvent::Started {
+                        input: input.clone(),
+                    });
+                    self.history.push(Message::user(input));
+                    self.next_turn()
+                }
+                Err(stop) => self.stop(stop),
+            },
+            (State::AwaitModelRequest, Feed::ModelRequest(r)) => match r {
+                Ok(RequestDecision::Call(req)) => {
+                    self.state = State::AwaitModel;
+                    Step::CallModel(req)
+                }
+                Ok(RequestDecision::Respond(resp)) => {
+                    self.state = State::AwaitModelResponse;
+                    Step::ModelResponse(resp)
+                }
+                Err(stop) => self.stop(stop),
+            },
+            (State::AwaitModel, Feed::Model(r)) => match r {
+                Ok(resp) => {
+                    self.usage.add(resp.usage);
+                    self.state = State::AwaitModelResponse;
+                    Step::ModelResponse(resp)
+                }
+                Err(stop) => self.stop(stop),
+            },
+            (State::AwaitModelResponse, Feed::ModelResponse(r)) => match r {
+                Ok(ResponseDecision::Accept(resp)) => {
+                    let message = resp.message();
+                    self.events.push_back(RunEvent::AssistantMessage {
+                        turn: self.turn,
+                        message: message.clone(),
+                        finish_reason: resp.finish_reason.clone(),
+                        usage: resp.usage,
+                    });
+                    let calls: Vec<_> = message.tool_calls().cloned().collect();
+                    if calls.is_empty() {
+                        self.state = State::AwaitTurnEnd(message.clone());
+                        Step::TurnEnd(message)
+                    } else {
+                        for (i, c) in calls.into_iter().enumerate() {
+                            self.events.push_back(RunEvent::ToolCallRequested {
+                                turn: self.turn,
+                                index: i as u32,
+                                call: c,
+                            });
+                        }
+                        self.state = State::AwaitBatch(message.clone());
+                        Step::ToolBatch(message)
+                    }
+                }
+                Ok(ResponseDecision::Retry(feedback)) => {
+                    self.history.push(Message::user(feedback));
+                    self.next_turn()
+                }
+                Err(stop) => self.stop(stop),
+            },
+            (State::AwaitBatch(message), Feed::ToolBatch(r)) => match r {
+                Ok(BatchDecision::Settled(results)) => {
+                    // The assistant turn and its results commit together, in
+                    // call order, only now that the whole batch settled.
+                    for (i, r) in results.iter().enumerate() {
+                        self.events.push_back(RunEvent::ToolResult {
+                            turn: self.turn,
+                            index: i as u32,
+                            result: r.clone(),
+                        });
+                    }
+                    self.history.push(message);
+                    self.history.push(Message::tool_results(results));
+                    self.next_turn()
+                }
+                Ok(BatchDecision::Retry(feedback)) => {
+                    self.history.push(Message::user(feedback));
+                    self.next_turn()
+                }
+                Err(stop) => self.stop(stop),
+            },
+            (State::AwaitTurnEnd(message), Feed::TurnEnd(r)) => match r {
+                Ok(EndDecision::Finish) => {
+                    let final_text = message.text();
+                    self.history.push(message);
+                    self.finish(RunOutcome::Completed, String::new(), final_text)
+                }
+                Ok(EndDecision::ContinueRun(msg)) => {
+                    self.history.push(message);
+                    self.history.push(Message::user(msg));
+                    self.next_turn()
+                }
+                Err(stop) => self.stop(stop),
+            },
+            (state, _) => panic!("feed does not match the pending step (state {state:?})"),
+        }
+    }
+
+    fn next_turn(&mut self) -> Step {
+        if self.turn >= self.max_turns {
+            return self.finish(
+                RunOutcome::MaxTurns,
+                format!("reached max_turns ({})", self.max_turns),
+                String::new(),
+            );
+        }
+        self.turn += 1;
+        self.events
+            .push_back(RunEvent::TurnStarted { turn: self.turn });
+        self.state = State::AwaitModelRequest;
+        Step::ModelRequest(self.baseline())
+    }
+
+    /// The request before hooks: agent template plus the run's history.
+    fn baseline(&self) -> ModelRequest {
+        let t = &self.template;
+        ModelRequest {
+            model: t.model.clone(),
+            system_prompt: t.system_prompt.clone(),
+            extra_context: t.context.clone(),
+            history: self.history.clone(),
+            tools: t.tools.clone(),
+            temperature: t.temperature,
+            max_tokens: t.max_tokens,
+            tool_choice: ToolChoice::Auto,
+            additional_params: Default::default(),
+        }
+    }
+
+    fn stop(&mut self, stop: Stop) -> Step {
+        match stop {
+            Stop::Terminate {
+                hook,
+                reason,
+                reply,
+            } => {
+                let final_text = reply.clone().unwrap_or_default();
+                if let Some(reply) = reply {
+                    self.history.push(Message::assistant_text(reply));
+                }
+                self.finish(
+                    RunOutcome::Terminated,
+                    format!("terminated by hook `{hook}`: {reason}"),
+                    final_text,
+                )
+            }
+            Stop::HookFailed(f) => self.finish(RunOutcome::HookFailed, f.to_string(), String::new()),
+            Stop::Failed(r) => self.finish(RunOutcome::Failed, r, String::new()),
+            Stop::ModelFailed(r) => self.finish(RunOutcome::ModelFailed, r, String::new()),
+            Stop::Cancelled(r) => self.finish(RunOutcome::Cancelled, r, String::new()),
+            Stop::TimedOut => self.finish(
+                RunOutcome::TimedOut,
+                "run exceeded its run_timeout".into(),
+                String::new(),
+            ),
+        }
+    }
+
+    fn finish(&mut self, outcome: RunOutcome, reason: String, final_text: String) -> Step {
+        self.state = State::Done;
+        Step::Finish(Ending {
+            outcome,
+            reason,
+            final_text,
+            messages: self.history[self.run_from..].to_vec(),
+            usage: self.usage,
+            turns: self.turn,
+        })
+    }
+
+    /// Whether the message holds tool calls (helper for runners).
+    pub fn has_tool_calls(message: &Message) -> bool {
+        message.blocks.iter().any(|b| matches!(b, Block::ToolCall(_)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{Role, ToolCall};
+
+    fn machine(max_turns: u32) -> Machine {
+        Machine::new(
+            RequestTemplate {
+                model: "m".into(),
+                system_prompt: "sys".into(),
+                ..Default::default()
+            },
+            max_turns,
+            vec![Message::user("old"), Message::assistant_text("old answer")],
+            "hi".into(),
+        )
+    }
+
+    fn text_response(t: &str) -> ModelResponse {
+        ModelResponse {
+            message: Some(Message::assistant_text(t)),
+            finish_reason: "stop".into(),
+            usage: Usage {
+                input_tokens: 3,
+                output_tokens: 2,
+                estimated: false,
+            },
+            model: "m".into(),
+        }
+    }
+
+    fn call_response() -> ModelResponse {
+        ModelResponse {
+            message: Some(Message {
+                role: Role::Assistant,
+                blocks: vec![
+                    Block::ToolCall(ToolCall {
+                        id: "a".into(),
+                        name: "t".into(),
+                        arguments_json: "{}".into(),
+                    }),
+                    Block::ToolCall(ToolCall {
+                        id: "b".into(),
+                        name: "t".into(),
+                        arguments_json: "{}".into(),
+                    }),
+                ],
+            }),
+            finish_reason: "tool_calls".into(),
+            ..Default::default()
+        }
+    }
+
+    fn result(id: &str) -> ToolResult {
+        ToolResult {
+            call_id: id.into(),
+            name: "t".into(),
+            content: format!("r{id}"),
+            is_error: false,
+        }
+    }
+
+    fn finish(step: Step) -> Ending {
+        match step {
+            Step::Finish(e) => e,
+            other => panic!("expected finish, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn simple_run_commits_input_and_answer() {
+        let mut m = machine(4);
+        assert_eq!(m.start(), Step::RunStart("hi".into()));
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi!".into()))) else {
+            panic!()
+        };
+        assert_eq!(base.history.len(), 3, "transcript + rewritten input");
+        assert_eq!(base.history[2], Message::user("hi!"));
+        let Step::CallModel(_) = m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))))
+        else {
+            panic!()
+        };
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(text_response("yo")))) else {
+            panic!()
+        };
+        let Step::TurnEnd(msg) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+        else {
+            panic!()
+        };
+        let e = finish(m.feed(Feed::TurnEnd(Ok(EndDecision::Finish))));
+        assert_eq!(e.outcome, RunOutcome::Completed);
+        assert_eq!(e.final_text, "yo");
+        assert_eq!(e.messages, vec![Message::user("hi!"), msg]);
+        assert_eq!(e.usage.output_tokens, 2);
+        assert_eq!(e.turns, 1);
+    }
+
+    #[test]
+    fn tool_turn_commits_message_and_results_in_call_order() {
+        let mut m = machine(4);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        let Step::ToolBatch(msg) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+        else {
+            panic!()
+        };
+        let evs: Vec<_> = m.drain_events().collect();
+        assert!(evs
+            .iter()
+            .any(|e| matches!(e, RunEvent::ToolCallRequested { index: 1, .. })));
+        let Step::ModelRequest(next) = m.feed(Feed::ToolBatch(Ok(BatchDecision::Settled(vec![
+            result("a"),
+            result("b"),
+        ]))))
+        else {
+            panic!()
+        };
+        let n = next.history.len();
+        assert_eq!(next.history[n - 2], msg);
+        let ids: Vec<_> = next.history[n - 1]
+            .tool_results_iter()
+            .map(|r| r.call_id.as_str())
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+    }
+
+    #[test]
+    fn failed_batch_commits_nothing_of_the_turn() {
+        let mut m = machine(4);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))));
+        let e = finish(m.feed(Feed::ToolBatch(Err(Stop::Terminate {
+            hook: "guard".into(),
+            reason: "no".into(),
+            reply: Some("Sorry, I can't do that.".into()),
+        }))));
+        assert_eq!(e.outcome, RunOutcome::Terminated);
+        assert_eq!(e.final_text, "Sorry, I can't do that.");
+        assert!(e.reason.contains("`guard`"));
+        assert_eq!(
+            e.messages,
+            vec![
+                Message::user("hi"),
+                Message::assistant_text("Sorry, I can't do that.")
+            ],
+            "no dangling tool call is committed"
+        );
+    }
+
+    #[test]
+    fn retry_and_continue_run_are_bounded_by_max_turns() {
+        let mut m = machine(2);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        m.feed(Feed::Model(Ok(text_response("bad"))));
+        let Step::ModelRequest(base) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Retry(
+            "be nicer".into(),
+        )))) else {
+            panic!()
+        };
+        assert_eq!(base.history.last(), Some(&Message::user("be nicer")));
+        assert!(
+            !base.history.iter().any(|m| m.text() == "bad"),
+            "the discarded turn is not committed"
+        );
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(text_response("good")))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))));
+        let e = finish(m.feed(Feed::TurnEnd(Ok(EndDecision::ContinueRun("more".into())))));
+        assert_eq!(e.outcome, RunOutcome::MaxTurns);
+        assert_eq!(e.turns, 2);
+    }
+
+    #[test]
+    fn respond_skips_the_model() {
+        let mut m = machine(2);
+        m.start();
+        let Step::ModelRequest(_) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        let step = m.feed(Feed::ModelRequest(Ok(RequestDecision::Respond(text_response(
+            "canned",
+        )))));
+        assert!(matches!(step, Step::ModelResponse(_)));
+    }
+
+    #[test]
+    fn run_start_terminate_commits_only_the_reply() {
+        let mut m = machine(2);
+        m.start();
+        let e = finish(m.feed(Feed::RunStart(Err(Stop::Terminate {
+            hook: "h".into(),
+            reason: "blocked".into(),
+            reply: None,
+        }))));
+        assert_eq!(e.outcome, RunOutcome::Terminated);
+        assert!(e.messages.is_empty(), "rejected input never enters history");
+        assert_eq!(e.turns, 0);
+    }
+}

@@ -1,0 +1,423 @@
+//! Drives the machine: performs each step's IO (hooks, model, tools) under
+//! the run's cancellation and deadline, and streams events to the client.
+//! `Run` and `Invoke` share this one loop.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::approvals::{Approvals, Decision};
+use crate::agent::batch::{run_batch, CallOutcome};
+use crate::agent::events::{RunEvent, RunReport};
+use crate::agent::machine::*;
+use crate::agent::outcome::RunOutcome;
+use crate::agent::tools::process_call;
+use crate::config::{AgentConfig, StreamDeltas};
+use crate::event::EventKind;
+use crate::hooks::compose::{
+    self, Merged, ModelResponseChain, ResponseStop, RunStartChain, TurnEndChain, TurnEndStop,
+};
+use crate::hooks::dispatch::RunHooks;
+use crate::hooks::payload::Payload;
+use crate::hooks::provenance::VerdictRecord;
+use crate::hooks::registry::HookRegistry;
+use crate::hooks::verdict::Ask;
+use crate::message::{Message, ToolCall, ToolSpec};
+use crate::model::{ModelProvider, ModelRequest, ModelResponse};
+
+/// A configured agent with its model.
+pub struct AgentRuntime {
+    pub config: AgentConfig,
+    pub model: Arc<dyn ModelProvider>,
+}
+
+impl AgentRuntime {
+    /// The agent's tools as currently declared by their owning hook servers.
+    pub fn tools(&self, registry: &HookRegistry) -> Vec<ToolSpec> {
+        self.config
+            .tools
+            .iter()
+            .filter_map(|name| {
+                let found = registry.tool_owner(name).map(|(_, spec)| spec);
+                if found.is_none() {
+                    tracing::warn!(agent = %self.config.name, tool = %name, "tool has no described owner; not offered");
+                }
+                found
+            })
+            .collect()
+    }
+}
+
+/// Everything one run needs while it is driven.
+pub struct Run {
+    pub run_id: String,
+    pub session_id: String,
+    pub agent: Arc<AgentRuntime>,
+    pub hooks: RunHooks,
+    pub registry: Arc<HookRegistry>,
+    pub streaming: bool,
+    pub approvals: Arc<Approvals>,
+    pub deadline: Instant,
+    pub cancel: CancellationToken,
+    cancel_reason: Mutex<Option<String>>,
+    events: mpsc::UnboundedSender<RunEvent>,
+    records: Mutex<Vec<VerdictRecord>>,
+    /// Text deltas held back until model_response hooks accept the turn.
+    held: Mutex<Vec<String>>,
+}
+
+impl Run {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        run_id: String,
+        session_id: String,
+        agent: Arc<AgentRuntime>,
+        hooks: RunHooks,
+        registry: Arc<HookRegistry>,
+        streaming: bool,
+        approvals: Arc<Approvals>,
+        deadline: Instant,
+        events: mpsc::UnboundedSender<RunEvent>,
+    ) -> Run {
+        Run {
+            run_id,
+            session_id,
+            agent,
+            hooks,
+            registry,
+            streaming,
+            approvals,
+            deadline,
+            cancel: CancellationToken::new(),
+            cancel_reason: Mutex::new(None),
+            events,
+            records: Mutex::new(Vec::new()),
+            held: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn cancel(&self, reason: &str) {
+        self.cancel_reason
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| reason.to_string());
+        self.cancel.cancel();
+    }
+
+    pub fn emit(&self, ev: RunEvent) {
+        // A client that went away cannot see the result: stop spending
+        // model and hook time on it.
+        if self.events.send(ev).is_err() && !self.cancel.is_cancelled() {
+            self.cancel("client disconnected");
+        }
+    }
+
+    pub fn emit_records(&self, records: &[VerdictRecord]) {
+        for r in records.iter().filter(|r| r.is_notable()) {
+            self.records.lock().unwrap().push(r.clone());
+            self.emit(RunEvent::HookVerdict(r.clone()));
+        }
+    }
+
+    /// Pauses a call for approval; `None` means approved.
+    pub async fn ask_approval(
+        &self,
+        turn: u32,
+        index: u32,
+        call: &ToolCall,
+        hook: &str,
+        ask: Ask,
+    ) -> Option<CallOutcome> {
+        let denied = |content: String| {
+            Some(CallOutcome::Result(crate::message::ToolResult {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                content,
+                is_error: true,
+            }))
+        };
+        if !self.streaming {
+            // Invoke callers cannot see the request, so nobody could answer.
+            return Some(CallOutcome::Stop(Stop::Failed(format!(
+                "tool `{}` needs approval (hook `{hook}` asked: {}); approvals require AgentService.Run, which streams the request and takes ResolveApproval",
+                call.name, ask.question
+            ))));
+        }
+        let timeout = ask.timeout.unwrap_or(self.agent.config.approval_timeout);
+        let rx = self.approvals.register(&self.run_id, &call.id);
+        self.emit(RunEvent::ApprovalRequested {
+            turn,
+            index,
+            call: call.clone(),
+            question: ask.question.clone(),
+            hook: hook.to_string(),
+            timeout,
+        });
+        let decision = tokio::time::timeout_at((Instant::now() + timeout).min(self.deadline), rx).await;
+        self.approvals.withdraw(&self.run_id, &call.id);
+        match decision {
+            Ok(Ok(Decision { approve: true, .. })) => None,
+            Ok(Ok(Decision { approve: false, note })) => denied(if note.is_empty() {
+                format!("the user denied the call of tool `{}`", call.name)
+            } else {
+                format!("the user denied the call of tool `{}`: {note}", call.name)
+            }),
+            _ => denied(format!(
+                "approval for tool `{}` timed out after {}s and was denied",
+                call.name,
+                timeout.as_secs()
+            )),
+        }
+    }
+
+    /// Runs a step's IO, ending it early on cancellation or the run deadline.
+    async fn guarded<T>(&self, fut: impl Future<Output = Result<T, Stop>>) -> Result<T, Stop> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(Stop::Cancelled(
+                self.cancel_reason.lock().unwrap().clone().unwrap_or_else(|| "cancelled".into()),
+            )),
+            _ = tokio::time::sleep_until(self.deadline) => Err(Stop::TimedOut),
+            r = fut => r,
+        }
+    }
+}
+
+fn terminate(hook: String, t: crate::hooks::verdict::Terminate) -> Stop {
+    Stop::Terminate {
+        hook,
+        reason: t.reason,
+        reply: t.reply,
+    }
+}
+
+/// Drives one run to its end and returns its report (also sent as the last
+/// event).
+pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> RunReport {
+    let cfg = &run.agent.config;
+    let tools = Arc::new(run.agent.tools(&run.registry));
+    let template = RequestTemplate {
+        model: run.agent.model.model_name().to_string(),
+        system_prompt: cfg.system_prompt.clone(),
+        context: cfg.context.clone(),
+        tools: (*tools).clone(),
+        temperature: cfg.temperature,
+        max_tokens: cfg.max_tokens,
+    };
+    let mut machine = Machine::new(template, cfg.max_turns, transcript, input);
+    let mut step = machine.start();
+    let mut sent_deltas = false;
+    let ending = loop {
+        for ev in machine.drain_events() {
+            run.emit(ev);
+        }
+        let turn = machine.turn();
+        let feed = match step {
+            Step::Finish(ending) => break ending,
+            Step::RunStart(input) => Feed::RunStart(
+                run.guarded(async {
+                    let out = run
+                        .hooks
+                        .chain::<RunStartChain>(0, input, |i| Payload::RunStart { input: i.clone() })
+                        .await
+                        .map_err(Stop::HookFailed)?;
+                    run.emit_records(&out.records);
+                    match out.stop {
+                        Some((hook, t)) => Err(terminate(hook, t)),
+                        None => Ok(out.payload),
+                    }
+                })
+                .await,
+            ),
+            Step::ModelRequest(base) => Feed::ModelRequest(
+                run.guarded(async {
+                    let out = run
+                        .hooks
+                        .model_request(turn, &base)
+                        .await
+                        .map_err(Stop::HookFailed)?;
+                    run.emit_records(&out.records);
+                    match out.merged {
+                        Merged::Terminate { hook, terminate: t } => Err(terminate(hook, t)),
+                        Merged::Respond { response, .. } => Ok(RequestDecision::Respond(response)),
+                        Merged::Request { request, records } => {
+                            compose::validate_effective(&request, &records).map_err(|e| {
+                                Stop::Failed(format!("invalid effective model request: {e}"))
+                            })?;
+                            Ok(RequestDecision::Call(request))
+                        }
+                    }
+                })
+                .await,
+            ),
+            Step::CallModel(request) => {
+                let (r, sent) = call_model(&run, turn, &request).await;
+                sent_deltas = sent;
+                Feed::Model(r)
+            }
+            Step::ModelResponse(response) => {
+                let r = run
+                    .guarded(review_response(&run, turn, response, sent_deltas))
+                    .await;
+                sent_deltas = false;
+                Feed::ModelResponse(r)
+            }
+            Step::ToolBatch(message) => {
+                let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
+                let concurrency = cfg.tool_concurrency;
+                let r = run
+                    .guarded(run_batch(calls.len(), concurrency, |i| {
+                        process_call(run.clone(), turn, i as u32, calls[i].clone(), tools.clone())
+                    }))
+                    .await;
+                Feed::ToolBatch(r)
+            }
+            Step::TurnEnd(message) => Feed::TurnEnd(
+                run.guarded(async {
+                    let out = run
+                        .hooks
+                        .chain::<TurnEndChain>(turn, message, |m| Payload::TurnEnd(m.clone()))
+                        .await
+                        .map_err(Stop::HookFailed)?;
+                    run.emit_records(&out.records);
+                    match out.stop {
+                        None => Ok(EndDecision::Finish),
+                        Some((_, TurnEndStop::ContinueRun(m))) => Ok(EndDecision::ContinueRun(m)),
+                        Some((hook, TurnEndStop::Terminate(t))) => Err(terminate(hook, t)),
+                    }
+                })
+                .await,
+            ),
+        };
+        step = machine.feed(feed);
+    };
+    for ev in machine.drain_events() {
+        run.emit(ev);
+    }
+    finish(&run, ending)
+}
+
+/// Calls the model, streaming or holding deltas. Returns whether deltas
+/// reached the client provisionally.
+async fn call_model(
+    run: &Run,
+    turn: u32,
+    request: &ModelRequest,
+) -> (Result<ModelResponse, Stop>, bool) {
+    let hold = run.agent.config.stream_deltas == StreamDeltas::Hold
+        && run.hooks.has_blocking(EventKind::ModelResponse);
+    let sent = std::sync::atomic::AtomicBool::new(false);
+    let held: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let on_delta = |chunk: &str| {
+        run.hooks.observe(turn, &Payload::TextDelta(chunk.to_string()));
+        if hold {
+            held.lock().unwrap().push(chunk.to_string());
+        } else {
+            sent.store(true, std::sync::atomic::Ordering::Relaxed);
+            run.emit(RunEvent::TextDelta {
+                turn,
+                text: chunk.to_string(),
+            });
+        }
+    };
+    let model = run.agent.model.clone();
+    let r = run
+        .guarded(async {
+            model
+                .complete(request, &on_delta)
+                .await
+                .map_err(|e| Stop::ModelFailed(e.to_string()))
+        })
+        .await;
+    let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+    if hold {
+        *run.held.lock().unwrap() = held.into_inner().unwrap();
+    }
+    (r, sent)
+}
+
+/// model_response hooks; releases held deltas only for an accepted turn.
+async fn review_response(
+    run: &Run,
+    turn: u32,
+    response: ModelResponse,
+    sent_deltas: bool,
+) -> Result<ResponseDecision, Stop> {
+    let original_text = response.message().text();
+    let out = run
+        .hooks
+        .chain::<ModelResponseChain>(turn, response, |r| Payload::ModelResponse(r.clone()))
+        .await;
+    let held = std::mem::take(&mut *run.held.lock().unwrap());
+    let out = out.map_err(Stop::HookFailed)?;
+    run.emit_records(&out.records);
+    let rewritten = out.payload.message().text() != original_text;
+    let retract = |reason: &str| {
+        if sent_deltas {
+            run.emit(RunEvent::DeltasRetracted {
+                turn,
+                reason: reason.to_string(),
+            });
+        }
+    };
+    match out.stop {
+        None => {
+            if rewritten {
+                retract("rewritten by a model_response hook");
+                let text = out.payload.message().text();
+                if !text.is_empty() {
+                    run.emit(RunEvent::TextDelta { turn, text });
+                }
+            } else {
+                for text in held {
+                    run.emit(RunEvent::TextDelta { turn, text });
+                }
+            }
+            Ok(ResponseDecision::Accept(out.payload))
+        }
+        Some((_, ResponseStop::Retry(f))) => {
+            retract("retried by a model_response hook");
+            Ok(ResponseDecision::Retry(f))
+        }
+        Some((hook, ResponseStop::Terminate(t))) => {
+            retract("rejected by a model_response hook");
+            Err(terminate(hook, t))
+        }
+    }
+}
+
+fn finish(run: &Run, mut ending: Ending) -> RunReport {
+    if ending.outcome == RunOutcome::Completed {
+        if let Some(f) = run.hooks.violation(EventKind::TurnEnd) {
+            ending.outcome = RunOutcome::HookFailed;
+            ending.reason = f.to_string();
+        }
+    }
+    run.hooks.observe(
+        ending.turns,
+        &Payload::RunEnd {
+            outcome: ending.outcome,
+            reason: ending.reason.clone(),
+            final_text: ending.final_text.clone(),
+            usage: ending.usage,
+            turns: ending.turns,
+        },
+    );
+    run.hooks.close();
+    let report = RunReport {
+        run_id: run.run_id.clone(),
+        session_id: run.session_id.clone(),
+        outcome: ending.outcome,
+        final_text: ending.final_text,
+        reason: ending.reason,
+        usage: ending.usage,
+        turns: ending.turns,
+        messages: ending.messages,
+        hook_verdicts: run.records.lock().unwrap().clone(),
+    };
+    run.emit(RunEvent::Finished(report.clone()));
+    report
+}

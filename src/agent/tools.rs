@@ -1,0 +1,194 @@
+//! One tool call from the model to its result: validation
+//! (invalid_tool_call), tool_call hooks, approval, execution on the owning
+//! hook server, tool_result hooks.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::agent::batch::CallOutcome;
+use crate::agent::events::RunEvent;
+use crate::agent::machine::Stop;
+use crate::agent::runner::Run;
+use crate::hooks::compose::{InvalidCallStop, InvalidToolCallChain, ToolCallChain, ToolCallStop, ToolResultChain};
+use crate::hooks::payload::{CallProblem, Payload};
+use crate::message::{ToolCall, ToolResult, ToolSpec};
+
+/// Checks a call against the offered tools; `Some` describes the problem.
+pub fn validate_call(call: &ToolCall, tools: &[ToolSpec]) -> Option<(CallProblem, String)> {
+    if !tools.iter().any(|t| t.name == call.name) {
+        return Some((
+            CallProblem::UnknownTool,
+            format!("unknown tool `{}`", call.name),
+        ));
+    }
+    match serde_json::from_str::<serde_json::Value>(&call.arguments_json) {
+        Ok(serde_json::Value::Object(_)) => None,
+        Ok(_) => Some((
+            CallProblem::InvalidArguments,
+            "arguments must be a JSON object".into(),
+        )),
+        Err(e) => Some((
+            CallProblem::InvalidArguments,
+            format!("arguments are not valid JSON: {e}"),
+        )),
+    }
+}
+
+fn result(call: &ToolCall, content: String, is_error: bool) -> ToolResult {
+    ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content,
+        is_error,
+    }
+}
+
+fn terminate(hook: String, t: crate::hooks::verdict::Terminate) -> CallOutcome {
+    CallOutcome::Stop(Stop::Terminate {
+        hook,
+        reason: t.reason,
+        reply: t.reply,
+    })
+}
+
+pub async fn process_call(run: Arc<Run>, turn: u32, index: u32, call: ToolCall, tools: Arc<Vec<ToolSpec>>) -> CallOutcome {
+    let hooks = &run.hooks;
+    if let Some((problem, error)) = validate_call(&call, &tools) {
+        let available: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+        let out = match hooks
+            .chain::<InvalidToolCallChain>(turn, call.clone(), |c| Payload::InvalidToolCall {
+                call: c.clone(),
+                problem,
+                error: error.clone(),
+                available: available.clone(),
+            })
+            .await
+        {
+            Ok(o) => o,
+            Err(f) => return CallOutcome::Stop(Stop::HookFailed(f)),
+        };
+        run.emit_records(&out.records);
+        return match out.stop {
+            None => CallOutcome::Result(result(
+                &call,
+                format!(
+                    "error: {error}. Available tools: {}",
+                    if available.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        available.join(", ")
+                    }
+                ),
+                true,
+            )),
+            Some((_, InvalidCallStop::Retry(f))) => CallOutcome::Retry(f),
+            Some((_, InvalidCallStop::Skip(s))) => {
+                CallOutcome::Result(result(&call, s.result, s.is_error))
+            }
+            Some((hook, InvalidCallStop::Terminate(t))) => terminate(hook, t),
+        };
+    }
+    let spec = tools
+        .iter()
+        .find(|t| t.name == call.name)
+        .cloned()
+        .unwrap_or_default();
+    let out = match hooks
+        .chain::<ToolCallChain>(turn, call.clone(), |c| Payload::ToolCall {
+            call: c.clone(),
+            index,
+            tool: spec.clone(),
+        })
+        .await
+    {
+        Ok(o) => o,
+        Err(f) => return CallOutcome::Stop(Stop::HookFailed(f)),
+    };
+    run.emit_records(&out.records);
+    let effective = out.payload;
+    match out.stop {
+        None => {}
+        Some((_, ToolCallStop::Skip(s))) => {
+            return CallOutcome::Result(result(&effective, s.result, s.is_error))
+        }
+        Some((hook, ToolCallStop::Terminate(t))) => return terminate(hook, t),
+        Some((hook, ToolCallStop::Ask(ask))) => {
+            if let Some(denied) = run.ask_approval(turn, index, &effective, &hook, ask).await {
+                return denied;
+            }
+        }
+    }
+
+    run.emit(RunEvent::ToolStarted {
+        turn,
+        index,
+        call: effective.clone(),
+    });
+    let (content, is_error) = match run.registry.tool_owner(&effective.name) {
+        Some((owner, _)) => {
+            let deadline = (Instant::now() + owner.config.timeout_for(crate::event::EventKind::ToolCall))
+                .min(run.deadline);
+            let ctx = hooks.wire_context(turn, deadline.saturating_duration_since(Instant::now()));
+            match owner.call_tool(ctx, &effective, deadline).await {
+                Ok(r) => r,
+                Err(f) => (
+                    format!("tool `{}` failed to execute: {}: {}", effective.name, f.class, f.detail),
+                    true,
+                ),
+            }
+        }
+        None => (
+            format!("tool `{}` has no reachable owner", effective.name),
+            true,
+        ),
+    };
+    let raw = result(&effective, content, is_error);
+    let out = match hooks
+        .chain::<ToolResultChain>(turn, raw, |r| Payload::ToolResult {
+            call: effective.clone(),
+            index,
+            result: r.clone(),
+        })
+        .await
+    {
+        Ok(o) => o,
+        Err(f) => return CallOutcome::Stop(Stop::HookFailed(f)),
+    };
+    run.emit_records(&out.records);
+    match out.stop {
+        Some((hook, t)) => terminate(hook, t),
+        None => CallOutcome::Result(out.payload),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_problem() {
+        let tools = vec![ToolSpec {
+            name: "get_weather".into(),
+            ..Default::default()
+        }];
+        let call = |name: &str, args: &str| ToolCall {
+            id: "1".into(),
+            name: name.into(),
+            arguments_json: args.into(),
+        };
+        assert_eq!(validate_call(&call("get_weather", "{}"), &tools), None);
+        assert_eq!(
+            validate_call(&call("nope", "{}"), &tools).unwrap().0,
+            CallProblem::UnknownTool
+        );
+        assert_eq!(
+            validate_call(&call("get_weather", "[1]"), &tools).unwrap().0,
+            CallProblem::InvalidArguments
+        );
+        assert_eq!(
+            validate_call(&call("get_weather", "{"), &tools).unwrap().0,
+            CallProblem::InvalidArguments
+        );
+    }
+}

@@ -1,0 +1,304 @@
+//! Client commands: a readable run timeline, sessions and hooks.
+
+use std::io::{IsTerminal, Write};
+
+use anyhow::Context;
+use tonic::transport::Channel;
+
+use crate::cli::SessionsAction;
+use crate::pb;
+use crate::pb::agent_service_client::AgentServiceClient;
+
+async fn connect(addr: &str) -> anyhow::Result<AgentServiceClient<Channel>> {
+    let ch = tonic::transport::Endpoint::from_shared(addr.to_string())
+        .with_context(|| format!("bad server address `{addr}` (expected e.g. http://127.0.0.1:50051)"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to hookwire at {addr} (is `hookwire serve` running?)"))?;
+    Ok(AgentServiceClient::new(ch))
+}
+
+fn status_err(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}
+
+fn event_name(v: i32) -> String {
+    pb::EventKind::try_from(v)
+        .map(|k| k.as_str_name().trim_start_matches("EVENT_KIND_").to_lowercase())
+        .unwrap_or_else(|_| v.to_string())
+}
+
+fn outcome_name(v: i32) -> String {
+    pb::RunOutcome::try_from(v)
+        .map(|k| k.as_str_name().trim_start_matches("RUN_OUTCOME_").to_lowercase())
+        .unwrap_or_else(|_| v.to_string())
+}
+
+pub async fn run(
+    addr: &str,
+    agent: &str,
+    session: Option<String>,
+    hooks: Vec<String>,
+    json: bool,
+    prompt: String,
+) -> anyhow::Result<()> {
+    let mut client = connect(addr).await?;
+    let session_id = match session {
+        Some(id) => id,
+        None => {
+            client
+                .create_session(pb::CreateSessionRequest {
+                    agent: agent.to_string(),
+                    extra_hooks: hooks,
+                    metadata: Default::default(),
+                })
+                .await
+                .map_err(status_err)?
+                .into_inner()
+                .id
+        }
+    };
+    let mut stream = client
+        .run(pb::RunRequest {
+            session_id: session_id.clone(),
+            input: prompt,
+        })
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    let mut out = std::io::stdout();
+    let mut mid_line = false;
+    let mut final_outcome = None;
+    while let Some(ev) = stream.message().await.map_err(status_err)? {
+        if json {
+            writeln!(out, "{}", serde_json::to_string(&ev)?)?;
+        }
+        let Some(e) = ev.event else { continue };
+        use pb::run_event::Event as E;
+        if let E::Finished(f) = &e {
+            final_outcome = f.result.as_ref().map(|r| r.outcome);
+        }
+        if let E::ApprovalRequested(a) = &e {
+            let answer = ask_approval(a, json)?;
+            if let Some((approve, note)) = answer {
+                let call_id = a.call.as_ref().map(|c| c.id.clone()).unwrap_or_default();
+                client
+                    .resolve_approval(pb::ResolveApprovalRequest {
+                        run_id: ev.run_id.clone(),
+                        call_id,
+                        approve,
+                        note,
+                    })
+                    .await
+                    .map_err(status_err)?;
+            }
+        }
+        if json {
+            continue;
+        }
+        let nl = |mid: &mut bool, out: &mut std::io::Stdout| -> std::io::Result<()> {
+            if *mid {
+                writeln!(out)?;
+                *mid = false;
+            }
+            Ok(())
+        };
+        match e {
+            E::Started(s) => {
+                writeln!(out, "▶ run {} · session {} · agent {}", ev.run_id, s.session_id, s.agent)?;
+            }
+            E::TurnStarted(t) => {
+                nl(&mut mid_line, &mut out)?;
+                writeln!(out, "── turn {}", t.turn)?;
+            }
+            E::TextDelta(d) => {
+                write!(out, "{}", d.text)?;
+                out.flush()?;
+                mid_line = true;
+            }
+            E::DeltasRetracted(r) => {
+                nl(&mut mid_line, &mut out)?;
+                writeln!(out, "  ✗ text above retracted: {}", r.reason)?;
+            }
+            E::AssistantMessage(_) => nl(&mut mid_line, &mut out)?,
+            E::ToolCall(c) => {
+                nl(&mut mid_line, &mut out)?;
+                if let Some(call) = c.call {
+                    writeln!(out, "  → #{} {}({})", c.call_index, call.name, call.arguments_json)?;
+                }
+            }
+            E::ToolStarted(c) => {
+                if let Some(call) = c.call {
+                    writeln!(out, "  ⚙ #{} executing {}({})", c.call_index, call.name, call.arguments_json)?;
+                }
+            }
+            E::ToolResult(r) => {
+                if let Some(res) = r.result {
+                    let tag = if res.is_error { "error" } else { "result" };
+                    writeln!(out, "  ← #{} {tag}: {}", r.call_index, res.content)?;
+                }
+            }
+            E::HookVerdict(h) => {
+                nl(&mut mid_line, &mut out)?;
+                let mut line = format!("  ⚑ hook {} · {} · {}", h.hook, event_name(h.event), h.verdict);
+                if !h.fields_changed.is_empty() {
+                    line.push_str(&format!(" [{}]", h.fields_changed.join(", ")));
+                }
+                for c in &h.conflicts {
+                    line.push_str(&format!(" (conflict on {}: {} kept over {})", c.field, c.winner, c.loser));
+                }
+                if !h.failed_open.is_empty() {
+                    line.push_str(&format!(" (failed open: {})", h.failed_open));
+                }
+                if !h.reason.is_empty() {
+                    line.push_str(&format!(" — {}", h.reason));
+                }
+                writeln!(out, "{line}")?;
+            }
+            E::ApprovalRequested(_) => {}
+            E::Finished(f) => {
+                nl(&mut mid_line, &mut out)?;
+                if let Some(r) = f.result {
+                    let usage = r.usage.unwrap_or_default();
+                    let mark = if r.outcome == pb::RunOutcome::Completed as i32 { "✔" } else { "■" };
+                    writeln!(
+                        out,
+                        "{mark} {} · {} turn(s) · {} in / {} out tokens{}",
+                        outcome_name(r.outcome),
+                        r.turns,
+                        usage.input_tokens,
+                        usage.output_tokens,
+                        if usage.estimated { " (estimated)" } else { "" }
+                    )?;
+                    if !r.reason.is_empty() {
+                        writeln!(out, "  reason: {}", r.reason)?;
+                    }
+                    if r.outcome != pb::RunOutcome::Completed as i32 && !r.final_text.is_empty() {
+                        writeln!(out, "  reply: {}", r.final_text)?;
+                    }
+                }
+            }
+        }
+    }
+    match final_outcome {
+        Some(o) if o == pb::RunOutcome::Completed as i32 => Ok(()),
+        Some(o) => anyhow::bail!("run ended {}", outcome_name(o)),
+        None => anyhow::bail!("the stream ended without a result"),
+    }
+}
+
+/// Prompts on an interactive terminal; otherwise leaves the request to time
+/// out (which denies it).
+fn ask_approval(a: &pb::ApprovalRequested, json: bool) -> anyhow::Result<Option<(bool, String)>> {
+    let call = a.call.clone().unwrap_or_default();
+    if json || !std::io::stdin().is_terminal() {
+        eprintln!(
+            "approval requested for {}({}) by hook {}: {} — not interactive; it will be denied in {} ms",
+            call.name, call.arguments_json, a.hook, a.question, a.timeout_ms
+        );
+        return Ok(None);
+    }
+    print!(
+        "  ? hook {} asks: {} — allow {}({})? [y/N] ",
+        a.hook, a.question, call.name, call.arguments_json
+    );
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let approve = matches!(line.trim(), "y" | "Y" | "yes");
+    Ok(Some((approve, if approve { String::new() } else { "denied at the terminal".into() })))
+}
+
+pub async fn sessions(addr: &str, action: SessionsAction) -> anyhow::Result<()> {
+    let mut client = connect(addr).await?;
+    match action {
+        SessionsAction::List => {
+            let r = client
+                .list_sessions(pb::ListSessionsRequest {})
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            if r.sessions.is_empty() {
+                println!("no sessions");
+            }
+            for s in r.sessions {
+                println!(
+                    "{}  agent={}  runs={}{}",
+                    s.id,
+                    s.agent,
+                    s.run_count,
+                    if s.active_run_id.is_empty() { String::new() } else { format!("  active_run={}", s.active_run_id) }
+                );
+            }
+        }
+        SessionsAction::Show { id } => {
+            let s = client
+                .get_session(pb::GetSessionRequest { session_id: id })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            println!("session {} · agent {} · {} run(s)", s.id, s.agent, s.run_count);
+            for m in s.transcript {
+                let role = pb::Role::try_from(m.role)
+                    .map(|r| r.as_str_name().trim_start_matches("ROLE_").to_lowercase())
+                    .unwrap_or_default();
+                for b in m.blocks {
+                    use pb::block::Kind;
+                    match b.kind {
+                        Some(Kind::Text(t)) => println!("{role:>9}: {}", t.text),
+                        Some(Kind::Reasoning(t)) => println!("{role:>9}: (reasoning) {}", t.text),
+                        Some(Kind::ToolCall(c)) => println!("{role:>9}: → {}({}) [{}]", c.name, c.arguments_json, c.id),
+                        Some(Kind::ToolResult(r)) => println!(
+                            "{role:>9}: ← {}{} [{}]",
+                            if r.is_error { "error: " } else { "" },
+                            r.content,
+                            r.call_id
+                        ),
+                        None => {}
+                    }
+                }
+            }
+        }
+        SessionsAction::Delete { id } => {
+            client
+                .delete_session(pb::DeleteSessionRequest { session_id: id.clone() })
+                .await
+                .map_err(status_err)?;
+            println!("deleted {id}");
+        }
+    }
+    Ok(())
+}
+
+pub async fn hooks(addr: &str) -> anyhow::Result<()> {
+    let mut client = connect(addr).await?;
+    let r = client
+        .list_hooks(pb::ListHooksRequest {})
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    if r.hooks.is_empty() {
+        println!("no hooks configured");
+    }
+    for h in r.hooks {
+        println!(
+            "{}  {}  state={} priority={} failure={} mode={}",
+            h.name, h.endpoint, h.state, h.priority, h.failure, h.mode
+        );
+        println!(
+            "    events: {}",
+            h.events.iter().map(|e| event_name(*e)).collect::<Vec<_>>().join(", ")
+        );
+        if !h.tools.is_empty() {
+            println!(
+                "    tools: {}",
+                h.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+            );
+        }
+        if !h.last_error.is_empty() {
+            println!("    last error: {}", h.last_error);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,409 @@
+//! The service's domain: sessions, runs, approvals and hooks, independent of
+//! gRPC. `server::grpc` adapts it to AgentService.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use crate::agent::approvals::{ApprovalError, Approvals, Decision};
+use crate::agent::events::{RunEvent, RunReport};
+use crate::agent::runner::{drive, AgentRuntime, Run};
+use crate::config::Config;
+use crate::event::nearest;
+use crate::hooks::client::{HookClient, HookSnapshot};
+use crate::hooks::compose::{firing_order, Ranked, SessionStartChain};
+use crate::hooks::dispatch::RunHooks;
+use crate::hooks::failure::HookFailure;
+use crate::hooks::payload::{EventContext, Payload};
+use crate::hooks::registry::{HookRegistry, RegistryError};
+use crate::model::ModelProvider;
+use crate::session::{MemoryStore, Session, SessionError, SessionStore};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("unknown agent `{name}`{hint}")]
+    UnknownAgent { name: String, hint: String },
+    #[error("unknown hook `{0}`: sessions may only enable hooks configured under `hooks:`")]
+    UnknownHook(String),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error("input must not be empty")]
+    EmptyInput,
+    #[error("input is {size} bytes; the limit is {max} (server.max_input_bytes)")]
+    InputTooLarge { size: usize, max: usize },
+    #[error("session rejected by hook `{hook}`: {reason}")]
+    SessionRejected { hook: String, reason: String },
+    #[error("session_start failed: {0}")]
+    SessionHookFailed(HookFailure),
+    #[error("run `{0}` not found (it may have finished)")]
+    UnknownRun(String),
+    #[error(transparent)]
+    Approval(#[from] ApprovalError),
+    #[error("server is shutting down; retry against another replica")]
+    ShuttingDown,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineSetupError {
+    #[error("agent `{agent}`: model `{model}` was not built")]
+    MissingModel { agent: String, model: String },
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// A started run: its events, and the task that drives it.
+pub struct RunHandle {
+    pub run_id: String,
+    pub events: mpsc::UnboundedReceiver<RunEvent>,
+    pub task: tokio::task::JoinHandle<RunReport>,
+}
+
+pub struct Engine {
+    config: Config,
+    agents: HashMap<String, Arc<AgentRuntime>>,
+    registry: Arc<HookRegistry>,
+    store: Arc<dyn SessionStore>,
+    approvals: Arc<Approvals>,
+    runs: Mutex<HashMap<String, Arc<Run>>>,
+    accepting: AtomicBool,
+    idle: Notify,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Engine {
+    pub fn new(
+        config: Config,
+        models: HashMap<String, Arc<dyn ModelProvider>>,
+    ) -> Result<Engine, EngineSetupError> {
+        let registry = Arc::new(HookRegistry::new(&config)?);
+        let mut agents = HashMap::new();
+        for a in &config.agents {
+            let model = models
+                .get(&a.model)
+                .cloned()
+                .ok_or_else(|| EngineSetupError::MissingModel {
+                    agent: a.name.clone(),
+                    model: a.model.clone(),
+                })?;
+            agents.insert(
+                a.name.clone(),
+                Arc::new(AgentRuntime {
+                    config: a.clone(),
+                    model,
+                }),
+            );
+        }
+        Ok(Engine {
+            config,
+            agents,
+            registry,
+            store: Arc::new(MemoryStore::default()),
+            approvals: Arc::new(Approvals::default()),
+            runs: Mutex::new(HashMap::new()),
+            accepting: AtomicBool::new(true),
+            idle: Notify::new(),
+        })
+    }
+
+    pub fn registry(&self) -> &Arc<HookRegistry> {
+        &self.registry
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn agent(&self, name: &str) -> Result<&Arc<AgentRuntime>, EngineError> {
+        self.agents.get(name).ok_or_else(|| EngineError::UnknownAgent {
+            name: name.to_string(),
+            hint: match nearest(name, self.agents.keys().map(String::as_str)) {
+                Some(n) => format!("; did you mean `{n}`?"),
+                None => {
+                    let mut names: Vec<&str> = self.agents.keys().map(String::as_str).collect();
+                    names.sort();
+                    format!("; configured agents: {}", names.join(", "))
+                }
+            },
+        })
+    }
+
+    /// The session's hooks in firing order: agent hooks, then extras.
+    fn session_hooks(&self, agent: &AgentRuntime, extra: &[String]) -> Vec<Arc<HookClient>> {
+        let rank = |names: &[String]| -> Vec<Ranked> {
+            names
+                .iter()
+                .filter_map(|n| self.registry.get(n))
+                .map(|c| Ranked {
+                    name: c.name().to_string(),
+                    priority: c.config.priority,
+                })
+                .collect()
+        };
+        firing_order(&rank(&agent.config.hooks), &rank(extra))
+            .iter()
+            .filter_map(|n| self.registry.get(n).cloned())
+            .collect()
+    }
+
+    pub async fn create_session(
+        &self,
+        agent_name: &str,
+        extra_hooks: Vec<String>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Session, EngineError> {
+        if !self.accepting.load(Ordering::SeqCst) {
+            return Err(EngineError::ShuttingDown);
+        }
+        let agent = self.agent(agent_name)?.clone();
+        for h in &extra_hooks {
+            if self.registry.get(h).is_none() {
+                return Err(EngineError::UnknownHook(h.clone()));
+            }
+        }
+        let session = Session {
+            id: uuid::Uuid::new_v4().to_string(),
+            agent: agent_name.to_string(),
+            extra_hooks: extra_hooks.clone(),
+            metadata: metadata.clone(),
+            created_at_unix_ms: now_ms(),
+            transcript: Vec::new(),
+            run_count: 0,
+            active_run: None,
+        };
+        let clients = self.session_hooks(&agent, &extra_hooks);
+        if !clients.is_empty() {
+            let names: Vec<String> = clients.iter().map(|c| c.name().to_string()).collect();
+            let hooks = RunHooks::new(
+                clients,
+                EventContext {
+                    session_id: session.id.clone(),
+                    agent: agent_name.to_string(),
+                    ..Default::default()
+                },
+                Instant::now() + agent.config.event_budget,
+                agent.config.event_budget,
+            );
+            let out = hooks
+                .chain::<SessionStartChain>(0, (), |_| Payload::SessionStart {
+                    hooks: names.clone(),
+                    metadata: metadata.clone(),
+                })
+                .await;
+            hooks.close();
+            match out {
+                Err(f) => return Err(EngineError::SessionHookFailed(f)),
+                Ok(o) => {
+                    if let Some((hook, t)) = o.stop {
+                        return Err(EngineError::SessionRejected {
+                            hook,
+                            reason: t.reason,
+                        });
+                    }
+                }
+            }
+        }
+        self.store.insert(session.clone());
+        Ok(session)
+    }
+
+    pub fn get_session(&self, id: &str) -> Result<Session, EngineError> {
+        self.store
+            .get(id)
+            .ok_or_else(|| SessionError::NotFound(id.to_string()).into())
+    }
+
+    pub fn list_sessions(&self) -> Vec<Session> {
+        self.store.list()
+    }
+
+    pub async fn delete_session(&self, id: &str) -> Result<(), EngineError> {
+        let session = self
+            .store
+            .remove(id)
+            .ok_or_else(|| SessionError::NotFound(id.to_string()))?;
+        if let Some(run) = &session.active_run {
+            if let Some(r) = self.runs.lock().unwrap().get(run) {
+                r.cancel("session deleted");
+            }
+        }
+        if let Ok(agent) = self.agent(&session.agent) {
+            let clients = self.session_hooks(agent, &session.extra_hooks);
+            if !clients.is_empty() {
+                let hooks = RunHooks::new(
+                    clients,
+                    EventContext {
+                        session_id: session.id.clone(),
+                        agent: session.agent.clone(),
+                        ..Default::default()
+                    },
+                    Instant::now() + agent.config.event_budget,
+                    agent.config.event_budget,
+                );
+                hooks.observe(
+                    0,
+                    &Payload::SessionEnd {
+                        reason: "deleted".into(),
+                    },
+                );
+                hooks.close();
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a run; its events arrive on the handle until `Finished`.
+    pub fn start_run(
+        self: &Arc<Self>,
+        session_id: &str,
+        input: String,
+        streaming: bool,
+        traceparent: (String, String),
+    ) -> Result<RunHandle, EngineError> {
+        if !self.accepting.load(Ordering::SeqCst) {
+            return Err(EngineError::ShuttingDown);
+        }
+        if input.trim().is_empty() {
+            return Err(EngineError::EmptyInput);
+        }
+        let max = self.config.server.max_input_bytes;
+        if input.len() > max {
+            return Err(EngineError::InputTooLarge {
+                size: input.len(),
+                max,
+            });
+        }
+        let run_id = uuid::Uuid::new_v4().to_string();
+        let session = self.store.begin_run(session_id, &run_id)?;
+        let agent = match self.agent(&session.agent) {
+            Ok(a) => a.clone(),
+            Err(e) => {
+                self.store.end_run(session_id, &run_id, vec![]);
+                return Err(e);
+            }
+        };
+        let deadline = Instant::now() + agent.config.run_timeout;
+        let hooks = RunHooks::new(
+            self.session_hooks(&agent, &session.extra_hooks),
+            EventContext {
+                session_id: session.id.clone(),
+                run_id: run_id.clone(),
+                turn: 0,
+                agent: agent.config.name.clone(),
+                streaming,
+                traceparent: traceparent.0,
+                tracestate: traceparent.1,
+            },
+            deadline,
+            agent.config.event_budget,
+        );
+        let (tx, rx) = mpsc::unbounded_channel();
+        let run = Arc::new(Run::new(
+            run_id.clone(),
+            session.id.clone(),
+            agent,
+            hooks,
+            self.registry.clone(),
+            streaming,
+            self.approvals.clone(),
+            deadline,
+            tx,
+        ));
+        self.runs.lock().unwrap().insert(run_id.clone(), run.clone());
+        let engine = self.clone();
+        let transcript = session.transcript;
+        let task = tokio::spawn(async move {
+            let report = drive(run.clone(), transcript, input).await;
+            engine
+                .store
+                .end_run(&report.session_id, &report.run_id, report.messages.clone());
+            let mut runs = engine.runs.lock().unwrap();
+            runs.remove(&report.run_id);
+            if runs.is_empty() {
+                engine.idle.notify_waiters();
+            }
+            report
+        });
+        Ok(RunHandle {
+            run_id,
+            events: rx,
+            task,
+        })
+    }
+
+    pub fn cancel_run(&self, run_id: &str) -> Result<(), EngineError> {
+        match self.runs.lock().unwrap().get(run_id) {
+            Some(r) => {
+                r.cancel("cancelled by client");
+                Ok(())
+            }
+            None => Err(EngineError::UnknownRun(run_id.to_string())),
+        }
+    }
+
+    pub fn resolve_approval(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        approve: bool,
+        note: String,
+    ) -> Result<(), EngineError> {
+        Ok(self
+            .approvals
+            .resolve(run_id, call_id, Decision { approve, note })?)
+    }
+
+    pub fn hooks(&self) -> Vec<HookSnapshot> {
+        self.registry.all().iter().map(|c| c.snapshot()).collect()
+    }
+
+    pub fn active_runs(&self) -> usize {
+        self.runs.lock().unwrap().len()
+    }
+
+    /// Refuses new sessions and runs from now on.
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits for in-flight runs up to `grace`, then cancels the rest and
+    /// waits for them to finish (they end promptly with outcome cancelled).
+    pub async fn drain(&self, grace: Duration) {
+        let wait_idle = async {
+            loop {
+                let notified = self.idle.notified();
+                if self.runs.lock().unwrap().is_empty() {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        if tokio::time::timeout(grace, wait_idle).await.is_err() {
+            let runs: Vec<Arc<Run>> = self.runs.lock().unwrap().values().cloned().collect();
+            tracing::warn!(runs = runs.len(), "shutdown grace elapsed; cancelling runs");
+            for r in runs {
+                r.cancel("server shutting down");
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    let notified = self.idle.notified();
+                    if self.runs.lock().unwrap().is_empty() {
+                        return;
+                    }
+                    notified.await;
+                }
+            })
+            .await;
+        }
+        self.registry.stop();
+    }
+}

@@ -1,0 +1,270 @@
+//! One reusable channel per configured hook server: lazy connect, HTTP/2
+//! keepalive, `Describe` at start-up and after reconnects, the circuit
+//! breaker, and `CallTool`.
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use crate::config::{HookConfig, HookMode};
+use crate::event::EventKind;
+use crate::hooks::breaker::{Admit, Breaker};
+use crate::hooks::failure::{FailureClass, Fault};
+use crate::hooks::stream::{classify_status, RunStream};
+use crate::hooks::wire::event_kind_from_wire;
+use crate::message::{ToolCall, ToolSpec};
+use crate::pb;
+use crate::pb::hook_service_client::HookServiceClient;
+
+/// What a hook server said about itself.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Description {
+    pub name: String,
+    pub version: String,
+    pub events: Vec<EventKind>,
+    pub tools: Vec<ToolSpec>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnState {
+    Connecting,
+    Connected,
+    Unavailable,
+}
+
+#[derive(Debug)]
+struct Status {
+    state: ConnState,
+    last_error: Option<String>,
+}
+
+pub struct HookClient {
+    pub config: HookConfig,
+    channel: Channel,
+    described: RwLock<Option<Description>>,
+    status: Mutex<Status>,
+    breaker: Mutex<Breaker>,
+    redescribe: Notify,
+}
+
+/// A point-in-time view for `ListHooks`.
+#[derive(Clone, Debug)]
+pub struct HookSnapshot {
+    pub config: HookConfig,
+    pub state: &'static str,
+    pub events: Vec<EventKind>,
+    pub description: Option<Description>,
+    pub last_error: Option<String>,
+}
+
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+impl HookClient {
+    pub fn new(config: HookConfig) -> Result<Arc<HookClient>, String> {
+        let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
+            .map_err(|e| format!("hook `{}`: bad endpoint: {e}", config.name))?
+            .connect_timeout(config.timeout.min(Duration::from_secs(10)))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
+        if config.endpoint.starts_with("https://") {
+            endpoint = endpoint
+                .tls_config(ClientTlsConfig::new().with_webpki_roots())
+                .map_err(|e| format!("hook `{}`: TLS setup: {e}", config.name))?;
+        }
+        let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
+        Ok(Arc::new(HookClient {
+            channel: endpoint.connect_lazy(),
+            config,
+            described: RwLock::new(None),
+            status: Mutex::new(Status {
+                state: ConnState::Connecting,
+                last_error: None,
+            }),
+            breaker: Mutex::new(breaker),
+            redescribe: Notify::new(),
+        }))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn client(&self) -> HookServiceClient<Channel> {
+        HookServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(16 * 1024 * 1024)
+    }
+
+    pub fn description(&self) -> Option<Description> {
+        self.described.read().unwrap().clone()
+    }
+
+    /// Calls Describe once and caches the answer.
+    pub async fn describe(&self, timeout: Duration) -> Result<Description, Fault> {
+        let mut req = tonic::Request::new(pb::DescribeRequest {
+            hookwire_version: env!("CARGO_PKG_VERSION").into(),
+        });
+        req.set_timeout(timeout);
+        let result = tokio::time::timeout(timeout, self.client().describe(req)).await;
+        let result = match result {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Err(_) => Err(Fault::new(FailureClass::Deadline, "Describe timed out")),
+        };
+        match result {
+            Ok(d) => {
+                let desc = Description {
+                    name: d.name,
+                    version: d.version,
+                    events: d
+                        .events
+                        .into_iter()
+                        .filter_map(event_kind_from_wire)
+                        .collect(),
+                    tools: d.tools.into_iter().map(Into::into).collect(),
+                };
+                *self.described.write().unwrap() = Some(desc.clone());
+                let mut s = self.status.lock().unwrap();
+                s.state = ConnState::Connected;
+                s.last_error = None;
+                Ok(desc)
+            }
+            Err(f) => {
+                let mut s = self.status.lock().unwrap();
+                s.state = ConnState::Unavailable;
+                s.last_error = Some(format!("{}: {}", f.class, f.detail));
+                Err(f)
+            }
+        }
+    }
+
+    /// Keeps the description fresh: retries with backoff until Describe
+    /// succeeds, then waits for a connection failure to describe again.
+    pub async fn maintain(self: Arc<Self>, cancel: CancellationToken) {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let ok = self.describe(DESCRIBE_TIMEOUT).await.is_ok();
+            let wait = if ok {
+                backoff = Duration::from_millis(200);
+                None
+            } else {
+                let b = backoff;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                Some(b)
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = self.redescribe.notified() => {}
+                _ = async {
+                    match wait {
+                        Some(d) => tokio::time::sleep(d).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
+        }
+    }
+
+    /// Records a connection-level fault so the next Describe refreshes the
+    /// cached subscriptions and tools.
+    pub fn note_fault(&self, fault: &Fault) {
+        if matches!(
+            fault.class,
+            FailureClass::Connect | FailureClass::Tls | FailureClass::StreamReset
+        ) {
+            let mut s = self.status.lock().unwrap();
+            s.state = ConnState::Unavailable;
+            s.last_error = Some(format!("{}: {}", fault.class, fault.detail));
+            drop(s);
+            self.redescribe.notify_one();
+        }
+    }
+
+    /// Events this hook receives: Describe's list narrowed by config. Before
+    /// the first successful Describe, the configured list (if any).
+    pub fn subscriptions(&self) -> Option<Vec<EventKind>> {
+        let configured = &self.config.events;
+        match self.description() {
+            Some(d) if configured.is_empty() => Some(d.events),
+            Some(d) => Some(
+                configured
+                    .iter()
+                    .copied()
+                    .filter(|e| d.events.contains(e))
+                    .collect(),
+            ),
+            None if configured.is_empty() => None,
+            None => Some(configured.clone()),
+        }
+    }
+
+    pub fn is_observe(&self) -> bool {
+        self.config.mode == HookMode::Observe
+    }
+
+    pub fn admit(&self) -> Admit {
+        self.breaker.lock().unwrap().admit(std::time::Instant::now())
+    }
+
+    pub fn record(&self, ok: bool) {
+        self.breaker
+            .lock()
+            .unwrap()
+            .record(std::time::Instant::now(), ok);
+    }
+
+    pub fn breaker_open(&self) -> bool {
+        self.breaker.lock().unwrap().is_open()
+    }
+
+    pub fn open_stream(&self, metadata: Vec<(&'static str, String)>) -> RunStream {
+        RunStream::open(self.client(), self.config.observe_queue, metadata)
+    }
+
+    pub async fn call_tool(
+        &self,
+        context: pb::EventContext,
+        call: &ToolCall,
+        deadline: Instant,
+    ) -> Result<(String, bool), Fault> {
+        let mut req = tonic::Request::new(pb::CallToolRequest {
+            context: Some(context),
+            call: Some(call.into()),
+        });
+        req.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        match tokio::time::timeout_at(deadline, self.client().call_tool(req)).await {
+            Ok(Ok(r)) => {
+                let r = r.into_inner();
+                Ok((r.content, r.is_error))
+            }
+            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Err(_) => Err(Fault::new(FailureClass::Deadline, "CallTool timed out")),
+        }
+    }
+
+    pub fn snapshot(&self) -> HookSnapshot {
+        let s = self.status.lock().unwrap();
+        let state = if self.breaker_open() {
+            "circuit_open"
+        } else {
+            match s.state {
+                ConnState::Connecting => "connecting",
+                ConnState::Connected => "connected",
+                ConnState::Unavailable => "unavailable",
+            }
+        };
+        HookSnapshot {
+            config: self.config.clone(),
+            state,
+            events: self.subscriptions().unwrap_or_default(),
+            description: self.description(),
+            last_error: s.last_error.clone(),
+        }
+    }
+}

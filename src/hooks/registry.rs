@@ -1,0 +1,102 @@
+//! All configured hook servers, shared by every session and run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::hooks::client::HookClient;
+use crate::message::ToolSpec;
+
+pub struct HookRegistry {
+    clients: Vec<Arc<HookClient>>,
+    by_name: HashMap<String, Arc<HookClient>>,
+    cancel: CancellationToken,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("{0}")]
+    Endpoint(String),
+    #[error("tool `{tool}` is owned by two hook servers: `{first}` and `{second}`; rename one or drop it from one server")]
+    DuplicateTool {
+        tool: String,
+        first: String,
+        second: String,
+    },
+}
+
+impl HookRegistry {
+    pub fn new(config: &Config) -> Result<HookRegistry, RegistryError> {
+        let mut clients = Vec::new();
+        let mut by_name = HashMap::new();
+        for h in &config.hooks {
+            let c = HookClient::new(h.clone()).map_err(RegistryError::Endpoint)?;
+            by_name.insert(h.name.clone(), c.clone());
+            clients.push(c);
+        }
+        Ok(HookRegistry {
+            clients,
+            by_name,
+            cancel: CancellationToken::new(),
+        })
+    }
+
+    /// Starts the Describe loops (start-up and reconnects).
+    pub fn start(&self) {
+        for c in &self.clients {
+            tokio::spawn(c.clone().maintain(self.cancel.clone()));
+        }
+    }
+
+    /// Describes every hook once now, waiting at most `timeout` each.
+    pub async fn describe_all(&self, timeout: std::time::Duration) {
+        let futs = self.clients.iter().map(|c| c.describe(timeout));
+        let _ = futures::future::join_all(futs).await;
+    }
+
+    pub fn stop(&self) {
+        self.cancel.cancel();
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<HookClient>> {
+        self.by_name.get(name)
+    }
+
+    pub fn all(&self) -> &[Arc<HookClient>] {
+        &self.clients
+    }
+
+    /// The hook that owns `tool`, with the tool's declaration.
+    pub fn tool_owner(&self, tool: &str) -> Option<(Arc<HookClient>, ToolSpec)> {
+        self.clients.iter().find_map(|c| {
+            c.description()
+                .and_then(|d| d.tools.into_iter().find(|t| t.name == tool))
+                .map(|t| (c.clone(), t))
+        })
+    }
+
+    /// A tool declared by two servers is ambiguous: refuse rather than guess.
+    pub fn check_tool_ownership(&self) -> Result<(), RegistryError> {
+        let mut owners: HashMap<String, String> = HashMap::new();
+        for c in &self.clients {
+            for t in c.description().map(|d| d.tools).unwrap_or_default() {
+                if let Some(first) = owners.insert(t.name.clone(), c.name().to_string()) {
+                    return Err(RegistryError::DuplicateTool {
+                        tool: t.name,
+                        first,
+                        second: c.name().to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HookRegistry {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}

@@ -1,0 +1,297 @@
+//! One `Process` stream of one hook for one run: events out, verdicts
+//! matched back by `seq`. Anything that is not exactly one verdict per
+//! blocking event (late, duplicate, spurious, reset) is classified here.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+use crate::hooks::failure::{FailureClass, Fault};
+use crate::pb;
+use crate::pb::hook_service_client::HookServiceClient;
+
+type Waiter = oneshot::Sender<Result<pb::HookVerdict, Fault>>;
+
+#[derive(Default)]
+struct Routing {
+    next_seq: u64,
+    waiting: HashMap<u64, Waiter>,
+    answered: HashSet<u64>,
+    expired: HashSet<u64>,
+    poisoned: Option<Fault>,
+    late: u64,
+    closing: bool,
+}
+
+impl Routing {
+    fn poison(&mut self, fault: Fault) {
+        if self.poisoned.is_none() {
+            self.poisoned = Some(fault.clone());
+        }
+        for (_, w) in self.waiting.drain() {
+            let _ = w.send(Err(fault.clone()));
+        }
+    }
+}
+
+pub struct RunStream {
+    tx: Mutex<Option<mpsc::Sender<pb::HookEvent>>>,
+    routing: Arc<Mutex<Routing>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// A blocking event in flight.
+pub struct Pending {
+    seq: u64,
+    rx: oneshot::Receiver<Result<pb::HookVerdict, Fault>>,
+}
+
+/// How long a stream may linger after hookwire half-closed it, waiting for
+/// the hook to end its side.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+impl RunStream {
+    /// Opens the stream without waiting for it: the call is made from a
+    /// background task so events can be queued at once (grpcio servers only
+    /// send headers with their first reply) and so opening never blocks a
+    /// run past its deadline. Open failures surface on the first wait.
+    pub fn open(
+        mut client: HookServiceClient<Channel>,
+        capacity: usize,
+        metadata: Vec<(&'static str, String)>,
+    ) -> RunStream {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let routing = Arc::new(Mutex::new(Routing {
+            next_seq: 1,
+            ..Default::default()
+        }));
+        let r = routing.clone();
+        let reader = tokio::spawn(async move {
+            let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+            for (k, v) in metadata {
+                if let Ok(v) = v.parse() {
+                    req.metadata_mut().insert(k, v);
+                }
+            }
+            let mut inbound = match client.process(req).await {
+                Ok(resp) => resp.into_inner(),
+                Err(status) => {
+                    let fault = classify_status(&status, true);
+                    r.lock().unwrap().poison(fault);
+                    return;
+                }
+            };
+            loop {
+                let closing = r.lock().unwrap().closing;
+                let next = if closing {
+                    match tokio::time::timeout(CLOSE_GRACE, inbound.message()).await {
+                        Ok(m) => m,
+                        Err(_) => return,
+                    }
+                } else {
+                    inbound.message().await
+                };
+                match next {
+                    Ok(Some(v)) => route(&r, v),
+                    Ok(None) => {
+                        let mut g = r.lock().unwrap();
+                        if !g.closing || !g.waiting.is_empty() {
+                            g.poison(Fault::new(
+                                FailureClass::StreamReset,
+                                "hook server ended the stream before the run ended",
+                            ));
+                        }
+                        return;
+                    }
+                    Err(status) => {
+                        let mut g = r.lock().unwrap();
+                        if !g.closing || !g.waiting.is_empty() {
+                            g.poison(classify_status(&status, false));
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+        RunStream {
+            tx: Mutex::new(Some(tx)),
+            routing,
+            reader,
+        }
+    }
+
+    fn sender(&self) -> Option<mpsc::Sender<pb::HookEvent>> {
+        self.tx.lock().unwrap().clone()
+    }
+
+    /// Sends a blocking event; waits (bounded by `deadline`) for room in the
+    /// stream if the hook is slow to read.
+    pub async fn send_blocking(
+        &self,
+        mut event: pb::HookEvent,
+        deadline: Instant,
+    ) -> Result<Pending, Fault> {
+        let (wtx, rx) = oneshot::channel();
+        let seq = {
+            let mut g = self.routing.lock().unwrap();
+            if let Some(f) = &g.poisoned {
+                return Err(f.clone());
+            }
+            let seq = g.next_seq;
+            g.next_seq += 1;
+            g.waiting.insert(seq, wtx);
+            seq
+        };
+        event.seq = seq;
+        event.expects_verdict = true;
+        let Some(tx) = self.sender() else {
+            return Err(Fault::new(FailureClass::StreamReset, "stream already closed"));
+        };
+        match tokio::time::timeout_at(deadline, tx.send(event)).await {
+            Ok(Ok(())) => Ok(Pending { seq, rx }),
+            Ok(Err(_)) => Err(self.fault_or(FailureClass::StreamReset, "stream closed")),
+            Err(_) => {
+                self.expire(seq);
+                Err(Fault::new(
+                    FailureClass::Deadline,
+                    "hook did not read the event before the deadline",
+                ))
+            }
+        }
+    }
+
+    /// Queues an observe event without waiting; returns false when it was
+    /// dropped because the bounded queue is full.
+    pub fn send_observe(&self, mut event: pb::HookEvent) -> bool {
+        {
+            let mut g = self.routing.lock().unwrap();
+            if g.poisoned.is_some() {
+                return false;
+            }
+            event.seq = g.next_seq;
+            g.next_seq += 1;
+        }
+        event.expects_verdict = false;
+        match self.sender() {
+            Some(tx) => tx.try_send(event).is_ok(),
+            None => false,
+        }
+    }
+
+    pub async fn wait(&self, pending: Pending, deadline: Instant) -> Result<pb::HookVerdict, Fault> {
+        match tokio::time::timeout_at(deadline, pending.rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(self.fault_or(FailureClass::StreamReset, "stream ended")),
+            Err(_) => {
+                self.expire(pending.seq);
+                Err(Fault::new(
+                    FailureClass::Deadline,
+                    "no verdict before the deadline",
+                ))
+            }
+        }
+    }
+
+    fn expire(&self, seq: u64) {
+        let mut g = self.routing.lock().unwrap();
+        if g.waiting.remove(&seq).is_some() {
+            g.expired.insert(seq);
+        }
+    }
+
+    fn fault_or(&self, class: FailureClass, detail: &str) -> Fault {
+        self.routing
+            .lock()
+            .unwrap()
+            .poisoned
+            .clone()
+            .unwrap_or_else(|| Fault::new(class, detail))
+    }
+
+    /// A protocol violation seen since the last event (duplicate or spurious
+    /// verdict, stream reset), if any.
+    pub fn poisoned(&self) -> Option<Fault> {
+        self.routing.lock().unwrap().poisoned.clone()
+    }
+
+    /// Verdicts that arrived after their deadline and were discarded.
+    pub fn late_count(&self) -> u64 {
+        self.routing.lock().unwrap().late
+    }
+
+    /// Half-closes the stream (after run_end); the reader lingers briefly for
+    /// the hook to end its side.
+    pub fn close(&self) {
+        self.routing.lock().unwrap().closing = true;
+        self.tx.lock().unwrap().take();
+    }
+}
+
+impl Drop for RunStream {
+    fn drop(&mut self) {
+        if !self.routing.lock().map(|g| g.closing).unwrap_or(true) {
+            self.reader.abort();
+        }
+    }
+}
+
+fn route(r: &Mutex<Routing>, v: pb::HookVerdict) {
+    let mut g = r.lock().unwrap();
+    let seq = v.seq;
+    if let Some(w) = g.waiting.remove(&seq) {
+        g.answered.insert(seq);
+        let _ = w.send(Ok(v));
+    } else if g.expired.remove(&seq) {
+        g.late += 1;
+    } else if g.answered.contains(&seq) {
+        g.poison(Fault::new(
+            FailureClass::Duplicate,
+            format!("second verdict for seq {seq}"),
+        ));
+    } else {
+        g.poison(Fault::new(
+            FailureClass::Spurious,
+            format!("verdict for seq {seq}, which was never sent or expects no verdict"),
+        ));
+    }
+}
+
+/// Maps a gRPC status to a failure class. Statuses with a transport source
+/// come from the connection, not from the hook's own answer.
+pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
+    let mut chain = String::new();
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = src {
+        chain.push_str(&e.to_string().to_lowercase());
+        chain.push_str(": ");
+        src = e.source();
+    }
+    let msg = status.message().to_lowercase();
+    let transport = !chain.is_empty();
+    let class = if transport || msg.contains("transport error") {
+        let all = format!("{msg} {chain}");
+        if all.contains("tls") || all.contains("certificate") || all.contains("handshake") {
+            FailureClass::Tls
+        } else if all.contains("connect") || all.contains("dns") || all.contains("resolve") {
+            FailureClass::Connect
+        } else {
+            FailureClass::StreamReset
+        }
+    } else if opening && status.code() == tonic::Code::Unimplemented {
+        FailureClass::StreamRefused
+    } else if status.code() == tonic::Code::DeadlineExceeded {
+        FailureClass::Deadline
+    } else {
+        FailureClass::Status
+    };
+    let detail = if chain.is_empty() {
+        format!("{:?}: {}", status.code(), status.message())
+    } else {
+        format!("{:?}: {} ({})", status.code(), status.message(), chain.trim_end_matches(": "))
+    };
+    Fault::new(class, detail)
+}

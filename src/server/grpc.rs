@@ -1,0 +1,189 @@
+//! Thin AgentService adapter over the engine.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::agent::events::RunEvent;
+use crate::engine::Engine;
+use crate::pb;
+use crate::pb::agent_service_server::AgentService;
+use crate::server::convert;
+use crate::server::status::missing;
+
+pub struct AgentApi {
+    pub engine: Arc<Engine>,
+}
+
+fn trace_headers<T>(req: &Request<T>) -> (String, String) {
+    let get = |k: &str| {
+        req.metadata()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    (get("traceparent"), get("tracestate"))
+}
+
+type RunStream = Pin<Box<dyn Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn create_session(
+        &self,
+        req: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let r = req.into_inner();
+        if r.agent.is_empty() {
+            return Err(missing("agent"));
+        }
+        let s = self
+            .engine
+            .create_session(&r.agent, r.extra_hooks, r.metadata.into_iter().collect())
+            .await?;
+        Ok(Response::new(convert::session(&s, true)))
+    }
+
+    async fn get_session(
+        &self,
+        req: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let id = req.into_inner().session_id;
+        if id.is_empty() {
+            return Err(missing("session_id"));
+        }
+        Ok(Response::new(convert::session(
+            &self.engine.get_session(&id)?,
+            true,
+        )))
+    }
+
+    async fn list_sessions(
+        &self,
+        _: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions: self
+                .engine
+                .list_sessions()
+                .iter()
+                .map(|s| convert::session(s, false))
+                .collect(),
+        }))
+    }
+
+    async fn delete_session(
+        &self,
+        req: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let id = req.into_inner().session_id;
+        if id.is_empty() {
+            return Err(missing("session_id"));
+        }
+        self.engine.delete_session(&id).await?;
+        Ok(Response::new(pb::DeleteSessionResponse {}))
+    }
+
+    type RunStream = RunStream;
+
+    async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<RunStream>, Status> {
+        let trace = trace_headers(&req);
+        let r = req.into_inner();
+        if r.session_id.is_empty() {
+            return Err(missing("session_id"));
+        }
+        let session = self.engine.get_session(&r.session_id)?;
+        let mut handle = self.engine.start_run(&r.session_id, r.input, true, trace)?;
+        let run_id = handle.run_id.clone();
+        let stream = async_stream(move |tx| async move {
+            let mut seq = 0;
+            while let Some(ev) = handle.events.recv().await {
+                seq += 1;
+                let last = matches!(ev, RunEvent::Finished(_));
+                let msg = convert::run_event(&run_id, seq, &ev, &session.id, &session.agent);
+                if tx.send(Ok(msg)).await.is_err() {
+                    return; // client gone: dropping `handle.events` cancels the run
+                }
+                if last {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn invoke(
+        &self,
+        req: Request<pb::RunRequest>,
+    ) -> Result<Response<pb::RunResult>, Status> {
+        let trace = trace_headers(&req);
+        let r = req.into_inner();
+        if r.session_id.is_empty() {
+            return Err(missing("session_id"));
+        }
+        let mut handle = self.engine.start_run(&r.session_id, r.input, false, trace)?;
+        // Same drive loop as Run; the events are consumed (and dropped) here.
+        while let Some(ev) = handle.events.recv().await {
+            if let RunEvent::Finished(report) = ev {
+                return Ok(Response::new(convert::report(&report)));
+            }
+        }
+        let report = handle
+            .task
+            .await
+            .map_err(|e| Status::internal(format!("run task failed: {e}")))?;
+        Ok(Response::new(convert::report(&report)))
+    }
+
+    async fn cancel_run(
+        &self,
+        req: Request<pb::CancelRunRequest>,
+    ) -> Result<Response<pb::CancelRunResponse>, Status> {
+        let id = req.into_inner().run_id;
+        if id.is_empty() {
+            return Err(missing("run_id"));
+        }
+        self.engine.cancel_run(&id)?;
+        Ok(Response::new(pb::CancelRunResponse {}))
+    }
+
+    async fn resolve_approval(
+        &self,
+        req: Request<pb::ResolveApprovalRequest>,
+    ) -> Result<Response<pb::ResolveApprovalResponse>, Status> {
+        let r = req.into_inner();
+        if r.run_id.is_empty() {
+            return Err(missing("run_id"));
+        }
+        if r.call_id.is_empty() {
+            return Err(missing("call_id"));
+        }
+        self.engine
+            .resolve_approval(&r.run_id, &r.call_id, r.approve, r.note)?;
+        Ok(Response::new(pb::ResolveApprovalResponse {}))
+    }
+
+    async fn list_hooks(
+        &self,
+        _: Request<pb::ListHooksRequest>,
+    ) -> Result<Response<pb::ListHooksResponse>, Status> {
+        Ok(Response::new(pb::ListHooksResponse {
+            hooks: self.engine.hooks().iter().map(convert::hook_info).collect(),
+        }))
+    }
+}
+
+/// A response stream fed by a producer task through a small channel, so a
+/// slow client applies backpressure instead of buffering without bound.
+fn async_stream<F, Fut>(produce: F) -> RunStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::RunEvent, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(produce(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
