@@ -13,3 +13,4 @@ pub mod session;
 pub mod engine;
 pub mod server;
 pub mod cli;
+pub mod hook_server;

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Offline checks of everything under deploy/ (the body of `make deploy-check`):
+#   1. render base and every overlay with `kubectl kustomize`;
+#   2. validate each render against the Kubernetes OpenAPI schemas, strictly
+#      (unknown fields are errors), for the oldest and newest versions we
+#      support (kubernetes-validate bundles the schemas: no cluster needed);
+#   3. check the wiring inside each render (deploy/check_wiring.py);
+#   4. check the shipped hookwire configs with `hookwire config check`;
+#   5. lint every Dockerfile with hadolint.
+# Exits non-zero on the first failing step; prints what it checked.
+# Install the tools with deploy/ci-deps.sh.
+set -euo pipefail
+
+deploy=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$deploy")
+cd "$root"
+
+# 1.30 is the floor: preStop `sleep` (beta, on by default) first appears there.
+KUBE_VERSIONS=${KUBE_VERSIONS:-"1.30.0 1.37.0"}
+KUBECTL=${KUBECTL:-kubectl}
+
+die() { printf 'deploy-check: FAIL: %s\n' "$*" >&2; exit 1; }
+for tool in "$KUBECTL" kubernetes-validate hadolint python3; do
+    command -v "$tool" >/dev/null || die "$tool not found: run deploy/ci-deps.sh"
+done
+
+renders=$(mktemp -d)
+trap 'rm -rf "$renders"' EXIT
+
+printf 'deploy-check: kubectl %s, kubernetes-validate %s, %s\n' \
+    "$("$KUBECTL" version --client -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])')" \
+    "$(kubernetes-validate --version)" "$(hadolint --version)"
+
+for dir in deploy/k8s/base deploy/k8s/overlays/*/; do
+    dir=${dir%/}
+    name=$(basename "$dir")
+    out="$renders/$name.yaml"
+    "$KUBECTL" kustomize "$dir" >"$out" || die "kubectl kustomize $dir"
+    kinds=$(python3 -c '
+import collections, sys, yaml
+c = collections.Counter(d["kind"] for d in yaml.safe_load_all(open(sys.argv[1])) if d)
+print(", ".join(f"{n} {k}" for k, n in sorted(c.items())))' "$out")
+    printf 'render   %-28s %s\n' "$dir" "$kinds"
+    for v in $KUBE_VERSIONS; do
+        # --quiet prints only problems; a warning (e.g. a deprecated API)
+        # counts as a failure too.
+        report=$(kubernetes-validate --strict --quiet --kubernetes-version "$v" "$out" 2>&1) \
+            || die "kubernetes-validate $v $dir:"$'\n'"$report"
+        [ -z "$report" ] || die "kubernetes-validate $v $dir:"$'\n'"$report"
+    done
+    printf 'validate %-28s strict, Kubernetes %s\n' "$dir" "${KUBE_VERSIONS// /, }"
+    python3 "$deploy/check_wiring.py" "$dir" <"$out" || die "wiring of $dir"
+    printf 'wiring   %-28s services, ports, config, probes, securityContext\n' "$dir"
+done
+
+# The configs are checked by hookwire's own loader (unknown fields, dangling
+# references, bad durations). HOOKWIRE_BIN makes this step mandatory; without
+# it a built binary in target/ is used when there is one.
+bin=${HOOKWIRE_BIN:-}
+if [ -z "$bin" ]; then
+    for b in target/debug/hookwire target/release/hookwire; do
+        [ -x "$b" ] && bin=$b && break
+    done
+fi
+configs=$(find deploy/k8s -name config.yaml | sort)
+if [ -n "$bin" ]; then
+    for c in $configs; do
+        "$bin" config check "$c" >/dev/null || die "hookwire config check $c"
+        printf 'config   %-28s hookwire config check\n' "$c"
+    done
+else
+    printf 'config   SKIPPED: no hookwire binary (set HOOKWIRE_BIN or build first)\n'
+fi
+
+for f in deploy/Dockerfile deploy/images/*.Dockerfile; do
+    hadolint "$f" || die "hadolint $f"
+    printf 'lint     %-28s hadolint clean\n' "$f"
+done
+printf 'deploy-check: OK\n'

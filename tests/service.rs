@@ -1,0 +1,189 @@
+//! The service end to end over real gRPC: runs, parity of Run and Invoke,
+//! sessions, health, reflection and precise statuses for bad requests.
+
+mod support;
+
+use hookwire::pb;
+use support::*;
+use tonic::Code;
+
+fn demo() -> String {
+    config(&[], "tools: []")
+}
+
+#[tokio::test]
+async fn run_streams_text_deltas_that_add_up_to_the_answer() {
+    let server = TestServer::start(&demo()).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let events = run_events(&mut c, &s, "hello").await;
+    let deltas: String = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(pb::run_event::Event::TextDelta(d)) => Some(d.text.clone()),
+            _ => None,
+        })
+        .collect();
+    let r = result_of(&events);
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed);
+    assert_eq!(r.final_text, "sys=base temp= user=hello");
+    assert_eq!(deltas, r.final_text);
+    assert!(events.iter().filter(|e| matches!(e.event, Some(pb::run_event::Event::TextDelta(_)))).count() > 1);
+    assert!(matches!(events[0].event, Some(pb::run_event::Event::Started(_))));
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
+    assert!(r.usage.unwrap().output_tokens > 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn run_and_invoke_commit_the_same_transcript() {
+    let server = TestServer::start(&demo()).await;
+    let mut c = server.client().await;
+    let (s1, s2) = (session(&mut c, "a").await, session(&mut c, "a").await);
+    for input in ["first", "second"] {
+        let streamed = result_of(&run_events(&mut c, &s1, input).await);
+        let invoked = invoke(&mut c, &s2, input).await;
+        assert_eq!(streamed.outcome, invoked.outcome);
+        assert_eq!(streamed.final_text, invoked.final_text);
+        assert_eq!(streamed.messages, invoked.messages);
+        assert_eq!(streamed.turns, invoked.turns);
+    }
+    let t1 = c.get_session(pb::GetSessionRequest { session_id: s1 }).await.unwrap().into_inner();
+    let t2 = c.get_session(pb::GetSessionRequest { session_id: s2 }).await.unwrap().into_inner();
+    assert_eq!(t1.transcript, t2.transcript);
+    assert_eq!(t1.transcript.len(), 4, "two user inputs and two answers");
+    assert_eq!(t1.run_count, 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sessions_list_get_delete() {
+    let server = TestServer::start(&demo()).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let list = c.list_sessions(pb::ListSessionsRequest {}).await.unwrap().into_inner();
+    assert_eq!(list.sessions.len(), 1);
+    assert!(list.sessions[0].transcript.is_empty(), "list omits transcripts");
+    c.delete_session(pb::DeleteSessionRequest { session_id: s.clone() }).await.unwrap();
+    let err = c.get_session(pb::GetSessionRequest { session_id: s.clone() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = c
+        .run(pb::RunRequest { session_id: s, input: "hi".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "run on a deleted session");
+    assert!(err.message().contains("not found"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_precise_statuses() {
+    let server = TestServer::start(&demo()).await;
+    let mut c = server.client().await;
+    let err = c
+        .create_session(pb::CreateSessionRequest { agent: "aa".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("unknown agent `aa`"), "{}", err.message());
+    let err = c
+        .create_session(pb::CreateSessionRequest {
+            agent: "a".into(),
+            extra_hooks: vec!["http://evil:1".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "sessions cannot name arbitrary endpoints");
+    let err = c.create_session(pb::CreateSessionRequest::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    let s = session(&mut c, "a").await;
+    let err = c.invoke(pb::RunRequest { session_id: s.clone(), input: "  ".into() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("empty"));
+    let huge = "x".repeat(hookwire::config::DEFAULT_MAX_INPUT_BYTES + 1);
+    let err = c.invoke(pb::RunRequest { session_id: s.clone(), input: huge }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("limit"));
+    let err = c.invoke(pb::RunRequest { session_id: "nope".into(), input: "hi".into() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = c.cancel_run(pb::CancelRunRequest { run_id: "nope".into() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = c
+        .resolve_approval(pb::ResolveApprovalRequest { run_id: "r".into(), call_id: "c".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn second_concurrent_run_is_refused_and_cancel_ends_the_first() {
+    // Closed until released; stays open afterwards (permits return on drop).
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let entered = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (g, e) = (gate.clone(), entered.clone());
+    let hook = FnHook::new("slow", &[pb::EventKind::RunStart])
+        .on_run_start(move |_, _| {
+            let (g, e) = (g.clone(), e.clone());
+            async move {
+                e.notify_one();
+                let _permit = g.acquire().await;
+                hookwire::hook_server::Reply::new(pb::RunStartVerdict {
+                    action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(&[("slow", &hook.addr, "timeout: 30s")], "")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let mut c2 = c.clone();
+    let s2 = s.clone();
+    let first = tokio::spawn(async move { run_events(&mut c2, &s2, "one").await });
+    entered.notified().await;
+    let err = c.invoke(pb::RunRequest { session_id: s.clone(), input: "two".into() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains("already has a run in progress"));
+    let active = c.get_session(pb::GetSessionRequest { session_id: s.clone() }).await.unwrap().into_inner();
+    c.cancel_run(pb::CancelRunRequest { run_id: active.active_run_id }).await.unwrap();
+    let r = result_of(&first.await.unwrap());
+    assert_eq!(outcome(&r), pb::RunOutcome::Cancelled);
+    assert!(r.reason.contains("cancelled by client"));
+    gate.add_permits(1);
+    // The session is usable again.
+    let r = invoke(&mut c, &s, "three").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn health_reports_serving_and_reflection_lists_services() {
+    let server = TestServer::start(&demo()).await;
+    let _ = server.client().await;
+    let ch = tonic::transport::Endpoint::from_shared(server.addr.clone()).unwrap().connect().await.unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    for service in ["", "hookwire.v1.AgentService"] {
+        let r = health
+            .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    }
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::{server_reflection_request::MessageRequest, server_reflection_response::MessageResponse, ServerReflectionRequest};
+    let mut refl = ServerReflectionClient::new(ch);
+    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut resp = refl.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
+    let msg = resp.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else { panic!() };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in ["hookwire.v1.AgentService", "hookwire.v1.HookService", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+    }
+    server.stop().await;
+}

@@ -1,0 +1,383 @@
+//! Shared test harness: a real hookwire server on port 0, real in-process
+//! hook servers (built with `hookwire::hook_server`) on port 0, and client
+//! helpers. No mocks: every call crosses a real gRPC connection.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use hookwire::config::Config;
+use hookwire::hook_server::{self, Ctx, Hook, Reply};
+use hookwire::pb;
+use hookwire::pb::agent_service_client::AgentServiceClient;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+pub struct TestServer {
+    pub addr: String,
+    shutdown: Option<oneshot::Sender<()>>,
+    pub task: Option<tokio::task::JoinHandle<Result<(), hookwire::server::ServeError>>>,
+}
+
+impl TestServer {
+    pub async fn start(yaml: &str) -> TestServer {
+        let config = Config::parse(yaml, "test config").expect("test config is valid");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(hookwire::server::serve(listener, config, async {
+            let _ = rx.await;
+        }));
+        TestServer {
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    pub async fn client(&self) -> AgentServiceClient<Channel> {
+        // serve() binds before it describes hooks, so retry until it answers.
+        for _ in 0..200 {
+            if let Ok(c) = AgentServiceClient::connect(self.addr.clone()).await {
+                let mut c = c;
+                if c.list_sessions(pb::ListSessionsRequest {}).await.is_ok() {
+                    return c;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        panic!("hookwire at {} never answered", self.addr);
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap().unwrap();
+        }
+    }
+}
+
+pub async fn session(c: &mut AgentServiceClient<Channel>, agent: &str) -> String {
+    c.create_session(pb::CreateSessionRequest {
+        agent: agent.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("create session")
+    .into_inner()
+    .id
+}
+
+/// Streams a run to its end and returns every event.
+pub async fn run_events(c: &mut AgentServiceClient<Channel>, session_id: &str, input: &str) -> Vec<pb::RunEvent> {
+    let mut s = c
+        .run(pb::RunRequest {
+            session_id: session_id.into(),
+            input: input.into(),
+        })
+        .await
+        .expect("run accepted")
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(ev) = s.message().await.expect("run stream") {
+        out.push(ev);
+    }
+    out
+}
+
+pub fn result_of(events: &[pb::RunEvent]) -> pb::RunResult {
+    match events.last().and_then(|e| e.event.clone()) {
+        Some(pb::run_event::Event::Finished(f)) => f.result.unwrap(),
+        other => panic!("last event is not finished: {other:?}"),
+    }
+}
+
+pub async fn invoke(c: &mut AgentServiceClient<Channel>, session_id: &str, input: &str) -> pb::RunResult {
+    c.invoke(pb::RunRequest {
+        session_id: session_id.into(),
+        input: input.into(),
+    })
+    .await
+    .expect("invoke")
+    .into_inner()
+}
+
+pub fn outcome(r: &pb::RunResult) -> pb::RunOutcome {
+    pb::RunOutcome::try_from(r.outcome).unwrap()
+}
+
+pub fn texts(messages: &[pb::Message]) -> Vec<String> {
+    messages
+        .iter()
+        .flat_map(|m| m.blocks.iter())
+        .filter_map(|b| match &b.kind {
+            Some(pb::block::Kind::Text(t)) => Some(t.text.clone()),
+            Some(pb::block::Kind::ToolResult(r)) => Some(format!("result:{}", r.content)),
+            Some(pb::block::Kind::ToolCall(c)) => Some(format!("call:{}({})", c.name, c.arguments_json)),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn verdicts(events: &[pb::RunEvent]) -> Vec<pb::HookVerdictApplied> {
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(pb::run_event::Event::HookVerdict(v)) => Some(v.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------ test hooks
+
+type Fut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type Handler<E, V> = Arc<dyn Fn(Ctx, E) -> Fut<Reply<V>> + Send + Sync>;
+type ToolFn = Arc<dyn Fn(Ctx, pb::ToolCall) -> Fut<pb::CallToolResponse> + Send + Sync>;
+
+/// A hook whose behaviour per event is a closure; every event it receives
+/// is recorded (kind name, and the full event).
+#[derive(Clone, Default)]
+pub struct FnHook {
+    name: String,
+    events: Vec<pb::EventKind>,
+    tools: Vec<pb::ToolSpec>,
+    pub seen: Arc<Mutex<Vec<pb::HookEvent>>>,
+    pub tool_calls: Arc<Mutex<Vec<pb::ToolCall>>>,
+    run_start: Option<Handler<pb::RunStartEvent, pb::RunStartVerdict>>,
+    session_start: Option<Handler<pb::SessionStartEvent, pb::SessionStartVerdict>>,
+    model_request: Option<Handler<pb::ModelRequestEvent, pb::ModelRequestVerdict>>,
+    model_response: Option<Handler<pb::ModelResponseEvent, pb::ModelResponseVerdict>>,
+    invalid_tool_call: Option<Handler<pb::InvalidToolCallEvent, pb::InvalidToolCallVerdict>>,
+    tool_call: Option<Handler<pb::ToolCallEvent, pb::ToolCallVerdict>>,
+    tool_result: Option<Handler<pb::ToolResultEvent, pb::ToolResultVerdict>>,
+    turn_end: Option<Handler<pb::TurnEndEvent, pb::TurnEndVerdict>>,
+    tool: Option<ToolFn>,
+}
+
+macro_rules! on {
+    ($fn:ident, $field:ident, $ev:ty, $v:ty) => {
+        pub fn $fn<F, R>(mut self, f: F) -> Self
+        where
+            F: Fn(Ctx, $ev) -> R + Send + Sync + 'static,
+            R: Future<Output = Reply<$v>> + Send + 'static,
+        {
+            self.$field = Some(Arc::new(move |c, e| Box::pin(f(c, e))));
+            self
+        }
+    };
+}
+
+impl FnHook {
+    pub fn new(name: &str, events: &[pb::EventKind]) -> FnHook {
+        FnHook {
+            name: name.into(),
+            events: events.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    on!(on_run_start, run_start, pb::RunStartEvent, pb::RunStartVerdict);
+    on!(on_session_start, session_start, pb::SessionStartEvent, pb::SessionStartVerdict);
+    on!(on_model_request, model_request, pb::ModelRequestEvent, pb::ModelRequestVerdict);
+    on!(on_model_response, model_response, pb::ModelResponseEvent, pb::ModelResponseVerdict);
+    on!(on_invalid_tool_call, invalid_tool_call, pb::InvalidToolCallEvent, pb::InvalidToolCallVerdict);
+    on!(on_tool_call, tool_call, pb::ToolCallEvent, pb::ToolCallVerdict);
+    on!(on_tool_result, tool_result, pb::ToolResultEvent, pb::ToolResultVerdict);
+    on!(on_turn_end, turn_end, pb::TurnEndEvent, pb::TurnEndVerdict);
+
+    /// Declares a tool and how to execute it.
+    pub fn with_tool<F, R>(mut self, spec: pb::ToolSpec, f: F) -> Self
+    where
+        F: Fn(Ctx, pb::ToolCall) -> R + Send + Sync + 'static,
+        R: Future<Output = pb::CallToolResponse> + Send + 'static,
+    {
+        self.tools.push(spec);
+        self.tool = Some(Arc::new(move |c, e| Box::pin(f(c, e))));
+        self
+    }
+
+    /// Names of the events received, in order.
+    pub fn seen_kinds(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                pb::EventKind::try_from(e.kind)
+                    .unwrap()
+                    .as_str_name()
+                    .trim_start_matches("EVENT_KIND_")
+                    .to_lowercase()
+            })
+            .collect()
+    }
+
+    fn record(&self, ctx: &Ctx, kind: pb::EventKind, payload: pb::hook_event::Payload) {
+        self.seen.lock().unwrap().push(pb::HookEvent {
+            seq: 0,
+            kind: kind as i32,
+            context: Some(ctx.clone()),
+            expects_verdict: true,
+            payload: Some(payload),
+        });
+    }
+
+    pub async fn start(self) -> TestHook {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = self.clone();
+        let task = tokio::spawn(async move {
+            let _ = hook_server::serve(handle, listener, async {
+                let _ = rx.await;
+            })
+            .await;
+        });
+        TestHook {
+            addr,
+            hook: self,
+            shutdown: Some(tx),
+            task,
+        }
+    }
+}
+
+macro_rules! dispatch {
+    ($self:ident, $ctx:ident, $ev:ident, $field:ident, $kind:ident, $variant:ident, $default:expr) => {{
+        $self.record($ctx, pb::EventKind::$kind, pb::hook_event::Payload::$variant($ev.clone()));
+        match &$self.$field {
+            Some(f) => f($ctx.clone(), $ev).await,
+            None => $default,
+        }
+    }};
+}
+
+fn cont<V: Default>() -> V {
+    V::default()
+}
+
+#[tonic::async_trait]
+impl Hook for FnHook {
+    fn describe(&self) -> pb::DescribeResponse {
+        let mut d = hook_server::describe(&self.name, &self.events);
+        d.tools = self.tools.clone();
+        d
+    }
+    async fn session_start(&self, ctx: &Ctx, ev: pb::SessionStartEvent) -> Reply<pb::SessionStartVerdict> {
+        dispatch!(self, ctx, ev, session_start, SessionStart, SessionStart, Reply::new(pb::SessionStartVerdict {
+            action: Some(pb::session_start_verdict::Action::Proceed(pb::Continue {}))
+        }))
+    }
+    async fn run_start(&self, ctx: &Ctx, ev: pb::RunStartEvent) -> Reply<pb::RunStartVerdict> {
+        dispatch!(self, ctx, ev, run_start, RunStart, RunStart, Reply::new(pb::RunStartVerdict {
+            action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {}))
+        }))
+    }
+    async fn model_request(&self, ctx: &Ctx, ev: pb::ModelRequestEvent) -> Reply<pb::ModelRequestVerdict> {
+        dispatch!(self, ctx, ev, model_request, ModelRequest, ModelRequest, Reply::new(pb::ModelRequestVerdict {
+            action: Some(pb::model_request_verdict::Action::Proceed(pb::Continue {}))
+        }))
+    }
+    async fn model_response(&self, ctx: &Ctx, ev: pb::ModelResponseEvent) -> Reply<pb::ModelResponseVerdict> {
+        dispatch!(self, ctx, ev, model_response, ModelResponse, ModelResponse, Reply::new(pb::ModelResponseVerdict {
+            action: Some(pb::model_response_verdict::Action::Proceed(pb::Continue {}))
+        }))
+    }
+    async fn invalid_tool_call(&self, ctx: &Ctx, ev: pb::InvalidToolCallEvent) -> Reply<pb::InvalidToolCallVerdict> {
+        dispatch!(self, ctx, ev, invalid_tool_call, InvalidToolCall, InvalidToolCall, Reply::new(pb::InvalidToolCallVerdict {
+            action: Some(pb::invalid_tool_call_verdict::Action::Proceed(pb::Continue {}))
+        }))
+    }
+    async fn tool_call(&self, ctx: &Ctx, ev: pb::ToolCallEvent) -> Reply<pb::ToolCallVerdict> {
+        dispatch!(self, ctx, ev, tool_call, ToolCall, ToolCall, Reply::new(pb::ToolCallVerdict {
+            action: Some(pb::tool_call_verdict::Action::Proceed(pb::Continue {}))
+        }))
+    }
+    async fn tool_result(&self, ctx: &Ctx, ev: pb::ToolResultEvent) -> Reply<pb::ToolResultVerdict> {
+        dispatch!(self, ctx, ev, tool_result, ToolResult, ToolResult, Reply::new(pb::ToolResultVerdict {
+            action: Some(pb::tool_result_verdict::Action::Proceed(pb::Continue {}))
+        }))
+    }
+    async fn turn_end(&self, ctx: &Ctx, ev: pb::TurnEndEvent) -> Reply<pb::TurnEndVerdict> {
+        dispatch!(self, ctx, ev, turn_end, TurnEnd, TurnEnd, Reply::new(pb::TurnEndVerdict {
+            action: Some(pb::turn_end_verdict::Action::Proceed(pb::Continue {}))
+        }))
+    }
+    async fn observe(&self, _ctx: &Ctx, ev: pb::HookEvent) {
+        self.seen.lock().unwrap().push(ev);
+    }
+    async fn call_tool(&self, ctx: &Ctx, call: pb::ToolCall) -> Result<pb::CallToolResponse, tonic::Status> {
+        self.tool_calls.lock().unwrap().push(call.clone());
+        match &self.tool {
+            Some(f) => Ok(f(ctx.clone(), call).await),
+            None => Err(tonic::Status::unimplemented("no tool")),
+        }
+    }
+}
+
+pub struct TestHook {
+    pub addr: String,
+    pub hook: FnHook,
+    shutdown: Option<oneshot::Sender<()>>,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestHook {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.task.abort();
+    }
+}
+
+pub fn weather_tool() -> pb::ToolSpec {
+    pb::ToolSpec {
+        name: "get_weather".into(),
+        description: "Current weather for a city".into(),
+        parameters_json_schema: r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#.into(),
+    }
+}
+
+/// Scripted model rules shared by the suites.
+pub const SCRIPTED_RULES: &str = r#"
+      - when: { last_user_contains: "weather" }
+        tool_calls: [ { name: get_weather, arguments: { city: "Paris" } } ]
+      - when: { last_user_contains: "two tools" }
+        tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { city: "Oslo" } } ]
+      - when: { last_user_contains: "bogus" }
+        tool_calls: [ { name: no_such_tool, arguments: {} } ]
+      - when: { last_tool_result_contains: "" }
+        text: "Tool said: {{last_tool_result}}"
+      - text: "sys={{system}} temp={{temperature}} user={{last_user}}"
+"#;
+
+/// A config with one scripted agent `a` using `hooks` (name, endpoint, extra
+/// YAML lines for the hook).
+pub fn config(hooks: &[(&str, &str, &str)], agent_extra: &str) -> String {
+    let mut y = format!(
+        "models:\n  - name: m\n    provider: scripted\n    rules:{SCRIPTED_RULES}\nhooks:\n"
+    );
+    if hooks.is_empty() {
+        y = y.replace("hooks:\n", "hooks: []\n");
+    }
+    for (name, endpoint, extra) in hooks {
+        y.push_str(&format!("  - name: {name}\n    endpoint: {endpoint}\n"));
+        for line in extra.lines().filter(|l| !l.trim().is_empty()) {
+            y.push_str(&format!("    {}\n", line.trim()));
+        }
+    }
+    let names: Vec<&str> = hooks.iter().map(|h| h.0).collect();
+    y.push_str(&format!(
+        "agents:\n  - name: a\n    model: m\n    system_prompt: base\n    hooks: [{}]\n",
+        names.join(", ")
+    ));
+    for line in agent_extra.lines().filter(|l| !l.trim().is_empty()) {
+        y.push_str(&format!("    {}\n", line.trim()));
+    }
+    y
+}
