@@ -64,6 +64,11 @@ if [ -z "$bin" ]; then
 fi
 configs=$(find deploy/k8s -name config.yaml | sort)
 if [ -n "$bin" ]; then
+    # A checker that accepts anything proves nothing: it must reject this.
+    printf 'agents: []\nnot_a_field: 1\n' >"$renders/invalid.yaml"
+    if "$bin" config check "$renders/invalid.yaml" >/dev/null 2>&1; then
+        die "$bin config check accepted an invalid config"
+    fi
     for c in $configs; do
         "$bin" config check "$c" >/dev/null || die "hookwire config check $c"
         printf 'config   %-28s hookwire config check\n' "$c"
