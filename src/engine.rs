@@ -88,13 +88,14 @@ impl Engine {
         let registry = Arc::new(HookRegistry::new(&config)?);
         let mut agents = HashMap::new();
         for a in &config.agents {
-            let model = models
-                .get(&a.model)
-                .cloned()
-                .ok_or_else(|| EngineSetupError::MissingModel {
-                    agent: a.name.clone(),
-                    model: a.model.clone(),
-                })?;
+            let model =
+                models
+                    .get(&a.model)
+                    .cloned()
+                    .ok_or_else(|| EngineSetupError::MissingModel {
+                        agent: a.name.clone(),
+                        model: a.model.clone(),
+                    })?;
             agents.insert(
                 a.name.clone(),
                 Arc::new(AgentRuntime {
@@ -124,17 +125,19 @@ impl Engine {
     }
 
     fn agent(&self, name: &str) -> Result<&Arc<AgentRuntime>, EngineError> {
-        self.agents.get(name).ok_or_else(|| EngineError::UnknownAgent {
-            name: name.to_string(),
-            hint: match nearest(name, self.agents.keys().map(String::as_str)) {
-                Some(n) => format!("; did you mean `{n}`?"),
-                None => {
-                    let mut names: Vec<&str> = self.agents.keys().map(String::as_str).collect();
-                    names.sort();
-                    format!("; configured agents: {}", names.join(", "))
-                }
-            },
-        })
+        self.agents
+            .get(name)
+            .ok_or_else(|| EngineError::UnknownAgent {
+                name: name.to_string(),
+                hint: match nearest(name, self.agents.keys().map(String::as_str)) {
+                    Some(n) => format!("; did you mean `{n}`?"),
+                    None => {
+                        let mut names: Vec<&str> = self.agents.keys().map(String::as_str).collect();
+                        names.sort();
+                        format!("; configured agents: {}", names.join(", "))
+                    }
+                },
+            })
     }
 
     /// The session's hooks in firing order: agent hooks, then extras.
@@ -318,7 +321,10 @@ impl Engine {
             deadline,
             tx,
         ));
-        self.runs.lock().unwrap().insert(run_id.clone(), run.clone());
+        self.runs
+            .lock()
+            .unwrap()
+            .insert(run_id.clone(), run.clone());
         let engine = self.clone();
         let transcript = session.transcript;
         let task = tokio::spawn(async move {

@@ -173,12 +173,13 @@ mod tests {
     #[test]
     fn composition_matches_design_table() {
         assert_eq!(EventKind::ModelRequest.composition(), Composition::Merge);
-        for k in [EventKind::TextDelta, EventKind::RunEnd, EventKind::SessionEnd] {
+        for k in [
+            EventKind::TextDelta,
+            EventKind::RunEnd,
+            EventKind::SessionEnd,
+        ] {
             assert!(!k.is_blocking());
         }
-        assert_eq!(
-            EventKind::ALL.iter().filter(|k| k.is_blocking()).count(),
-            8
-        );
+        assert_eq!(EventKind::ALL.iter().filter(|k| k.is_blocking()).count(), 8);
     }
 }

@@ -88,7 +88,11 @@ impl<V> Reply<V> {
 pub trait Hook: Send + Sync + 'static {
     fn describe(&self) -> pb::DescribeResponse;
 
-    async fn session_start(&self, _: &Ctx, _: pb::SessionStartEvent) -> Reply<pb::SessionStartVerdict> {
+    async fn session_start(
+        &self,
+        _: &Ctx,
+        _: pb::SessionStartEvent,
+    ) -> Reply<pb::SessionStartVerdict> {
         Reply::new(pb::SessionStartVerdict {
             action: Some(pb::session_start_verdict::Action::Proceed(pb::Continue {})),
         })
@@ -98,19 +102,33 @@ pub trait Hook: Send + Sync + 'static {
             action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
         })
     }
-    async fn model_request(&self, _: &Ctx, _: pb::ModelRequestEvent) -> Reply<pb::ModelRequestVerdict> {
+    async fn model_request(
+        &self,
+        _: &Ctx,
+        _: pb::ModelRequestEvent,
+    ) -> Reply<pb::ModelRequestVerdict> {
         Reply::new(pb::ModelRequestVerdict {
             action: Some(pb::model_request_verdict::Action::Proceed(pb::Continue {})),
         })
     }
-    async fn model_response(&self, _: &Ctx, _: pb::ModelResponseEvent) -> Reply<pb::ModelResponseVerdict> {
+    async fn model_response(
+        &self,
+        _: &Ctx,
+        _: pb::ModelResponseEvent,
+    ) -> Reply<pb::ModelResponseVerdict> {
         Reply::new(pb::ModelResponseVerdict {
             action: Some(pb::model_response_verdict::Action::Proceed(pb::Continue {})),
         })
     }
-    async fn invalid_tool_call(&self, _: &Ctx, _: pb::InvalidToolCallEvent) -> Reply<pb::InvalidToolCallVerdict> {
+    async fn invalid_tool_call(
+        &self,
+        _: &Ctx,
+        _: pb::InvalidToolCallEvent,
+    ) -> Reply<pb::InvalidToolCallVerdict> {
         Reply::new(pb::InvalidToolCallVerdict {
-            action: Some(pb::invalid_tool_call_verdict::Action::Proceed(pb::Continue {})),
+            action: Some(pb::invalid_tool_call_verdict::Action::Proceed(
+                pb::Continue {},
+            )),
         })
     }
     async fn tool_call(&self, _: &Ctx, _: pb::ToolCallEvent) -> Reply<pb::ToolCallVerdict> {
@@ -134,7 +152,10 @@ pub trait Hook: Send + Sync + 'static {
 
     /// Executes a tool declared in `describe`.
     async fn call_tool(&self, _: &Ctx, call: pb::ToolCall) -> Result<pb::CallToolResponse, Status> {
-        Err(Status::unimplemented(format!("this hook owns no tool `{}`", call.name)))
+        Err(Status::unimplemented(format!(
+            "this hook owns no tool `{}`",
+            call.name
+        )))
     }
 }
 
@@ -157,9 +178,11 @@ pub fn terminate(reason: impl Into<String>, reply: Option<String>) -> pb::Termin
 
 pub fn rewrite_input(input: impl Into<String>) -> pb::RunStartVerdict {
     pb::RunStartVerdict {
-        action: Some(pb::run_start_verdict::Action::RewriteInput(pb::RewriteInput {
-            input: input.into(),
-        })),
+        action: Some(pb::run_start_verdict::Action::RewriteInput(
+            pb::RewriteInput {
+                input: input.into(),
+            },
+        )),
     }
 }
 
@@ -171,10 +194,12 @@ pub fn patch_request(patch: pb::RequestPatch) -> pb::ModelRequestVerdict {
 
 pub fn rewrite_result(content: impl Into<String>) -> pb::ToolResultVerdict {
     pb::ToolResultVerdict {
-        action: Some(pb::tool_result_verdict::Action::RewriteResult(pb::RewriteResult {
-            content: content.into(),
-            is_error: None,
-        })),
+        action: Some(pb::tool_result_verdict::Action::RewriteResult(
+            pb::RewriteResult {
+                content: content.into(),
+                is_error: None,
+            },
+        )),
     }
 }
 
@@ -194,11 +219,17 @@ pub struct HookAdapter<H> {
 
 impl<H: Hook> HookAdapter<H> {
     pub fn new(hook: H) -> Self {
-        HookAdapter { hook: Arc::new(hook) }
+        HookAdapter {
+            hook: Arc::new(hook),
+        }
     }
 }
 
-fn finish<V>(seq: u64, r: Reply<V>, wrap: impl FnOnce(V) -> pb::hook_verdict::Verdict) -> pb::HookVerdict {
+fn finish<V>(
+    seq: u64,
+    r: Reply<V>,
+    wrap: impl FnOnce(V) -> pb::hook_verdict::Verdict,
+) -> pb::HookVerdict {
     pb::HookVerdict {
         seq,
         scratchpad: r.scratchpad,
@@ -222,7 +253,11 @@ async fn handle<H: Hook>(hook: &H, ev: pb::HookEvent) -> Option<pb::HookVerdict>
         P::RunStart(e) => finish(seq, hook.run_start(&ctx, e).await, V::RunStart),
         P::ModelRequest(e) => finish(seq, hook.model_request(&ctx, e).await, V::ModelRequest),
         P::ModelResponse(e) => finish(seq, hook.model_response(&ctx, e).await, V::ModelResponse),
-        P::InvalidToolCall(e) => finish(seq, hook.invalid_tool_call(&ctx, e).await, V::InvalidToolCall),
+        P::InvalidToolCall(e) => finish(
+            seq,
+            hook.invalid_tool_call(&ctx, e).await,
+            V::InvalidToolCall,
+        ),
         P::ToolCall(e) => finish(seq, hook.tool_call(&ctx, e).await, V::ToolCall),
         P::ToolResult(e) => finish(seq, hook.tool_result(&ctx, e).await, V::ToolResult),
         P::TurnEnd(e) => finish(seq, hook.turn_end(&ctx, e).await, V::TurnEnd),

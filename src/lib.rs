@@ -2,15 +2,15 @@
 //! streaming gRPC at every lifecycle event of a run.
 #![forbid(unsafe_code)]
 
+pub mod agent;
+pub mod cli;
 pub mod config;
+pub mod engine;
 pub mod event;
+pub mod hook_server;
+pub mod hooks;
 pub mod message;
 pub mod model;
 pub mod pb;
-pub mod agent;
-pub mod hooks;
-pub mod session;
-pub mod engine;
 pub mod server;
-pub mod cli;
-pub mod hook_server;
+pub mod session;

@@ -4,7 +4,10 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = hookwire::cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -122,6 +122,9 @@ mod tests {
         assert_eq!(s.transcript.len(), 1);
         assert_eq!(s.active_run, None);
         assert_eq!(s.run_count, 1);
-        assert!(matches!(store.begin_run("nope", "r"), Err(SessionError::NotFound(_))));
+        assert!(matches!(
+            store.begin_run("nope", "r"),
+            Err(SessionError::NotFound(_))
+        ));
     }
 }

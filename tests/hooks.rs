@@ -12,33 +12,52 @@ use pb::EventKind as K;
 use support::*;
 
 fn proceed_run_start() -> Reply<pb::RunStartVerdict> {
-    Reply::new(pb::RunStartVerdict { action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})) })
+    Reply::new(pb::RunStartVerdict {
+        action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+    })
 }
 
 fn tool_hook(name: &str, events: &[K]) -> FnHook {
     FnHook::new(name, events).with_tool(weather_tool(), |_, call| async move {
         let args: serde_json::Value = serde_json::from_str(&call.arguments_json).unwrap();
-        pb::CallToolResponse { content: format!("sunny in {}", args["city"].as_str().unwrap_or("?")), is_error: false }
+        pb::CallToolResponse {
+            content: format!("sunny in {}", args["city"].as_str().unwrap_or("?")),
+            is_error: false,
+        }
     })
 }
 
 #[tokio::test]
 async fn every_event_fires_at_its_point_in_order() {
     let all = [
-        K::SessionStart, K::RunStart, K::ModelRequest, K::TextDelta, K::ModelResponse,
-        K::InvalidToolCall, K::ToolCall, K::ToolResult, K::TurnEnd, K::RunEnd, K::SessionEnd,
+        K::SessionStart,
+        K::RunStart,
+        K::ModelRequest,
+        K::TextDelta,
+        K::ModelResponse,
+        K::InvalidToolCall,
+        K::ToolCall,
+        K::ToolResult,
+        K::TurnEnd,
+        K::RunEnd,
+        K::SessionEnd,
     ];
     let hook = tool_hook("rec", &all).start().await;
-    let server = TestServer::start(&config(&[("rec", &hook.addr, "")], "tools: [get_weather]")).await;
+    let server =
+        TestServer::start(&config(&[("rec", &hook.addr, "")], "tools: [get_weather]")).await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let r = result_of(&run_events(&mut c, &s, "what's the weather?").await);
     assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
     assert_eq!(r.final_text, "Tool said: sunny in Paris");
-    c.delete_session(pb::DeleteSessionRequest { session_id: s }).await.unwrap();
+    c.delete_session(pb::DeleteSessionRequest { session_id: s })
+        .await
+        .unwrap();
     // Observe events are fire-and-forget; wait until the last one landed.
     for _ in 0..200 {
-        if hook.hook.seen_kinds().last().map(String::as_str) == Some("session_end") { break; }
+        if hook.hook.seen_kinds().last().map(String::as_str) == Some("session_end") {
+            break;
+        }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     let mut seen = hook.hook.seen_kinds();
@@ -46,14 +65,30 @@ async fn every_event_fires_at_its_point_in_order() {
     assert_eq!(
         seen,
         [
-            "session_start", "run_start", "model_request", "model_response", "tool_call", "tool_result",
-            "model_request", "text_delta", "model_response", "turn_end", "run_end", "session_end"
+            "session_start",
+            "run_start",
+            "model_request",
+            "model_response",
+            "tool_call",
+            "tool_result",
+            "model_request",
+            "text_delta",
+            "model_response",
+            "turn_end",
+            "run_end",
+            "session_end"
         ]
     );
     // One stream per run: every run event carried the same run id.
-    let runs: std::collections::HashSet<String> = hook.hook.seen.lock().unwrap().iter()
+    let runs: std::collections::HashSet<String> = hook
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
         .filter(|e| e.kind != K::SessionStart as i32 && e.kind != K::SessionEnd as i32)
-        .map(|e| e.context.as_ref().unwrap().run_id.clone()).collect();
+        .map(|e| e.context.as_ref().unwrap().run_id.clone())
+        .collect();
     assert_eq!(runs.len(), 1);
     assert_eq!(hook.hook.tool_calls.lock().unwrap().len(), 1);
     server.stop().await;
@@ -62,12 +97,17 @@ async fn every_event_fires_at_its_point_in_order() {
 #[tokio::test]
 async fn invalid_tool_call_fires_and_default_lists_available_tools() {
     let hook = tool_hook("rec", &[K::InvalidToolCall]).start().await;
-    let server = TestServer::start(&config(&[("rec", &hook.addr, "")], "tools: [get_weather]")).await;
+    let server =
+        TestServer::start(&config(&[("rec", &hook.addr, "")], "tools: [get_weather]")).await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let r = invoke(&mut c, &s, "bogus please").await;
     assert_eq!(outcome(&r), pb::RunOutcome::Completed);
-    assert!(r.final_text.contains("unknown tool `no_such_tool`"), "{}", r.final_text);
+    assert!(
+        r.final_text.contains("unknown tool `no_such_tool`"),
+        "{}",
+        r.final_text
+    );
     assert!(r.final_text.contains("Available tools: get_weather"));
     assert_eq!(hook.hook.seen_kinds(), ["invalid_tool_call"]);
     server.stop().await;
@@ -77,13 +117,17 @@ async fn invalid_tool_call_fires_and_default_lists_available_tools() {
 async fn chain_threads_rewrites_in_priority_order_with_provenance() {
     let suffix = |tag: &'static str| {
         FnHook::new(tag, &[K::RunStart]).on_run_start(move |_, ev| async move {
-            Reply::new(hook_server::rewrite_input(format!("{}-{tag}", ev.input))).reason(format!("tag {tag}"))
+            Reply::new(hook_server::rewrite_input(format!("{}-{tag}", ev.input)))
+                .reason(format!("tag {tag}"))
         })
     };
     let low = suffix("low").start().await;
     let high = suffix("high").start().await;
     let server = TestServer::start(&config(
-        &[("low", &low.addr, "priority: 1"), ("high", &high.addr, "priority: 5")],
+        &[
+            ("low", &low.addr, "priority: 1"),
+            ("high", &high.addr, "priority: 5"),
+        ],
         "",
     ))
     .await;
@@ -92,17 +136,25 @@ async fn chain_threads_rewrites_in_priority_order_with_provenance() {
     let events = run_events(&mut c, &s, "x").await;
     let r = result_of(&events);
     assert_eq!(r.final_text, "sys=base temp= user=x-high-low");
-    assert_eq!(texts(&r.messages)[0], "x-high-low", "the rewritten input entered history");
+    assert_eq!(
+        texts(&r.messages)[0],
+        "x-high-low",
+        "the rewritten input entered history"
+    );
     let v = verdicts(&events);
-    assert_eq!(v.iter().map(|v| v.hook.as_str()).collect::<Vec<_>>(), ["high", "low"]);
+    assert_eq!(
+        v.iter().map(|v| v.hook.as_str()).collect::<Vec<_>>(),
+        ["high", "low"]
+    );
     assert_eq!(v[0].verdict, "rewrite_input");
     assert_eq!(v[0].fields_changed, ["input"]);
     assert_eq!(v[0].reason, "tag high");
     // The second hook saw the first one's rewrite.
-    let seen = low.hook.seen.lock().unwrap();
-    let Some(pb::hook_event::Payload::RunStart(ev)) = &seen[0].payload else { panic!() };
+    let first = low.hook.seen.lock().unwrap()[0].clone();
+    let Some(pb::hook_event::Payload::RunStart(ev)) = first.payload else {
+        panic!()
+    };
     assert_eq!(ev.input, "x-high");
-    drop(seen);
     server.stop().await;
 }
 
@@ -111,23 +163,32 @@ async fn terminal_verdict_stops_the_chain_and_reply_is_the_answer() {
     let guard = FnHook::new("guard", &[K::RunStart])
         .on_run_start(|_, _| async {
             Reply::new(pb::RunStartVerdict {
-                action: Some(pb::run_start_verdict::Action::Terminate(hook_server::terminate(
-                    "off-topic",
-                    Some("I can only talk about weather.".into()),
-                ))),
+                action: Some(pb::run_start_verdict::Action::Terminate(
+                    hook_server::terminate(
+                        "off-topic",
+                        Some("I can only talk about weather.".into()),
+                    ),
+                )),
             })
         })
         .start()
         .await;
     let after = FnHook::new("after", &[K::RunStart]).start().await;
-    let server = TestServer::start(&config(&[("guard", &guard.addr, ""), ("after", &after.addr, "")], "")).await;
+    let server = TestServer::start(&config(
+        &[("guard", &guard.addr, ""), ("after", &after.addr, "")],
+        "",
+    ))
+    .await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let r = invoke(&mut c, &s, "tell me a joke").await;
     assert_eq!(outcome(&r), pb::RunOutcome::Terminated);
     assert_eq!(r.final_text, "I can only talk about weather.");
     assert!(r.reason.contains("`guard`") && r.reason.contains("off-topic"));
-    assert!(after.hook.seen_kinds().is_empty(), "later hooks are not called");
+    assert!(
+        after.hook.seen_kinds().is_empty(),
+        "later hooks are not called"
+    );
     assert_eq!(r.turns, 0, "the model was never called");
     server.stop().await;
 }
@@ -147,11 +208,43 @@ async fn model_request_hooks_run_concurrently_and_patches_merge() {
             }
         })
     };
-    let h1 = patcher("p1", pb::RequestPatch { extra_context: vec!["doc1".into()], system_prompt: Some("S1".into()), ..Default::default() }).start().await;
-    let h2 = patcher("p2", pb::RequestPatch { extra_context: vec!["doc2".into()], system_prompt: Some("S2".into()), temperature: Some(0.25), ..Default::default() }).start().await;
-    let h3 = patcher("p3", pb::RequestPatch { temperature: Some(0.9), additional_params_json: r#"{"seed":7}"#.into(), ..Default::default() }).start().await;
+    let h1 = patcher(
+        "p1",
+        pb::RequestPatch {
+            extra_context: vec!["doc1".into()],
+            system_prompt: Some("S1".into()),
+            ..Default::default()
+        },
+    )
+    .start()
+    .await;
+    let h2 = patcher(
+        "p2",
+        pb::RequestPatch {
+            extra_context: vec!["doc2".into()],
+            system_prompt: Some("S2".into()),
+            temperature: Some(0.25),
+            ..Default::default()
+        },
+    )
+    .start()
+    .await;
+    let h3 = patcher(
+        "p3",
+        pb::RequestPatch {
+            temperature: Some(0.9),
+            additional_params_json: r#"{"seed":7}"#.into(),
+            ..Default::default()
+        },
+    )
+    .start()
+    .await;
     let server = TestServer::start(&config(
-        &[("p1", &h1.addr, "priority: 3"), ("p2", &h2.addr, "priority: 2"), ("p3", &h3.addr, "priority: 1")],
+        &[
+            ("p1", &h1.addr, "priority: 3"),
+            ("p2", &h2.addr, "priority: 2"),
+            ("p3", &h3.addr, "priority: 1"),
+        ],
         "",
     ))
     .await;
@@ -163,12 +256,23 @@ async fn model_request_hooks_run_concurrently_and_patches_merge() {
     assert_eq!(r.final_text, "sys=S1\n\ndoc1\n\ndoc2 temp=0.25 user=hi");
     let v = verdicts(&events);
     let p2 = v.iter().find(|v| v.hook == "p2").unwrap();
-    assert_eq!(p2.conflicts, vec![pb::PatchConflict { field: "system_prompt".into(), winner: "p1".into(), loser: "p2".into() }]);
+    assert_eq!(
+        p2.conflicts,
+        vec![pb::PatchConflict {
+            field: "system_prompt".into(),
+            winner: "p1".into(),
+            loser: "p2".into()
+        }]
+    );
     let p3 = v.iter().find(|v| v.hook == "p3").unwrap();
     assert_eq!(p3.conflicts[0].field, "temperature");
     assert_eq!(p3.fields_changed, ["additional_params"]);
     // Patches are per call: the transcript keeps the real system-free history.
-    let sess = c.get_session(pb::GetSessionRequest { session_id: s }).await.unwrap().into_inner();
+    let sess = c
+        .get_session(pb::GetSessionRequest { session_id: s })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(texts(&sess.transcript)[0], "hi");
     server.stop().await;
 }
@@ -178,7 +282,10 @@ async fn terminate_beats_respond_and_respond_skips_the_model() {
     let responder = FnHook::new("responder", &[K::ModelRequest])
         .on_model_request(|_, _| async {
             Reply::new(pb::ModelRequestVerdict {
-                action: Some(pb::model_request_verdict::Action::Respond(pb::Respond { text: "canned".into(), tool_calls: vec![] })),
+                action: Some(pb::model_request_verdict::Action::Respond(pb::Respond {
+                    text: "canned".into(),
+                    tool_calls: vec![],
+                })),
             })
         })
         .start()
@@ -194,14 +301,19 @@ async fn terminate_beats_respond_and_respond_skips_the_model() {
     let terminator = FnHook::new("terminator", &[K::ModelRequest])
         .on_model_request(|_, _| async {
             Reply::new(pb::ModelRequestVerdict {
-                action: Some(pb::model_request_verdict::Action::Terminate(hook_server::terminate("budget", None))),
+                action: Some(pb::model_request_verdict::Action::Terminate(
+                    hook_server::terminate("budget", None),
+                )),
             })
         })
         .start()
         .await;
     // The responder fires first (higher priority) but terminate still wins.
     let server = TestServer::start(&config(
-        &[("responder", &responder.addr, "priority: 9"), ("terminator", &terminator.addr, "")],
+        &[
+            ("responder", &responder.addr, "priority: 9"),
+            ("terminator", &terminator.addr, ""),
+        ],
         "",
     ))
     .await;
@@ -221,27 +333,46 @@ async fn response_rewrite_retry_and_turn_end_continue_run() {
         .on_model_response(move |_, ev| {
             let n = n.clone();
             async move {
-                let text = ev.response.unwrap().message.unwrap().blocks.iter().filter_map(|b| match &b.kind {
-                    Some(pb::block::Kind::Text(t)) => Some(t.text.clone()),
-                    _ => None,
-                }).collect::<String>();
+                let text = ev
+                    .response
+                    .unwrap()
+                    .message
+                    .unwrap()
+                    .blocks
+                    .iter()
+                    .filter_map(|b| match &b.kind {
+                        Some(pb::block::Kind::Text(t)) => Some(t.text.clone()),
+                        _ => None,
+                    })
+                    .collect::<String>();
                 let action = match n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
-                    0 => pb::model_response_verdict::Action::Retry(pb::Retry { feedback: "try again".into() }),
+                    0 => pb::model_response_verdict::Action::Retry(pb::Retry {
+                        feedback: "try again".into(),
+                    }),
                     _ => pb::model_response_verdict::Action::RewriteResponse(pb::RewriteResponse {
-                        blocks: vec![pb::Block { kind: Some(pb::block::Kind::Text(pb::TextBlock { text: text.to_uppercase() })) }],
+                        blocks: vec![pb::Block {
+                            kind: Some(pb::block::Kind::Text(pb::TextBlock {
+                                text: text.to_uppercase(),
+                            })),
+                        }],
                     }),
                 };
-                Reply::new(pb::ModelResponseVerdict { action: Some(action) })
+                Reply::new(pb::ModelResponseVerdict {
+                    action: Some(action),
+                })
             }
         })
         .on_turn_end(|_, _| async {
             Reply::new(pb::TurnEndVerdict {
-                action: Some(pb::turn_end_verdict::Action::ContinueRun(pb::ContinueRun { message: "and more".into() })),
+                action: Some(pb::turn_end_verdict::Action::ContinueRun(pb::ContinueRun {
+                    message: "and more".into(),
+                })),
             })
         })
         .start()
         .await;
-    let server = TestServer::start(&config(&[("reviewer", &reviewer.addr, "")], "max_turns: 3")).await;
+    let server =
+        TestServer::start(&config(&[("reviewer", &reviewer.addr, "")], "max_turns: 3")).await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let events = run_events(&mut c, &s, "hi").await;
@@ -249,14 +380,30 @@ async fn response_rewrite_retry_and_turn_end_continue_run() {
     // turn 1 retried, turn 2 rewritten then continue_run, turn 3 rewritten then continue_run -> max_turns
     assert_eq!(outcome(&r), pb::RunOutcome::MaxTurns);
     let t = texts(&r.messages);
-    assert_eq!(t, ["hi", "try again", "SYS=BASE TEMP= USER=TRY AGAIN", "and more", "SYS=BASE TEMP= USER=AND MORE", "and more"]);
+    assert_eq!(
+        t,
+        [
+            "hi",
+            "try again",
+            "SYS=BASE TEMP= USER=TRY AGAIN",
+            "and more",
+            "SYS=BASE TEMP= USER=AND MORE",
+            "and more"
+        ]
+    );
     // With the default stream_deltas: hold, a rejected or rewritten answer's
     // text never reached the client: only the accepted (rewritten) text.
-    let deltas: Vec<String> = events.iter().filter_map(|e| match &e.event {
-        Some(pb::run_event::Event::TextDelta(d)) => Some(d.text.clone()),
-        _ => None,
-    }).collect();
-    assert!(deltas.iter().all(|d| d.chars().all(|c| !c.is_lowercase())), "{deltas:?}");
+    let deltas: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(pb::run_event::Event::TextDelta(d)) => Some(d.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        deltas.iter().all(|d| d.chars().all(|c| !c.is_lowercase())),
+        "{deltas:?}"
+    );
     server.stop().await;
 }
 
@@ -270,13 +417,19 @@ async fn tool_hooks_rewrite_args_skip_and_rewrite_results() {
                 Reply::new(hook_server::skip_tool("Oslo is off limits", true))
             } else {
                 Reply::new(pb::ToolCallVerdict {
-                    action: Some(pb::tool_call_verdict::Action::RewriteArgs(pb::RewriteArgs { arguments_json: r#"{"city":"Lyon"}"#.into() })),
+                    action: Some(pb::tool_call_verdict::Action::RewriteArgs(
+                        pb::RewriteArgs {
+                            arguments_json: r#"{"city":"Lyon"}"#.into(),
+                        },
+                    )),
                 })
             }
         })
         .on_tool_result(|_, ev| async move {
             let content = ev.result.unwrap().content;
-            Reply::new(hook_server::rewrite_result(content.replace("sunny", "[weather]")))
+            Reply::new(hook_server::rewrite_result(
+                content.replace("sunny", "[weather]"),
+            ))
         })
         .start()
         .await;
@@ -294,15 +447,23 @@ async fn tool_hooks_rewrite_args_skip_and_rewrite_results() {
     assert_eq!(executed.len(), 1, "the skipped call never executed");
     assert_eq!(executed[0].arguments_json, r#"{"city":"Lyon"}"#);
     let t = texts(&r.messages);
-    assert_eq!(t[1], r#"call:get_weather({"city":"Paris"})"#, "history keeps the model's own call");
+    assert_eq!(
+        t[1], r#"call:get_weather({"city":"Paris"})"#,
+        "history keeps the model's own call"
+    );
     assert_eq!(t[2], r#"call:get_weather({"city":"Oslo"})"#);
     assert_eq!(t[3], "result:[weather] in Lyon");
     assert_eq!(t[4], "result:Oslo is off limits");
     // The execution-start event carries the effective arguments; none for the skip.
-    let started: Vec<_> = events.iter().filter_map(|e| match &e.event {
-        Some(pb::run_event::Event::ToolStarted(s)) => Some(s.call.clone().unwrap().arguments_json),
-        _ => None,
-    }).collect();
+    let started: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(pb::run_event::Event::ToolStarted(s)) => {
+                Some(s.call.clone().unwrap().arguments_json)
+            }
+            _ => None,
+        })
+        .collect();
     assert_eq!(started, [r#"{"city":"Lyon"}"#]);
     server.stop().await;
 }
@@ -315,7 +476,9 @@ async fn scratchpad_is_shared_across_hooks_and_events() {
         .await;
     let reader = FnHook::new("reader", &[K::ModelRequest])
         .on_model_request(|ctx, _| async move {
-            let tenant = String::from_utf8(ctx.scratchpad.get("tenant").cloned().unwrap_or_default()).unwrap();
+            let tenant =
+                String::from_utf8(ctx.scratchpad.get("tenant").cloned().unwrap_or_default())
+                    .unwrap();
             Reply::new(hook_server::patch_request(pb::RequestPatch {
                 extra_context: vec![format!("tenant={tenant}")],
                 ..Default::default()
@@ -324,7 +487,11 @@ async fn scratchpad_is_shared_across_hooks_and_events() {
         })
         .start()
         .await;
-    let server = TestServer::start(&config(&[("writer", &writer.addr, ""), ("reader", &reader.addr, "")], "")).await;
+    let server = TestServer::start(&config(
+        &[("writer", &writer.addr, ""), ("reader", &reader.addr, "")],
+        "",
+    ))
+    .await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let r = invoke(&mut c, &s, "hi").await;
@@ -335,11 +502,18 @@ async fn scratchpad_is_shared_across_hooks_and_events() {
 #[tokio::test]
 async fn observe_mode_hook_never_delays_the_run() {
     // This hook never answers anything: it blocks forever.
-    let stuck = FnHook::new("stuck", &[K::RunStart, K::ModelRequest, K::ModelResponse, K::TurnEnd])
-        .on_run_start(|_, _| async { std::future::pending().await })
-        .start()
-        .await;
-    let server = TestServer::start(&config(&[("stuck", &stuck.addr, "mode: observe\ntimeout: 60s")], "")).await;
+    let stuck = FnHook::new(
+        "stuck",
+        &[K::RunStart, K::ModelRequest, K::ModelResponse, K::TurnEnd],
+    )
+    .on_run_start(|_, _| async { std::future::pending().await })
+    .start()
+    .await;
+    let server = TestServer::start(&config(
+        &[("stuck", &stuck.addr, "mode: observe\ntimeout: 60s")],
+        "",
+    ))
+    .await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let r = invoke(&mut c, &s, "hi").await;
@@ -356,11 +530,22 @@ async fn wrong_kind_verdict_fails_the_run_closed() {
     struct Raw;
     #[tonic::async_trait]
     impl pb::hook_service_server::HookService for Raw {
-        async fn describe(&self, _: tonic::Request<pb::DescribeRequest>) -> Result<tonic::Response<pb::DescribeResponse>, tonic::Status> {
-            Ok(tonic::Response::new(hook_server::describe("wrong", &[K::RunStart])))
+        async fn describe(
+            &self,
+            _: tonic::Request<pb::DescribeRequest>,
+        ) -> Result<tonic::Response<pb::DescribeResponse>, tonic::Status> {
+            Ok(tonic::Response::new(hook_server::describe(
+                "wrong",
+                &[K::RunStart],
+            )))
         }
-        type ProcessStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::HookVerdict, tonic::Status>> + Send>>;
-        async fn process(&self, req: tonic::Request<tonic::Streaming<pb::HookEvent>>) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+        type ProcessStream = std::pin::Pin<
+            Box<dyn futures::Stream<Item = Result<pb::HookVerdict, tonic::Status>> + Send>,
+        >;
+        async fn process(
+            &self,
+            req: tonic::Request<tonic::Streaming<pb::HookEvent>>,
+        ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
             let mut inbound = req.into_inner();
             let out = async_stream_verdicts(async move {
                 let ev = inbound.message().await.ok().flatten()?;
@@ -374,19 +559,29 @@ async fn wrong_kind_verdict_fails_the_run_closed() {
             });
             Ok(tonic::Response::new(out))
         }
-        async fn call_tool(&self, _: tonic::Request<pb::CallToolRequest>) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
+        async fn call_tool(
+            &self,
+            _: tonic::Request<pb::CallToolRequest>,
+        ) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
             Err(tonic::Status::unimplemented("none"))
         }
     }
-    tokio::spawn(tonic::transport::Server::builder()
-        .add_service(pb::hook_service_server::HookServiceServer::new(Raw))
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::hook_service_server::HookServiceServer::new(Raw))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
     let server = TestServer::start(&config(&[("wrong", &addr, "")], "")).await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let r = invoke(&mut c, &s, "hi").await;
     assert_eq!(outcome(&r), pb::RunOutcome::HookFailed);
-    assert!(r.reason.contains("hook `wrong` failed on run_start: wrong_kind"), "{}", r.reason);
+    assert!(
+        r.reason
+            .contains("hook `wrong` failed on run_start: wrong_kind"),
+        "{}",
+        r.reason
+    );
     assert!(r.messages.is_empty(), "the input never entered history");
     server.stop().await;
 }
@@ -395,5 +590,9 @@ fn async_stream_verdicts(
     f: impl std::future::Future<Output = Option<pb::HookVerdict>> + Send + 'static,
 ) -> std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::HookVerdict, tonic::Status>> + Send>> {
     use futures::StreamExt;
-    Box::pin(futures::stream::once(f).filter_map(|v| async move { v.map(Ok) }).chain(futures::stream::pending()))
+    Box::pin(
+        futures::stream::once(f)
+            .filter_map(|v| async move { v.map(Ok) })
+            .chain(futures::stream::pending()),
+    )
 }

@@ -28,8 +28,17 @@ async fn run_streams_text_deltas_that_add_up_to_the_answer() {
     assert_eq!(outcome(&r), pb::RunOutcome::Completed);
     assert_eq!(r.final_text, "sys=base temp= user=hello");
     assert_eq!(deltas, r.final_text);
-    assert!(events.iter().filter(|e| matches!(e.event, Some(pb::run_event::Event::TextDelta(_)))).count() > 1);
-    assert!(matches!(events[0].event, Some(pb::run_event::Event::Started(_))));
+    assert!(
+        events
+            .iter()
+            .filter(|e| matches!(e.event, Some(pb::run_event::Event::TextDelta(_))))
+            .count()
+            > 1
+    );
+    assert!(matches!(
+        events[0].event,
+        Some(pb::run_event::Event::Started(_))
+    ));
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
     assert!(r.usage.unwrap().output_tokens > 0);
@@ -49,8 +58,16 @@ async fn run_and_invoke_commit_the_same_transcript() {
         assert_eq!(streamed.messages, invoked.messages);
         assert_eq!(streamed.turns, invoked.turns);
     }
-    let t1 = c.get_session(pb::GetSessionRequest { session_id: s1 }).await.unwrap().into_inner();
-    let t2 = c.get_session(pb::GetSessionRequest { session_id: s2 }).await.unwrap().into_inner();
+    let t1 = c
+        .get_session(pb::GetSessionRequest { session_id: s1 })
+        .await
+        .unwrap()
+        .into_inner();
+    let t2 = c
+        .get_session(pb::GetSessionRequest { session_id: s2 })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(t1.transcript, t2.transcript);
     assert_eq!(t1.transcript.len(), 4, "two user inputs and two answers");
     assert_eq!(t1.run_count, 2);
@@ -62,14 +79,33 @@ async fn sessions_list_get_delete() {
     let server = TestServer::start(&demo()).await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
-    let list = c.list_sessions(pb::ListSessionsRequest {}).await.unwrap().into_inner();
+    let list = c
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(list.sessions.len(), 1);
-    assert!(list.sessions[0].transcript.is_empty(), "list omits transcripts");
-    c.delete_session(pb::DeleteSessionRequest { session_id: s.clone() }).await.unwrap();
-    let err = c.get_session(pb::GetSessionRequest { session_id: s.clone() }).await.unwrap_err();
+    assert!(
+        list.sessions[0].transcript.is_empty(),
+        "list omits transcripts"
+    );
+    c.delete_session(pb::DeleteSessionRequest {
+        session_id: s.clone(),
+    })
+    .await
+    .unwrap();
+    let err = c
+        .get_session(pb::GetSessionRequest {
+            session_id: s.clone(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     let err = c
-        .run(pb::RunRequest { session_id: s, input: "hi".into() })
+        .run(pb::RunRequest {
+            session_id: s,
+            input: "hi".into(),
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "run on a deleted session");
@@ -82,11 +118,18 @@ async fn bad_requests_get_precise_statuses() {
     let server = TestServer::start(&demo()).await;
     let mut c = server.client().await;
     let err = c
-        .create_session(pb::CreateSessionRequest { agent: "aa".into(), ..Default::default() })
+        .create_session(pb::CreateSessionRequest {
+            agent: "aa".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
-    assert!(err.message().contains("unknown agent `aa`"), "{}", err.message());
+    assert!(
+        err.message().contains("unknown agent `aa`"),
+        "{}",
+        err.message()
+    );
     let err = c
         .create_session(pb::CreateSessionRequest {
             agent: "a".into(),
@@ -95,24 +138,58 @@ async fn bad_requests_get_precise_statuses() {
         })
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument, "sessions cannot name arbitrary endpoints");
-    let err = c.create_session(pb::CreateSessionRequest::default()).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::InvalidArgument,
+        "sessions cannot name arbitrary endpoints"
+    );
+    let err = c
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
 
     let s = session(&mut c, "a").await;
-    let err = c.invoke(pb::RunRequest { session_id: s.clone(), input: "  ".into() }).await.unwrap_err();
+    let err = c
+        .invoke(pb::RunRequest {
+            session_id: s.clone(),
+            input: "  ".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("empty"));
     let huge = "x".repeat(hookwire::config::DEFAULT_MAX_INPUT_BYTES + 1);
-    let err = c.invoke(pb::RunRequest { session_id: s.clone(), input: huge }).await.unwrap_err();
+    let err = c
+        .invoke(pb::RunRequest {
+            session_id: s.clone(),
+            input: huge,
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("limit"));
-    let err = c.invoke(pb::RunRequest { session_id: "nope".into(), input: "hi".into() }).await.unwrap_err();
-    assert_eq!(err.code(), Code::NotFound);
-    let err = c.cancel_run(pb::CancelRunRequest { run_id: "nope".into() }).await.unwrap_err();
+    let err = c
+        .invoke(pb::RunRequest {
+            session_id: "nope".into(),
+            input: "hi".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     let err = c
-        .resolve_approval(pb::ResolveApprovalRequest { run_id: "r".into(), call_id: "c".into(), ..Default::default() })
+        .cancel_run(pb::CancelRunRequest {
+            run_id: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = c
+        .resolve_approval(pb::ResolveApprovalRequest {
+            run_id: "r".into(),
+            call_id: "c".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
@@ -145,11 +222,27 @@ async fn second_concurrent_run_is_refused_and_cancel_ends_the_first() {
     let s2 = s.clone();
     let first = tokio::spawn(async move { run_events(&mut c2, &s2, "one").await });
     entered.notified().await;
-    let err = c.invoke(pb::RunRequest { session_id: s.clone(), input: "two".into() }).await.unwrap_err();
+    let err = c
+        .invoke(pb::RunRequest {
+            session_id: s.clone(),
+            input: "two".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.message().contains("already has a run in progress"));
-    let active = c.get_session(pb::GetSessionRequest { session_id: s.clone() }).await.unwrap().into_inner();
-    c.cancel_run(pb::CancelRunRequest { run_id: active.active_run_id }).await.unwrap();
+    let active = c
+        .get_session(pb::GetSessionRequest {
+            session_id: s.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    c.cancel_run(pb::CancelRunRequest {
+        run_id: active.active_run_id,
+    })
+    .await
+    .unwrap();
     let r = result_of(&first.await.unwrap());
     assert_eq!(outcome(&r), pb::RunOutcome::Cancelled);
     assert!(r.reason.contains("cancelled by client"));
@@ -164,26 +257,54 @@ async fn second_concurrent_run_is_refused_and_cancel_ends_the_first() {
 async fn health_reports_serving_and_reflection_lists_services() {
     let server = TestServer::start(&demo()).await;
     let _ = server.client().await;
-    let ch = tonic::transport::Endpoint::from_shared(server.addr.clone()).unwrap().connect().await.unwrap();
+    let ch = tonic::transport::Endpoint::from_shared(server.addr.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
     for service in ["", "hookwire.v1.AgentService"] {
         let r = health
-            .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+        assert_eq!(
+            r.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
     }
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::{server_reflection_request::MessageRequest, server_reflection_response::MessageResponse, ServerReflectionRequest};
+    use tonic_reflection::pb::v1::{
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
+    };
     let mut refl = ServerReflectionClient::new(ch);
-    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-    let mut resp = refl.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut resp = refl
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
     let msg = resp.message().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else { panic!() };
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+        panic!()
+    };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    for want in ["hookwire.v1.AgentService", "hookwire.v1.HookService", "grpc.health.v1.Health"] {
-        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+    for want in [
+        "hookwire.v1.AgentService",
+        "hookwire.v1.HookService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
     }
     server.stop().await;
 }

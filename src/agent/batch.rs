@@ -20,7 +20,11 @@ pub enum CallOutcome {
 /// Runs calls `0..count` with at most `concurrency` in flight. After a call
 /// stops the batch, nothing new starts, in-flight calls finish (they are
 /// never detached), and the stop of the lowest call index is reported.
-pub async fn run_batch<F, Fut>(count: usize, concurrency: usize, call: F) -> Result<BatchDecision, Stop>
+pub async fn run_batch<F, Fut>(
+    count: usize,
+    concurrency: usize,
+    call: F,
+) -> Result<BatchDecision, Stop>
 where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = CallOutcome>,
@@ -130,7 +134,11 @@ mod tests {
             }
         })
         .await;
-        assert_eq!(*ran.lock().unwrap(), [0, 1], "calls after the terminate never start");
+        assert_eq!(
+            *ran.lock().unwrap(),
+            [0, 1],
+            "calls after the terminate never start"
+        );
         assert!(matches!(out, Err(Stop::Terminate { reason, .. }) if reason == "stop at 1"));
     }
 
@@ -165,7 +173,10 @@ mod tests {
         .await;
         let started = started.lock().unwrap().clone();
         assert_eq!(started, [0, 1, 2, 3], "calls 4 and 5 never start");
-        assert!(finished.lock().unwrap().contains(&0), "in-flight call 0 was drained");
+        assert!(
+            finished.lock().unwrap().contains(&0),
+            "in-flight call 0 was drained"
+        );
         assert!(matches!(out, Err(Stop::Terminate { reason, .. }) if reason == "stop at 2"));
     }
 

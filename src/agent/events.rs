@@ -8,19 +8,41 @@ use crate::message::{Message, ToolCall, ToolResult, Usage};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunEvent {
-    Started { input: String },
-    TurnStarted { turn: u32 },
-    TextDelta { turn: u32, text: String },
-    DeltasRetracted { turn: u32, reason: String },
+    Started {
+        input: String,
+    },
+    TurnStarted {
+        turn: u32,
+    },
+    TextDelta {
+        turn: u32,
+        text: String,
+    },
+    DeltasRetracted {
+        turn: u32,
+        reason: String,
+    },
     AssistantMessage {
         turn: u32,
         message: Message,
         finish_reason: String,
         usage: Usage,
     },
-    ToolCallRequested { turn: u32, index: u32, call: ToolCall },
-    ToolStarted { turn: u32, index: u32, call: ToolCall },
-    ToolResult { turn: u32, index: u32, result: ToolResult },
+    ToolCallRequested {
+        turn: u32,
+        index: u32,
+        call: ToolCall,
+    },
+    ToolStarted {
+        turn: u32,
+        index: u32,
+        call: ToolCall,
+    },
+    ToolResult {
+        turn: u32,
+        index: u32,
+        result: ToolResult,
+    },
     HookVerdict(VerdictRecord),
     ApprovalRequested {
         turn: u32,

@@ -313,7 +313,9 @@ impl Machine {
                     final_text,
                 )
             }
-            Stop::HookFailed(f) => self.finish(RunOutcome::HookFailed, f.to_string(), String::new()),
+            Stop::HookFailed(f) => {
+                self.finish(RunOutcome::HookFailed, f.to_string(), String::new())
+            }
             Stop::Failed(r) => self.finish(RunOutcome::Failed, r, String::new()),
             Stop::ModelFailed(r) => self.finish(RunOutcome::ModelFailed, r, String::new()),
             Stop::Cancelled(r) => self.finish(RunOutcome::Cancelled, r, String::new()),
@@ -339,7 +341,10 @@ impl Machine {
 
     /// Whether the message holds tool calls (helper for runners).
     pub fn has_tool_calls(message: &Message) -> bool {
-        message.blocks.iter().any(|b| matches!(b, Block::ToolCall(_)))
+        message
+            .blocks
+            .iter()
+            .any(|b| matches!(b, Block::ToolCall(_)))
     }
 }
 
@@ -421,8 +426,7 @@ mod tests {
         };
         assert_eq!(base.history.len(), 3, "transcript + rewritten input");
         assert_eq!(base.history[2], Message::user("hi!"));
-        let Step::CallModel(_) = m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))))
-        else {
+        let Step::CallModel(_) = m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base)))) else {
             panic!()
         };
         let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(text_response("yo")))) else {
@@ -462,8 +466,7 @@ mod tests {
         let Step::ModelRequest(next) = m.feed(Feed::ToolBatch(Ok(BatchDecision::Settled(vec![
             result("a"),
             result("b"),
-        ]))))
-        else {
+        ])))) else {
             panic!()
         };
         let n = next.history.len();
@@ -541,9 +544,9 @@ mod tests {
         let Step::ModelRequest(_) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
             panic!()
         };
-        let step = m.feed(Feed::ModelRequest(Ok(RequestDecision::Respond(text_response(
-            "canned",
-        )))));
+        let step = m.feed(Feed::ModelRequest(Ok(RequestDecision::Respond(
+            text_response("canned"),
+        ))));
         assert!(matches!(step, Step::ModelResponse(_)));
     }
 

@@ -156,11 +156,15 @@ impl Run {
             hook: hook.to_string(),
             timeout,
         });
-        let decision = tokio::time::timeout_at((Instant::now() + timeout).min(self.deadline), rx).await;
+        let decision =
+            tokio::time::timeout_at((Instant::now() + timeout).min(self.deadline), rx).await;
         self.approvals.withdraw(&self.run_id, &call.id);
         match decision {
             Ok(Ok(Decision { approve: true, .. })) => None,
-            Ok(Ok(Decision { approve: false, note })) => denied(if note.is_empty() {
+            Ok(Ok(Decision {
+                approve: false,
+                note,
+            })) => denied(if note.is_empty() {
                 format!("the user denied the call of tool `{}`", call.name)
             } else {
                 format!("the user denied the call of tool `{}`: {note}", call.name)
@@ -221,7 +225,9 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                 run.guarded(async {
                     let out = run
                         .hooks
-                        .chain::<RunStartChain>(0, input, |i| Payload::RunStart { input: i.clone() })
+                        .chain::<RunStartChain>(0, input, |i| Payload::RunStart {
+                            input: i.clone(),
+                        })
                         .await
                         .map_err(Stop::HookFailed)?;
                     run.emit_records(&out.records);
@@ -312,7 +318,8 @@ async fn call_model(
     let sent = std::sync::atomic::AtomicBool::new(false);
     let held: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let on_delta = |chunk: &str| {
-        run.hooks.observe(turn, &Payload::TextDelta(chunk.to_string()));
+        run.hooks
+            .observe(turn, &Payload::TextDelta(chunk.to_string()));
         if hold {
             held.lock().unwrap().push(chunk.to_string());
         } else {

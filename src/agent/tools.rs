@@ -10,7 +10,9 @@ use crate::agent::batch::CallOutcome;
 use crate::agent::events::RunEvent;
 use crate::agent::machine::Stop;
 use crate::agent::runner::Run;
-use crate::hooks::compose::{InvalidCallStop, InvalidToolCallChain, ToolCallChain, ToolCallStop, ToolResultChain};
+use crate::hooks::compose::{
+    InvalidCallStop, InvalidToolCallChain, ToolCallChain, ToolCallStop, ToolResultChain,
+};
 use crate::hooks::payload::{CallProblem, Payload};
 use crate::message::{ToolCall, ToolResult, ToolSpec};
 
@@ -52,7 +54,13 @@ fn terminate(hook: String, t: crate::hooks::verdict::Terminate) -> CallOutcome {
     })
 }
 
-pub async fn process_call(run: Arc<Run>, turn: u32, index: u32, call: ToolCall, tools: Arc<Vec<ToolSpec>>) -> CallOutcome {
+pub async fn process_call(
+    run: Arc<Run>,
+    turn: u32,
+    index: u32,
+    call: ToolCall,
+    tools: Arc<Vec<ToolSpec>>,
+) -> CallOutcome {
     let hooks = &run.hooks;
     if let Some((problem, error)) = validate_call(&call, &tools) {
         let available: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
@@ -127,13 +135,17 @@ pub async fn process_call(run: Arc<Run>, turn: u32, index: u32, call: ToolCall, 
     });
     let (content, is_error) = match run.registry.tool_owner(&effective.name) {
         Some((owner, _)) => {
-            let deadline = (Instant::now() + owner.config.timeout_for(crate::event::EventKind::ToolCall))
-                .min(run.deadline);
+            let deadline = (Instant::now()
+                + owner.config.timeout_for(crate::event::EventKind::ToolCall))
+            .min(run.deadline);
             let ctx = hooks.wire_context(turn, deadline.saturating_duration_since(Instant::now()));
             match owner.call_tool(ctx, &effective, deadline).await {
                 Ok(r) => r,
                 Err(f) => (
-                    format!("tool `{}` failed to execute: {}: {}", effective.name, f.class, f.detail),
+                    format!(
+                        "tool `{}` failed to execute: {}: {}",
+                        effective.name, f.class, f.detail
+                    ),
                     true,
                 ),
             }
@@ -183,7 +195,9 @@ mod tests {
             CallProblem::UnknownTool
         );
         assert_eq!(
-            validate_call(&call("get_weather", "[1]"), &tools).unwrap().0,
+            validate_call(&call("get_weather", "[1]"), &tools)
+                .unwrap()
+                .0,
             CallProblem::InvalidArguments
         );
         assert_eq!(

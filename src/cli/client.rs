@@ -11,11 +11,15 @@ use crate::pb::agent_service_client::AgentServiceClient;
 
 async fn connect(addr: &str) -> anyhow::Result<AgentServiceClient<Channel>> {
     let ch = tonic::transport::Endpoint::from_shared(addr.to_string())
-        .with_context(|| format!("bad server address `{addr}` (expected e.g. http://127.0.0.1:50051)"))?
+        .with_context(|| {
+            format!("bad server address `{addr}` (expected e.g. http://127.0.0.1:50051)")
+        })?
         .tcp_nodelay(true)
         .connect()
         .await
-        .with_context(|| format!("cannot connect to hookwire at {addr} (is `hookwire serve` running?)"))?;
+        .with_context(|| {
+            format!("cannot connect to hookwire at {addr} (is `hookwire serve` running?)")
+        })?;
     Ok(AgentServiceClient::new(ch))
 }
 
@@ -25,13 +29,21 @@ fn status_err(s: tonic::Status) -> anyhow::Error {
 
 fn event_name(v: i32) -> String {
     pb::EventKind::try_from(v)
-        .map(|k| k.as_str_name().trim_start_matches("EVENT_KIND_").to_lowercase())
+        .map(|k| {
+            k.as_str_name()
+                .trim_start_matches("EVENT_KIND_")
+                .to_lowercase()
+        })
         .unwrap_or_else(|_| v.to_string())
 }
 
 fn outcome_name(v: i32) -> String {
     pb::RunOutcome::try_from(v)
-        .map(|k| k.as_str_name().trim_start_matches("RUN_OUTCOME_").to_lowercase())
+        .map(|k| {
+            k.as_str_name()
+                .trim_start_matches("RUN_OUTCOME_")
+                .to_lowercase()
+        })
         .unwrap_or_else(|_| v.to_string())
 }
 
@@ -106,7 +118,11 @@ pub async fn run(
         };
         match e {
             E::Started(s) => {
-                writeln!(out, "▶ run {} · session {} · agent {}", ev.run_id, s.session_id, s.agent)?;
+                writeln!(
+                    out,
+                    "▶ run {} · session {} · agent {}",
+                    ev.run_id, s.session_id, s.agent
+                )?;
             }
             E::TurnStarted(t) => {
                 nl(&mut mid_line, &mut out)?;
@@ -125,12 +141,20 @@ pub async fn run(
             E::ToolCall(c) => {
                 nl(&mut mid_line, &mut out)?;
                 if let Some(call) = c.call {
-                    writeln!(out, "  → #{} {}({})", c.call_index, call.name, call.arguments_json)?;
+                    writeln!(
+                        out,
+                        "  → #{} {}({})",
+                        c.call_index, call.name, call.arguments_json
+                    )?;
                 }
             }
             E::ToolStarted(c) => {
                 if let Some(call) = c.call {
-                    writeln!(out, "  ⚙ #{} executing {}({})", c.call_index, call.name, call.arguments_json)?;
+                    writeln!(
+                        out,
+                        "  ⚙ #{} executing {}({})",
+                        c.call_index, call.name, call.arguments_json
+                    )?;
                 }
             }
             E::ToolResult(r) => {
@@ -141,12 +165,20 @@ pub async fn run(
             }
             E::HookVerdict(h) => {
                 nl(&mut mid_line, &mut out)?;
-                let mut line = format!("  ⚑ hook {} · {} · {}", h.hook, event_name(h.event), h.verdict);
+                let mut line = format!(
+                    "  ⚑ hook {} · {} · {}",
+                    h.hook,
+                    event_name(h.event),
+                    h.verdict
+                );
                 if !h.fields_changed.is_empty() {
                     line.push_str(&format!(" [{}]", h.fields_changed.join(", ")));
                 }
                 for c in &h.conflicts {
-                    line.push_str(&format!(" (conflict on {}: {} kept over {})", c.field, c.winner, c.loser));
+                    line.push_str(&format!(
+                        " (conflict on {}: {} kept over {})",
+                        c.field, c.winner, c.loser
+                    ));
                 }
                 if !h.failed_open.is_empty() {
                     line.push_str(&format!(" (failed open: {})", h.failed_open));
@@ -161,7 +193,11 @@ pub async fn run(
                 nl(&mut mid_line, &mut out)?;
                 if let Some(r) = f.result {
                     let usage = r.usage.unwrap_or_default();
-                    let mark = if r.outcome == pb::RunOutcome::Completed as i32 { "✔" } else { "■" };
+                    let mark = if r.outcome == pb::RunOutcome::Completed as i32 {
+                        "✔"
+                    } else {
+                        "■"
+                    };
                     writeln!(
                         out,
                         "{mark} {} · {} turn(s) · {} in / {} out tokens{}",
@@ -207,7 +243,14 @@ fn ask_approval(a: &pb::ApprovalRequested, json: bool) -> anyhow::Result<Option<
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
     let approve = matches!(line.trim(), "y" | "Y" | "yes");
-    Ok(Some((approve, if approve { String::new() } else { "denied at the terminal".into() })))
+    Ok(Some((
+        approve,
+        if approve {
+            String::new()
+        } else {
+            "denied at the terminal".into()
+        },
+    )))
 }
 
 pub async fn sessions(addr: &str, action: SessionsAction) -> anyhow::Result<()> {
@@ -228,7 +271,11 @@ pub async fn sessions(addr: &str, action: SessionsAction) -> anyhow::Result<()> 
                     s.id,
                     s.agent,
                     s.run_count,
-                    if s.active_run_id.is_empty() { String::new() } else { format!("  active_run={}", s.active_run_id) }
+                    if s.active_run_id.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  active_run={}", s.active_run_id)
+                    }
                 );
             }
         }
@@ -238,7 +285,10 @@ pub async fn sessions(addr: &str, action: SessionsAction) -> anyhow::Result<()> 
                 .await
                 .map_err(status_err)?
                 .into_inner();
-            println!("session {} · agent {} · {} run(s)", s.id, s.agent, s.run_count);
+            println!(
+                "session {} · agent {} · {} run(s)",
+                s.id, s.agent, s.run_count
+            );
             for m in s.transcript {
                 let role = pb::Role::try_from(m.role)
                     .map(|r| r.as_str_name().trim_start_matches("ROLE_").to_lowercase())
@@ -248,7 +298,9 @@ pub async fn sessions(addr: &str, action: SessionsAction) -> anyhow::Result<()> 
                     match b.kind {
                         Some(Kind::Text(t)) => println!("{role:>9}: {}", t.text),
                         Some(Kind::Reasoning(t)) => println!("{role:>9}: (reasoning) {}", t.text),
-                        Some(Kind::ToolCall(c)) => println!("{role:>9}: → {}({}) [{}]", c.name, c.arguments_json, c.id),
+                        Some(Kind::ToolCall(c)) => {
+                            println!("{role:>9}: → {}({}) [{}]", c.name, c.arguments_json, c.id)
+                        }
                         Some(Kind::ToolResult(r)) => println!(
                             "{role:>9}: ← {}{} [{}]",
                             if r.is_error { "error: " } else { "" },
@@ -262,7 +314,9 @@ pub async fn sessions(addr: &str, action: SessionsAction) -> anyhow::Result<()> 
         }
         SessionsAction::Delete { id } => {
             client
-                .delete_session(pb::DeleteSessionRequest { session_id: id.clone() })
+                .delete_session(pb::DeleteSessionRequest {
+                    session_id: id.clone(),
+                })
                 .await
                 .map_err(status_err)?;
             println!("deleted {id}");
@@ -288,12 +342,20 @@ pub async fn hooks(addr: &str) -> anyhow::Result<()> {
         );
         println!(
             "    events: {}",
-            h.events.iter().map(|e| event_name(*e)).collect::<Vec<_>>().join(", ")
+            h.events
+                .iter()
+                .map(|e| event_name(*e))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         if !h.tools.is_empty() {
             println!(
                 "    tools: {}",
-                h.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+                h.tools
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         if !h.last_error.is_empty() {

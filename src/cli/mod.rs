@@ -12,7 +12,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::config::Config;
 
 #[derive(Parser, Debug)]
-#[command(name = "hookwire", version, about = "Run LLM agent sessions with remote gRPC hook servers at every lifecycle event.")]
+#[command(
+    name = "hookwire",
+    version,
+    about = "Run LLM agent sessions with remote gRPC hook servers at every lifecycle event."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -65,7 +69,12 @@ pub enum Command {
     },
     /// List, show or delete sessions on a server.
     Sessions {
-        #[arg(long, global = true, env = "HOOKWIRE_ADDR", default_value = "http://127.0.0.1:50051")]
+        #[arg(
+            long,
+            global = true,
+            env = "HOOKWIRE_ADDR",
+            default_value = "http://127.0.0.1:50051"
+        )]
         addr: String,
         #[command(subcommand)]
         action: SessionsAction,
@@ -86,8 +95,12 @@ pub enum Command {
 pub enum SessionsAction {
     List,
     /// Show a session with its transcript.
-    Show { id: String },
-    Delete { id: String },
+    Show {
+        id: String,
+    },
+    Delete {
+        id: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -118,7 +131,12 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             }
             let listener = tokio::net::TcpListener::bind(cfg.listen)
                 .await
-                .with_context(|| format!("cannot listen on {} (is it taken? use --listen)", cfg.listen))?;
+                .with_context(|| {
+                    format!(
+                        "cannot listen on {} (is it taken? use --listen)",
+                        cfg.listen
+                    )
+                })?;
             tracing::info!(addr = %listener.local_addr()?, "listening");
             crate::server::serve(listener, cfg, shutdown_signal()).await?;
             Ok(())

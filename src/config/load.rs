@@ -93,9 +93,21 @@ impl Config {
     /// Semantic checks serde cannot express; returns (path, message) pairs.
     fn validate(&self) -> Vec<(String, String)> {
         let mut errs = Vec::new();
-        unique(&mut errs, "models", self.models.iter().map(|m| m.name.as_str()));
-        unique(&mut errs, "hooks", self.hooks.iter().map(|h| h.name.as_str()));
-        unique(&mut errs, "agents", self.agents.iter().map(|a| a.name.as_str()));
+        unique(
+            &mut errs,
+            "models",
+            self.models.iter().map(|m| m.name.as_str()),
+        );
+        unique(
+            &mut errs,
+            "hooks",
+            self.hooks.iter().map(|h| h.name.as_str()),
+        );
+        unique(
+            &mut errs,
+            "agents",
+            self.agents.iter().map(|a| a.name.as_str()),
+        );
 
         if self.agents.is_empty() {
             errs.push(("agents".into(), "at least one agent is required".into()));
@@ -160,7 +172,10 @@ impl Config {
             }
             if let Some(t) = m.temperature {
                 if !(0.0..=2.0).contains(&t) {
-                    errs.push((format!("{p}.temperature"), "must be within 0.0..=2.0".into()));
+                    errs.push((
+                        format!("{p}.temperature"),
+                        "must be within 0.0..=2.0".into(),
+                    ));
                 }
             }
         }
@@ -227,7 +242,10 @@ impl Config {
             }
             if let Some(t) = a.temperature {
                 if !(0.0..=2.0).contains(&t) {
-                    errs.push((format!("{p}.temperature"), "must be within 0.0..=2.0".into()));
+                    errs.push((
+                        format!("{p}.temperature"),
+                        "must be within 0.0..=2.0".into(),
+                    ));
                 }
             }
         }
@@ -287,7 +305,10 @@ mod tests {
         let e = err("agents:\n  - name: a\n    model: m\n    max_turn: 3\nmodels: [{name: m, provider: scripted}]\n");
         assert_eq!(e.path(), Some("agents[0].max_turn"));
         assert!(e.to_string().contains("unknown field `max_turn`"), "{e}");
-        assert!(e.to_string().contains("max_turns"), "lists expected fields: {e}");
+        assert!(
+            e.to_string().contains("max_turns"),
+            "lists expected fields: {e}"
+        );
     }
 
     #[test]
@@ -301,7 +322,9 @@ mod tests {
 
     #[test]
     fn unknown_model_reference_suggests() {
-        let e = err("models: [{name: scripted, provider: scripted}]\nagents: [{name: a, model: scriptd}]\n");
+        let e = err(
+            "models: [{name: scripted, provider: scripted}]\nagents: [{name: a, model: scriptd}]\n",
+        );
         assert_eq!(e.path(), Some("agents[0].model"));
         assert!(e.to_string().contains("did you mean `scripted`"), "{e}");
     }
@@ -345,7 +368,13 @@ mod tests {
         let c = Config::parse("models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m, hooks: [h]}]\nhooks: [{name: h, endpoint: 'http://x:1', timeout: 2s, event_timeouts: {tool_call: 30s}}]\n", "t").unwrap();
         let h = &c.hooks[0];
         assert_eq!(h.failure, super::super::FailurePolicy::Closed);
-        assert_eq!(h.timeout_for(crate::event::EventKind::ToolCall).as_secs(), 30);
-        assert_eq!(h.timeout_for(crate::event::EventKind::RunStart).as_secs(), 2);
+        assert_eq!(
+            h.timeout_for(crate::event::EventKind::ToolCall).as_secs(),
+            30
+        );
+        assert_eq!(
+            h.timeout_for(crate::event::EventKind::RunStart).as_secs(),
+            2
+        );
     }
 }

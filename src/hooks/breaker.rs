@@ -90,7 +90,11 @@ mod tests {
         assert_eq!(b.admit(t1), Admit::Probe);
         assert_eq!(b.admit(t1), Admit::Reject, "one probe at a time");
         b.record(t1, false);
-        assert_eq!(b.admit(t1 + Duration::from_secs(1)), Admit::Reject, "failed probe reopens");
+        assert_eq!(
+            b.admit(t1 + Duration::from_secs(1)),
+            Admit::Reject,
+            "failed probe reopens"
+        );
         let t2 = t1 + Duration::from_secs(10);
         assert_eq!(b.admit(t2), Admit::Probe);
         b.record(t2, true);

@@ -63,6 +63,7 @@ pub struct HookSnapshot {
 
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(300);
 
 impl HookClient {
     pub fn new(config: HookConfig) -> Result<Arc<HookClient>, String> {
@@ -70,9 +71,13 @@ impl HookClient {
             .map_err(|e| format!("hook `{}`: bad endpoint: {e}", config.name))?
             .connect_timeout(config.timeout.min(Duration::from_secs(10)))
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .keep_alive_while_idle(true);
+            // grpc-go and grpcio servers by default answer pings more frequent
+            // than every 5 minutes with GOAWAY ("too many pings"), which would
+            // reset runs mid-stream; ping no faster than that, and only while
+            // streams are open.
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(false);
         if config.endpoint.starts_with("https://") {
             endpoint = endpoint
                 .tls_config(ClientTlsConfig::new().with_webpki_roots())
@@ -97,8 +102,7 @@ impl HookClient {
     }
 
     fn client(&self) -> HookServiceClient<Channel> {
-        HookServiceClient::new(self.channel.clone())
-            .max_decoding_message_size(16 * 1024 * 1024)
+        HookServiceClient::new(self.channel.clone()).max_decoding_message_size(16 * 1024 * 1024)
     }
 
     pub fn description(&self) -> Option<Description> {
@@ -209,7 +213,10 @@ impl HookClient {
     }
 
     pub fn admit(&self) -> Admit {
-        self.breaker.lock().unwrap().admit(std::time::Instant::now())
+        self.breaker
+            .lock()
+            .unwrap()
+            .admit(std::time::Instant::now())
     }
 
     pub fn record(&self, ok: bool) {

@@ -23,7 +23,7 @@ pub fn firing_order(agent: &[Ranked], session: &[Ranked]) -> Vec<String> {
     for group in [agent, session] {
         let mut g: Vec<&Ranked> = group.iter().collect();
         // Stable sort keeps listed order for equal priorities.
-        g.sort_by(|a, b| b.priority.cmp(&a.priority));
+        g.sort_by_key(|r| std::cmp::Reverse(r.priority));
         for r in g {
             if !out.contains(&r.name) {
                 out.push(r.name.clone());
@@ -46,8 +46,8 @@ pub trait ChainEvent {
     const KIND: EventKind;
     type Payload: Clone + Send + Sync + 'static;
     type Stop: Send + 'static;
-    /// Applies a verdict; `Err` returns a verdict of the wrong kind.
-    fn apply(payload: &mut Self::Payload, action: Action) -> Result<Step<Self::Stop>, Action>;
+    /// Applies a verdict; `Err` names the event a wrong-kind verdict was for.
+    fn apply(payload: &mut Self::Payload, action: Action) -> Result<Step<Self::Stop>, EventKind>;
 }
 
 pub struct SessionStartChain;
@@ -55,11 +55,11 @@ impl ChainEvent for SessionStartChain {
     const KIND: EventKind = EventKind::SessionStart;
     type Payload = ();
     type Stop = Terminate;
-    fn apply(_: &mut (), action: Action) -> Result<Step<Terminate>, Action> {
+    fn apply(_: &mut (), action: Action) -> Result<Step<Terminate>, EventKind> {
         match action {
             Action::SessionStart(SessionStartAction::Continue) => Ok(unchanged()),
             Action::SessionStart(SessionStartAction::Terminate(t)) => Ok(Step::Stop(t)),
-            other => Err(other),
+            other => Err(other.event()),
         }
     }
 }
@@ -69,7 +69,7 @@ impl ChainEvent for RunStartChain {
     const KIND: EventKind = EventKind::RunStart;
     type Payload = String;
     type Stop = Terminate;
-    fn apply(input: &mut String, action: Action) -> Result<Step<Terminate>, Action> {
+    fn apply(input: &mut String, action: Action) -> Result<Step<Terminate>, EventKind> {
         match action {
             Action::RunStart(RunStartAction::Continue) => Ok(unchanged()),
             Action::RunStart(RunStartAction::RewriteInput(new)) => {
@@ -77,7 +77,7 @@ impl ChainEvent for RunStartChain {
                 Ok(changed(&["input"]))
             }
             Action::RunStart(RunStartAction::Terminate(t)) => Ok(Step::Stop(t)),
-            other => Err(other),
+            other => Err(other.event()),
         }
     }
 }
@@ -93,7 +93,7 @@ impl ChainEvent for ModelResponseChain {
     const KIND: EventKind = EventKind::ModelResponse;
     type Payload = ModelResponse;
     type Stop = ResponseStop;
-    fn apply(resp: &mut ModelResponse, action: Action) -> Result<Step<ResponseStop>, Action> {
+    fn apply(resp: &mut ModelResponse, action: Action) -> Result<Step<ResponseStop>, EventKind> {
         match action {
             Action::ModelResponse(ModelResponseAction::Continue) => Ok(unchanged()),
             Action::ModelResponse(ModelResponseAction::Rewrite(blocks)) => {
@@ -109,7 +109,7 @@ impl ChainEvent for ModelResponseChain {
             Action::ModelResponse(ModelResponseAction::Terminate(t)) => {
                 Ok(Step::Stop(ResponseStop::Terminate(t)))
             }
-            other => Err(other),
+            other => Err(other.event()),
         }
     }
 }
@@ -126,7 +126,7 @@ impl ChainEvent for InvalidToolCallChain {
     const KIND: EventKind = EventKind::InvalidToolCall;
     type Payload = ToolCall;
     type Stop = InvalidCallStop;
-    fn apply(_: &mut ToolCall, action: Action) -> Result<Step<InvalidCallStop>, Action> {
+    fn apply(_: &mut ToolCall, action: Action) -> Result<Step<InvalidCallStop>, EventKind> {
         match action {
             Action::InvalidToolCall(InvalidToolCallAction::Continue) => Ok(unchanged()),
             Action::InvalidToolCall(InvalidToolCallAction::Retry(f)) => {
@@ -138,7 +138,7 @@ impl ChainEvent for InvalidToolCallChain {
             Action::InvalidToolCall(InvalidToolCallAction::Terminate(t)) => {
                 Ok(Step::Stop(InvalidCallStop::Terminate(t)))
             }
-            other => Err(other),
+            other => Err(other.event()),
         }
     }
 }
@@ -155,7 +155,7 @@ impl ChainEvent for ToolCallChain {
     const KIND: EventKind = EventKind::ToolCall;
     type Payload = ToolCall;
     type Stop = ToolCallStop;
-    fn apply(call: &mut ToolCall, action: Action) -> Result<Step<ToolCallStop>, Action> {
+    fn apply(call: &mut ToolCall, action: Action) -> Result<Step<ToolCallStop>, EventKind> {
         match action {
             Action::ToolCall(ToolCallAction::Continue) => Ok(unchanged()),
             Action::ToolCall(ToolCallAction::RewriteArgs(args)) => {
@@ -167,7 +167,7 @@ impl ChainEvent for ToolCallChain {
             Action::ToolCall(ToolCallAction::Terminate(t)) => {
                 Ok(Step::Stop(ToolCallStop::Terminate(t)))
             }
-            other => Err(other),
+            other => Err(other.event()),
         }
     }
 }
@@ -177,7 +177,7 @@ impl ChainEvent for ToolResultChain {
     const KIND: EventKind = EventKind::ToolResult;
     type Payload = ToolResult;
     type Stop = Terminate;
-    fn apply(result: &mut ToolResult, action: Action) -> Result<Step<Terminate>, Action> {
+    fn apply(result: &mut ToolResult, action: Action) -> Result<Step<Terminate>, EventKind> {
         match action {
             Action::ToolResult(ToolResultAction::Continue) => Ok(unchanged()),
             Action::ToolResult(ToolResultAction::Rewrite { content, is_error }) => {
@@ -190,7 +190,7 @@ impl ChainEvent for ToolResultChain {
                 Ok(changed(&fields))
             }
             Action::ToolResult(ToolResultAction::Terminate(t)) => Ok(Step::Stop(t)),
-            other => Err(other),
+            other => Err(other.event()),
         }
     }
 }
@@ -206,7 +206,7 @@ impl ChainEvent for TurnEndChain {
     const KIND: EventKind = EventKind::TurnEnd;
     type Payload = Message;
     type Stop = TurnEndStop;
-    fn apply(_: &mut Message, action: Action) -> Result<Step<TurnEndStop>, Action> {
+    fn apply(_: &mut Message, action: Action) -> Result<Step<TurnEndStop>, EventKind> {
         match action {
             Action::TurnEnd(TurnEndAction::Continue) => Ok(unchanged()),
             Action::TurnEnd(TurnEndAction::ContinueRun(m)) => {
@@ -215,7 +215,7 @@ impl ChainEvent for TurnEndChain {
             Action::TurnEnd(TurnEndAction::Terminate(t)) => {
                 Ok(Step::Stop(TurnEndStop::Terminate(t)))
             }
-            other => Err(other),
+            other => Err(other.event()),
         }
     }
 }
@@ -323,8 +323,8 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
         if let ModelRequestAction::Patch(p) = action {
             rec.verdict = "patch_request";
             let claim = |field: &'static str,
-                             rec: &mut VerdictRecord,
-                             owners: &mut Vec<(&'static str, String)>|
+                         rec: &mut VerdictRecord,
+                         owners: &mut Vec<(&'static str, String)>|
              -> bool {
                 if let Some((_, winner)) = owners.iter().find(|(f, _)| *f == field) {
                     rec.conflicts.push(Conflict {
@@ -406,10 +406,7 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
 
 /// Checks the merged request before the provider call. The error names the
 /// hook(s) whose patch caused it.
-pub fn validate_effective(
-    request: &ModelRequest,
-    records: &[VerdictRecord],
-) -> Result<(), String> {
+pub fn validate_effective(request: &ModelRequest, records: &[VerdictRecord]) -> Result<(), String> {
     let setter = |field: &str| {
         records
             .iter()
@@ -466,7 +463,12 @@ mod tests {
             Action::RunStart(RunStartAction::RewriteInput("hi".into())),
         )
         .unwrap();
-        assert_eq!(s, Step::Continue { changed: vec!["input"] });
+        assert_eq!(
+            s,
+            Step::Continue {
+                changed: vec!["input"]
+            }
+        );
         assert_eq!(input, "hi");
     }
 
@@ -475,19 +477,18 @@ mod tests {
         let mut input = String::new();
         let wrong = Action::ToolCall(ToolCallAction::Continue);
         assert_eq!(
-            RunStartChain::apply(&mut input, wrong.clone()).unwrap_err(),
-            wrong
+            RunStartChain::apply(&mut input, wrong).unwrap_err(),
+            EventKind::ToolCall
         );
         let mut call = ToolCall {
             id: "1".into(),
             name: "t".into(),
             arguments_json: "{}".into(),
         };
-        assert!(ToolCallChain::apply(
-            &mut call,
-            Action::ToolResult(ToolResultAction::Continue)
-        )
-        .is_err());
+        assert!(
+            ToolCallChain::apply(&mut call, Action::ToolResult(ToolResultAction::Continue))
+                .is_err()
+        );
     }
 
     #[test]
@@ -502,8 +503,11 @@ mod tests {
             is_error: true,
         };
         assert_eq!(
-            ToolCallChain::apply(&mut call, Action::ToolCall(ToolCallAction::Skip(skip.clone())))
-                .unwrap(),
+            ToolCallChain::apply(
+                &mut call,
+                Action::ToolCall(ToolCallAction::Skip(skip.clone()))
+            )
+            .unwrap(),
             Step::Stop(ToolCallStop::Skip(skip))
         );
         let mut res = ToolResult {
@@ -520,7 +524,12 @@ mod tests {
             }),
         )
         .unwrap();
-        assert_eq!(s, Step::Continue { changed: vec!["content"] });
+        assert_eq!(
+            s,
+            Step::Continue {
+                changed: vec!["content"]
+            }
+        );
         assert_eq!(res.content, "[redacted]");
         assert!(!res.is_error);
     }
@@ -583,11 +592,19 @@ mod tests {
         let Merged::Request { request, records } = merged else {
             panic!("expected a request")
         };
-        assert_eq!(request.extra_context, ["doc1", "doc3"], "append in firing order");
+        assert_eq!(
+            request.extra_context,
+            ["doc1", "doc3"],
+            "append in firing order"
+        );
         assert_eq!(request.system_prompt, "from h1", "first writer wins");
         assert_eq!(request.temperature, Some(0.2));
         assert_eq!(
-            request.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            request
+                .tools
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>(),
             ["b"],
             "intersection"
         );
@@ -645,7 +662,10 @@ mod tests {
         );
         let m = merge(
             &baseline(),
-            vec![("p".into(), patch(RequestPatch::default())), ("r".into(), respond)],
+            vec![
+                ("p".into(), patch(RequestPatch::default())),
+                ("r".into(), respond),
+            ],
         );
         match m {
             Merged::Respond { hook, response } => {
@@ -662,7 +682,9 @@ mod tests {
             active_tools: Some(vec!["nope".into()]),
             ..Default::default()
         };
-        assert!(validate_patch(&baseline(), &p).unwrap_err().contains("`nope`"));
+        assert!(validate_patch(&baseline(), &p)
+            .unwrap_err()
+            .contains("`nope`"));
     }
 
     #[test]
@@ -690,7 +712,10 @@ mod tests {
             panic!()
         };
         let err = validate_effective(&request, &records).unwrap_err();
-        assert!(err.contains("hook `chooser`") && err.contains("hook `narrower`"), "{err}");
+        assert!(
+            err.contains("hook `chooser`") && err.contains("hook `narrower`"),
+            "{err}"
+        );
 
         let merged = merge(
             &baseline(),
@@ -706,6 +731,8 @@ mod tests {
         let Merged::Request { request, records } = merged else {
             panic!()
         };
-        assert!(validate_effective(&request, &records).unwrap_err().contains("`req`"));
+        assert!(validate_effective(&request, &records)
+            .unwrap_err()
+            .contains("`req`"));
     }
 }

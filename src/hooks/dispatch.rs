@@ -165,10 +165,9 @@ impl RunHooks {
         pb::HookEvent {
             seq: 0,
             kind: pb::EventKind::from(payload.kind()) as i32,
-            context: Some(self.wire_context(
-                turn,
-                deadline.saturating_duration_since(Instant::now()),
-            )),
+            context: Some(
+                self.wire_context(turn, deadline.saturating_duration_since(Instant::now())),
+            ),
             expects_verdict: false,
             payload: Some(wire::payload_to_wire(payload)),
         }
@@ -183,8 +182,7 @@ impl RunHooks {
         event_deadline: Instant,
     ) -> Result<Verdict, Fault> {
         let kind = payload.kind();
-        let deadline =
-            (Instant::now() + hook.client.config.timeout_for(kind)).min(event_deadline);
+        let deadline = (Instant::now() + hook.client.config.timeout_for(kind)).min(event_deadline);
         if deadline <= Instant::now() {
             return Err(Fault::new(
                 FailureClass::Deadline,
@@ -206,7 +204,8 @@ impl RunHooks {
                 .send_blocking(self.wire_event(turn, payload, deadline), deadline)
                 .await?;
             let v = stream.wait(pending, deadline).await?;
-            Verdict::try_from(v).map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))
+            Verdict::try_from(v)
+                .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))
         }
         .await;
         hook.client.record(result.is_ok());
@@ -319,7 +318,10 @@ impl RunHooks {
                     continue;
                 }
             }
-            let verdict = match self.call(hook, turn, &to_wire(&payload), event_deadline).await {
+            let verdict = match self
+                .call(hook, turn, &to_wire(&payload), event_deadline)
+                .await
+            {
                 Ok(v) => v,
                 Err(f) => {
                     self.policy(hook, kind, f, &mut records)?;
@@ -333,7 +335,7 @@ impl RunHooks {
                 Err(wrong) => {
                     let f = Fault::new(
                         FailureClass::WrongKind,
-                        format!("answered a {} verdict to a {kind} event", wrong.event()),
+                        format!("answered a {wrong} verdict to a {kind} event"),
                     );
                     hook.client.record(false);
                     self.policy(hook, kind, f, &mut records)?;
@@ -459,7 +461,12 @@ impl RunHooks {
                 }
             }
             Merged::Terminate { hook, terminate } => {
-                records.push(VerdictRecord::new(hook, kind, "terminate", &terminate.reason));
+                records.push(VerdictRecord::new(
+                    hook,
+                    kind,
+                    "terminate",
+                    &terminate.reason,
+                ));
             }
             Merged::Respond { hook, .. } => {
                 let reason = reasons
@@ -489,12 +496,14 @@ impl RunHooks {
             }
             let stream = h.stream.lock().unwrap().clone()?;
             let fault = stream.poisoned()?;
-            matches!(fault.class, FailureClass::Duplicate | FailureClass::Spurious).then(|| {
-                HookFailure {
-                    hook: h.client.name().to_string(),
-                    event,
-                    fault,
-                }
+            matches!(
+                fault.class,
+                FailureClass::Duplicate | FailureClass::Spurious
+            )
+            .then(|| HookFailure {
+                hook: h.client.name().to_string(),
+                event,
+                fault,
             })
         })
     }

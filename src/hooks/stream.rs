@@ -149,7 +149,10 @@ impl RunStream {
         event.seq = seq;
         event.expects_verdict = true;
         let Some(tx) = self.sender() else {
-            return Err(Fault::new(FailureClass::StreamReset, "stream already closed"));
+            return Err(Fault::new(
+                FailureClass::StreamReset,
+                "stream already closed",
+            ));
         };
         match tokio::time::timeout_at(deadline, tx.send(event)).await {
             Ok(Ok(())) => Ok(Pending { seq, rx }),
@@ -182,7 +185,11 @@ impl RunStream {
         }
     }
 
-    pub async fn wait(&self, pending: Pending, deadline: Instant) -> Result<pb::HookVerdict, Fault> {
+    pub async fn wait(
+        &self,
+        pending: Pending,
+        deadline: Instant,
+    ) -> Result<pb::HookVerdict, Fault> {
         match tokio::time::timeout_at(deadline, pending.rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(self.fault_or(FailureClass::StreamReset, "stream ended")),
@@ -291,7 +298,12 @@ pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
     let detail = if chain.is_empty() {
         format!("{:?}: {}", status.code(), status.message())
     } else {
-        format!("{:?}: {} ({})", status.code(), status.message(), chain.trim_end_matches(": "))
+        format!(
+            "{:?}: {} ({})",
+            status.code(),
+            status.message(),
+            chain.trim_end_matches(": ")
+        )
     };
     Fault::new(class, detail)
 }

@@ -233,7 +233,10 @@ pub fn payload_to_wire(p: &Payload) -> pb::hook_event::Payload {
     match p {
         Payload::SessionStart { hooks, metadata } => W::SessionStart(pb::SessionStartEvent {
             hooks: hooks.clone(),
-            metadata: metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         }),
         Payload::RunStart { input } => W::RunStart(pb::RunStartEvent {
             input: input.clone(),
@@ -322,7 +325,9 @@ impl TryFrom<pb::ToolCall> for ToolCall {
     type Error = InvalidVerdict;
     fn try_from(c: pb::ToolCall) -> Result<Self, Self::Error> {
         if c.name.is_empty() {
-            return Err(InvalidVerdict::BadMessage("tool call without a name".into()));
+            return Err(InvalidVerdict::BadMessage(
+                "tool call without a name".into(),
+            ));
         }
         let args = if c.arguments_json.is_empty() {
             "{}".to_string()
@@ -615,9 +620,11 @@ mod tests {
     #[test]
     fn rewrite_args_must_be_json() {
         let v = verdict(pb::hook_verdict::Verdict::ToolCall(pb::ToolCallVerdict {
-            action: Some(pb::tool_call_verdict::Action::RewriteArgs(pb::RewriteArgs {
-                arguments_json: "{not json".into(),
-            })),
+            action: Some(pb::tool_call_verdict::Action::RewriteArgs(
+                pb::RewriteArgs {
+                    arguments_json: "{not json".into(),
+                },
+            )),
         }));
         assert!(matches!(
             Verdict::try_from(v),
@@ -627,7 +634,9 @@ mod tests {
 
     #[test]
     fn missing_action_and_reason_are_invalid() {
-        let v = verdict(pb::hook_verdict::Verdict::RunStart(pb::RunStartVerdict { action: None }));
+        let v = verdict(pb::hook_verdict::Verdict::RunStart(pb::RunStartVerdict {
+            action: None,
+        }));
         assert_eq!(
             Verdict::try_from(v).unwrap_err(),
             InvalidVerdict::MissingAction {
@@ -640,20 +649,25 @@ mod tests {
                 reply: None,
             })),
         }));
-        assert_eq!(Verdict::try_from(v).unwrap_err(), InvalidVerdict::MissingReason);
+        assert_eq!(
+            Verdict::try_from(v).unwrap_err(),
+            InvalidVerdict::MissingReason
+        );
         assert!(Verdict::try_from(pb::HookVerdict::default()).is_err());
     }
 
     #[test]
     fn oversize_is_invalid() {
-        let v = verdict(pb::hook_verdict::Verdict::ToolResult(pb::ToolResultVerdict {
-            action: Some(pb::tool_result_verdict::Action::RewriteResult(
-                pb::RewriteResult {
-                    content: "x".repeat(MAX_VERDICT_TEXT + 1),
-                    is_error: None,
-                },
-            )),
-        }));
+        let v = verdict(pb::hook_verdict::Verdict::ToolResult(
+            pb::ToolResultVerdict {
+                action: Some(pb::tool_result_verdict::Action::RewriteResult(
+                    pb::RewriteResult {
+                        content: "x".repeat(MAX_VERDICT_TEXT + 1),
+                        is_error: None,
+                    },
+                )),
+            },
+        ));
         assert!(matches!(
             Verdict::try_from(v),
             Err(InvalidVerdict::Oversize { .. })
@@ -662,25 +676,29 @@ mod tests {
 
     #[test]
     fn patch_converts_every_field() {
-        let v = verdict(pb::hook_verdict::Verdict::ModelRequest(pb::ModelRequestVerdict {
-            action: Some(pb::model_request_verdict::Action::PatchRequest(pb::RequestPatch {
-                extra_context: vec!["doc".into()],
-                system_prompt: Some("sys".into()),
-                temperature: Some(0.3),
-                max_tokens: Some(10),
-                tool_choice: Some(pb::ToolChoice {
-                    mode: pb::tool_choice::Mode::Tool as i32,
-                    tool_name: "t".into(),
-                }),
-                active_tools: Some(pb::ToolNames {
-                    names: vec!["t".into()],
-                }),
-                additional_params_json: r#"{"seed":1}"#.into(),
-                history: Some(pb::MessageList {
-                    messages: vec![(&Message::user("x")).into()],
-                }),
-            })),
-        }));
+        let v = verdict(pb::hook_verdict::Verdict::ModelRequest(
+            pb::ModelRequestVerdict {
+                action: Some(pb::model_request_verdict::Action::PatchRequest(
+                    pb::RequestPatch {
+                        extra_context: vec!["doc".into()],
+                        system_prompt: Some("sys".into()),
+                        temperature: Some(0.3),
+                        max_tokens: Some(10),
+                        tool_choice: Some(pb::ToolChoice {
+                            mode: pb::tool_choice::Mode::Tool as i32,
+                            tool_name: "t".into(),
+                        }),
+                        active_tools: Some(pb::ToolNames {
+                            names: vec!["t".into()],
+                        }),
+                        additional_params_json: r#"{"seed":1}"#.into(),
+                        history: Some(pb::MessageList {
+                            messages: vec![(&Message::user("x")).into()],
+                        }),
+                    },
+                )),
+            },
+        ));
         let Verdict {
             action: Action::ModelRequest(ModelRequestAction::Patch(p)),
             ..

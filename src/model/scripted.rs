@@ -63,9 +63,7 @@ pub fn default_rules() -> Vec<Rule> {
         },
         Rule {
             when: When::default(),
-            text: Some(
-                "Hello from hookwire's scripted demo model. You said: {{last_user}}".into(),
-            ),
+            text: Some("Hello from hookwire's scripted demo model. You said: {{last_user}}".into()),
             tool_calls: vec![],
         },
     ]
@@ -97,7 +95,10 @@ impl ScriptedModel {
         let rule = self.rules.iter().find(|r| facts.matches(&r.when));
         let (text, calls) = match rule {
             Some(rule) => (
-                rule.text.as_deref().map(|t| facts.render(t)).unwrap_or_default(),
+                rule.text
+                    .as_deref()
+                    .map(|t| facts.render(t))
+                    .unwrap_or_default(),
                 rule.tool_calls.clone(),
             ),
             None => (String::from("(no scripted rule matched)"), vec![]),
@@ -119,7 +120,11 @@ impl ScriptedModel {
                 arguments_json: c.arguments.to_string(),
             }));
         }
-        let finish_reason = if calls.is_empty() { "stop" } else { "tool_calls" };
+        let finish_reason = if calls.is_empty() {
+            "stop"
+        } else {
+            "tool_calls"
+        };
         let usage = Usage {
             input_tokens: estimate_tokens(request),
             output_tokens: count_words(&text) + calls.len() as u64 * 8,
@@ -204,7 +209,8 @@ impl Facts {
     }
 
     fn matches(&self, when: &When) -> bool {
-        let contains = |hay: &str, needle: &str| hay.to_lowercase().contains(&needle.to_lowercase());
+        let contains =
+            |hay: &str, needle: &str| hay.to_lowercase().contains(&needle.to_lowercase());
         if let Some(n) = &when.last_user_contains {
             // A trailing tool result means the user message was already answered
             // with a tool call; do not match it again and loop.

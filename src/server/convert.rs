@@ -13,7 +13,11 @@ pub fn session(s: &Session, with_transcript: bool) -> pb::Session {
         id: s.id.clone(),
         agent: s.agent.clone(),
         hooks,
-        metadata: s.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        metadata: s
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         created_at_unix_ms: s.created_at_unix_ms,
         transcript: if with_transcript {
             s.transcript.iter().map(Into::into).collect()
@@ -41,7 +45,10 @@ pub fn verdict(r: &VerdictRecord) -> pb::HookVerdictApplied {
             })
             .collect(),
         reason: r.reason.clone(),
-        failed_open: r.failed_open.map(|c| c.name().to_string()).unwrap_or_default(),
+        failed_open: r
+            .failed_open
+            .map(|c| c.name().to_string())
+            .unwrap_or_default(),
     }
 }
 
@@ -59,7 +66,13 @@ pub fn report(r: &RunReport) -> pb::RunResult {
     }
 }
 
-pub fn run_event(run_id: &str, seq: u64, ev: &RunEvent, session_id: &str, agent: &str) -> pb::RunEvent {
+pub fn run_event(
+    run_id: &str,
+    seq: u64,
+    ev: &RunEvent,
+    session_id: &str,
+    agent: &str,
+) -> pb::RunEvent {
     use pb::run_event::Event as E;
     let event = match ev {
         RunEvent::Started { input } => E::Started(pb::RunStarted {
@@ -139,7 +152,11 @@ pub fn hook_info(h: &HookSnapshot) -> pb::HookInfo {
         name: h.config.name.clone(),
         endpoint: h.config.endpoint.clone(),
         state: h.state.to_string(),
-        events: h.events.iter().map(|e| pb::EventKind::from(*e) as i32).collect(),
+        events: h
+            .events
+            .iter()
+            .map(|e| pb::EventKind::from(*e) as i32)
+            .collect(),
         tools: d.tools.iter().map(Into::into).collect(),
         priority: h.config.priority,
         failure: match h.config.failure {

@@ -124,7 +124,9 @@ impl AgentService for AgentApi {
         if r.session_id.is_empty() {
             return Err(missing("session_id"));
         }
-        let mut handle = self.engine.start_run(&r.session_id, r.input, false, trace)?;
+        let mut handle = self
+            .engine
+            .start_run(&r.session_id, r.input, false, trace)?;
         // Same drive loop as Run; the events are consumed (and dropped) here.
         while let Some(ev) = handle.events.recv().await {
             if let RunEvent::Finished(report) = ev {

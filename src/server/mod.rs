@@ -37,7 +37,9 @@ pub enum ServeError {
 }
 
 /// Builds every configured model.
-pub fn build_models(config: &Config) -> Result<HashMap<String, Arc<dyn ModelProvider>>, ServeError> {
+pub fn build_models(
+    config: &Config,
+) -> Result<HashMap<String, Arc<dyn ModelProvider>>, ServeError> {
     let mut out: HashMap<String, Arc<dyn ModelProvider>> = HashMap::new();
     for m in &config.models {
         let model: Arc<dyn ModelProvider> = match m.provider {

@@ -3,6 +3,8 @@
 //! helpers. No mocks: every call crosses a real gRPC connection.
 #![allow(dead_code)]
 
+pub mod python;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -72,7 +74,11 @@ pub async fn session(c: &mut AgentServiceClient<Channel>, agent: &str) -> String
 }
 
 /// Streams a run to its end and returns every event.
-pub async fn run_events(c: &mut AgentServiceClient<Channel>, session_id: &str, input: &str) -> Vec<pb::RunEvent> {
+pub async fn run_events(
+    c: &mut AgentServiceClient<Channel>,
+    session_id: &str,
+    input: &str,
+) -> Vec<pb::RunEvent> {
     let mut s = c
         .run(pb::RunRequest {
             session_id: session_id.into(),
@@ -95,7 +101,11 @@ pub fn result_of(events: &[pb::RunEvent]) -> pb::RunResult {
     }
 }
 
-pub async fn invoke(c: &mut AgentServiceClient<Channel>, session_id: &str, input: &str) -> pb::RunResult {
+pub async fn invoke(
+    c: &mut AgentServiceClient<Channel>,
+    session_id: &str,
+    input: &str,
+) -> pb::RunResult {
     c.invoke(pb::RunRequest {
         session_id: session_id.into(),
         input: input.into(),
@@ -116,7 +126,9 @@ pub fn texts(messages: &[pb::Message]) -> Vec<String> {
         .filter_map(|b| match &b.kind {
             Some(pb::block::Kind::Text(t)) => Some(t.text.clone()),
             Some(pb::block::Kind::ToolResult(r)) => Some(format!("result:{}", r.content)),
-            Some(pb::block::Kind::ToolCall(c)) => Some(format!("call:{}({})", c.name, c.arguments_json)),
+            Some(pb::block::Kind::ToolCall(c)) => {
+                Some(format!("call:{}({})", c.name, c.arguments_json))
+            }
             _ => None,
         })
         .collect()
@@ -180,13 +192,48 @@ impl FnHook {
         }
     }
 
-    on!(on_run_start, run_start, pb::RunStartEvent, pb::RunStartVerdict);
-    on!(on_session_start, session_start, pb::SessionStartEvent, pb::SessionStartVerdict);
-    on!(on_model_request, model_request, pb::ModelRequestEvent, pb::ModelRequestVerdict);
-    on!(on_model_response, model_response, pb::ModelResponseEvent, pb::ModelResponseVerdict);
-    on!(on_invalid_tool_call, invalid_tool_call, pb::InvalidToolCallEvent, pb::InvalidToolCallVerdict);
-    on!(on_tool_call, tool_call, pb::ToolCallEvent, pb::ToolCallVerdict);
-    on!(on_tool_result, tool_result, pb::ToolResultEvent, pb::ToolResultVerdict);
+    on!(
+        on_run_start,
+        run_start,
+        pb::RunStartEvent,
+        pb::RunStartVerdict
+    );
+    on!(
+        on_session_start,
+        session_start,
+        pb::SessionStartEvent,
+        pb::SessionStartVerdict
+    );
+    on!(
+        on_model_request,
+        model_request,
+        pb::ModelRequestEvent,
+        pb::ModelRequestVerdict
+    );
+    on!(
+        on_model_response,
+        model_response,
+        pb::ModelResponseEvent,
+        pb::ModelResponseVerdict
+    );
+    on!(
+        on_invalid_tool_call,
+        invalid_tool_call,
+        pb::InvalidToolCallEvent,
+        pb::InvalidToolCallVerdict
+    );
+    on!(
+        on_tool_call,
+        tool_call,
+        pb::ToolCallEvent,
+        pb::ToolCallVerdict
+    );
+    on!(
+        on_tool_result,
+        tool_result,
+        pb::ToolResultEvent,
+        pb::ToolResultVerdict
+    );
     on!(on_turn_end, turn_end, pb::TurnEndEvent, pb::TurnEndVerdict);
 
     /// Declares a tool and how to execute it.
@@ -248,7 +295,11 @@ impl FnHook {
 
 macro_rules! dispatch {
     ($self:ident, $ctx:ident, $ev:ident, $field:ident, $kind:ident, $variant:ident, $default:expr) => {{
-        $self.record($ctx, pb::EventKind::$kind, pb::hook_event::Payload::$variant($ev.clone()));
+        $self.record(
+            $ctx,
+            pb::EventKind::$kind,
+            pb::hook_event::Payload::$variant($ev.clone()),
+        );
         match &$self.$field {
             Some(f) => f($ctx.clone(), $ev).await,
             None => $default,
@@ -267,50 +318,140 @@ impl Hook for FnHook {
         d.tools = self.tools.clone();
         d
     }
-    async fn session_start(&self, ctx: &Ctx, ev: pb::SessionStartEvent) -> Reply<pb::SessionStartVerdict> {
-        dispatch!(self, ctx, ev, session_start, SessionStart, SessionStart, Reply::new(pb::SessionStartVerdict {
-            action: Some(pb::session_start_verdict::Action::Proceed(pb::Continue {}))
-        }))
+    async fn session_start(
+        &self,
+        ctx: &Ctx,
+        ev: pb::SessionStartEvent,
+    ) -> Reply<pb::SessionStartVerdict> {
+        dispatch!(
+            self,
+            ctx,
+            ev,
+            session_start,
+            SessionStart,
+            SessionStart,
+            Reply::new(pb::SessionStartVerdict {
+                action: Some(pb::session_start_verdict::Action::Proceed(pb::Continue {}))
+            })
+        )
     }
     async fn run_start(&self, ctx: &Ctx, ev: pb::RunStartEvent) -> Reply<pb::RunStartVerdict> {
-        dispatch!(self, ctx, ev, run_start, RunStart, RunStart, Reply::new(pb::RunStartVerdict {
-            action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {}))
-        }))
+        dispatch!(
+            self,
+            ctx,
+            ev,
+            run_start,
+            RunStart,
+            RunStart,
+            Reply::new(pb::RunStartVerdict {
+                action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {}))
+            })
+        )
     }
-    async fn model_request(&self, ctx: &Ctx, ev: pb::ModelRequestEvent) -> Reply<pb::ModelRequestVerdict> {
-        dispatch!(self, ctx, ev, model_request, ModelRequest, ModelRequest, Reply::new(pb::ModelRequestVerdict {
-            action: Some(pb::model_request_verdict::Action::Proceed(pb::Continue {}))
-        }))
+    async fn model_request(
+        &self,
+        ctx: &Ctx,
+        ev: pb::ModelRequestEvent,
+    ) -> Reply<pb::ModelRequestVerdict> {
+        dispatch!(
+            self,
+            ctx,
+            ev,
+            model_request,
+            ModelRequest,
+            ModelRequest,
+            Reply::new(pb::ModelRequestVerdict {
+                action: Some(pb::model_request_verdict::Action::Proceed(pb::Continue {}))
+            })
+        )
     }
-    async fn model_response(&self, ctx: &Ctx, ev: pb::ModelResponseEvent) -> Reply<pb::ModelResponseVerdict> {
-        dispatch!(self, ctx, ev, model_response, ModelResponse, ModelResponse, Reply::new(pb::ModelResponseVerdict {
-            action: Some(pb::model_response_verdict::Action::Proceed(pb::Continue {}))
-        }))
+    async fn model_response(
+        &self,
+        ctx: &Ctx,
+        ev: pb::ModelResponseEvent,
+    ) -> Reply<pb::ModelResponseVerdict> {
+        dispatch!(
+            self,
+            ctx,
+            ev,
+            model_response,
+            ModelResponse,
+            ModelResponse,
+            Reply::new(pb::ModelResponseVerdict {
+                action: Some(pb::model_response_verdict::Action::Proceed(pb::Continue {}))
+            })
+        )
     }
-    async fn invalid_tool_call(&self, ctx: &Ctx, ev: pb::InvalidToolCallEvent) -> Reply<pb::InvalidToolCallVerdict> {
-        dispatch!(self, ctx, ev, invalid_tool_call, InvalidToolCall, InvalidToolCall, Reply::new(pb::InvalidToolCallVerdict {
-            action: Some(pb::invalid_tool_call_verdict::Action::Proceed(pb::Continue {}))
-        }))
+    async fn invalid_tool_call(
+        &self,
+        ctx: &Ctx,
+        ev: pb::InvalidToolCallEvent,
+    ) -> Reply<pb::InvalidToolCallVerdict> {
+        dispatch!(
+            self,
+            ctx,
+            ev,
+            invalid_tool_call,
+            InvalidToolCall,
+            InvalidToolCall,
+            Reply::new(pb::InvalidToolCallVerdict {
+                action: Some(pb::invalid_tool_call_verdict::Action::Proceed(
+                    pb::Continue {}
+                ))
+            })
+        )
     }
     async fn tool_call(&self, ctx: &Ctx, ev: pb::ToolCallEvent) -> Reply<pb::ToolCallVerdict> {
-        dispatch!(self, ctx, ev, tool_call, ToolCall, ToolCall, Reply::new(pb::ToolCallVerdict {
-            action: Some(pb::tool_call_verdict::Action::Proceed(pb::Continue {}))
-        }))
+        dispatch!(
+            self,
+            ctx,
+            ev,
+            tool_call,
+            ToolCall,
+            ToolCall,
+            Reply::new(pb::ToolCallVerdict {
+                action: Some(pb::tool_call_verdict::Action::Proceed(pb::Continue {}))
+            })
+        )
     }
-    async fn tool_result(&self, ctx: &Ctx, ev: pb::ToolResultEvent) -> Reply<pb::ToolResultVerdict> {
-        dispatch!(self, ctx, ev, tool_result, ToolResult, ToolResult, Reply::new(pb::ToolResultVerdict {
-            action: Some(pb::tool_result_verdict::Action::Proceed(pb::Continue {}))
-        }))
+    async fn tool_result(
+        &self,
+        ctx: &Ctx,
+        ev: pb::ToolResultEvent,
+    ) -> Reply<pb::ToolResultVerdict> {
+        dispatch!(
+            self,
+            ctx,
+            ev,
+            tool_result,
+            ToolResult,
+            ToolResult,
+            Reply::new(pb::ToolResultVerdict {
+                action: Some(pb::tool_result_verdict::Action::Proceed(pb::Continue {}))
+            })
+        )
     }
     async fn turn_end(&self, ctx: &Ctx, ev: pb::TurnEndEvent) -> Reply<pb::TurnEndVerdict> {
-        dispatch!(self, ctx, ev, turn_end, TurnEnd, TurnEnd, Reply::new(pb::TurnEndVerdict {
-            action: Some(pb::turn_end_verdict::Action::Proceed(pb::Continue {}))
-        }))
+        dispatch!(
+            self,
+            ctx,
+            ev,
+            turn_end,
+            TurnEnd,
+            TurnEnd,
+            Reply::new(pb::TurnEndVerdict {
+                action: Some(pb::turn_end_verdict::Action::Proceed(pb::Continue {}))
+            })
+        )
     }
     async fn observe(&self, _ctx: &Ctx, ev: pb::HookEvent) {
         self.seen.lock().unwrap().push(ev);
     }
-    async fn call_tool(&self, ctx: &Ctx, call: pb::ToolCall) -> Result<pb::CallToolResponse, tonic::Status> {
+    async fn call_tool(
+        &self,
+        ctx: &Ctx,
+        call: pb::ToolCall,
+    ) -> Result<pb::CallToolResponse, tonic::Status> {
         self.tool_calls.lock().unwrap().push(call.clone());
         match &self.tool {
             Some(f) => Ok(f(ctx.clone(), call).await),
@@ -339,7 +480,9 @@ pub fn weather_tool() -> pb::ToolSpec {
     pb::ToolSpec {
         name: "get_weather".into(),
         description: "Current weather for a city".into(),
-        parameters_json_schema: r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#.into(),
+        parameters_json_schema:
+            r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#
+                .into(),
     }
 }
 

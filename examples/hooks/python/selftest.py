@@ -284,14 +284,15 @@ def observe_mode_events_are_not_answered(s: dict) -> None:
 
 @check
 def gives_up_before_the_deadline(s: dict) -> None:
-    """The slow server needs 1.5 s per decision; with 300 ms left it must
-    answer continue in time instead of redacting late."""
+    """The slow server needs 0.8 s per decision; with 400 ms left it must
+    answer continue in time (it keeps a 40 ms margin) instead of late."""
     r = Run(s["slow"], "r-deadline")
     start = time.monotonic()
-    action, _, v = r.ask(1, "run_start", pb.RunStartEvent(input=SECRET_INPUT), deadline_ms=300)
+    action, _, v = r.ask(1, "run_start", pb.RunStartEvent(input=SECRET_INPUT), deadline_ms=400)
     took = time.monotonic() - start
     assert action == "proceed" and "out of time" in v.reason, v
-    assert took < 0.3, f"answered after {took:.3f}s, deadline was 0.3s"
+    # 0.4 s plus some slack for this client on a busy machine; far below 0.8 s.
+    assert took < 0.55, f"answered after {took:.3f}s, deadline was 0.4s"
     r.close()
 
 
@@ -309,7 +310,7 @@ def decides_events_concurrently(s: dict) -> None:
     assert [v.seq for v in got] == [1, 2], got
     assert all(v.tool_result.WhichOneof("action") == "proceed" for v in got)  # telemetry mode
     assert all(v.telemetry_redaction == "mail [REDACTED:email]" for v in got), got
-    assert took < 2.5, f"took {took:.2f}s: decisions ran one after the other"
+    assert took < 1.4, f"took {took:.2f}s: decisions ran one after the other"
     r.close()
 
 
@@ -356,7 +357,7 @@ def main() -> int:
     try:
         servers["all"] = Server()
         servers["slow"] = Server("--features", "redactor", "--redactor-mode", "telemetry",
-                                 "--simulate-latency-ms", "1500")
+                                 "--simulate-latency-ms", "800")
         for fn in CHECKS:
             t = time.monotonic()
             try:

@@ -133,8 +133,10 @@ class HookServer(pb_grpc.HookServiceServicer):
         kind = event.WhichOneof("payload")
         if kind == "run_end":
             end = event.run_end
-            log.info("%s; outcome=%s turns=%d trace=%s", run.summary(),
-                     common.RunOutcome.Name(end.outcome).removeprefix("RUN_OUTCOME_").lower(),
+            # The enum only grows: print a number for outcomes newer than our stubs.
+            outcome = (common.RunOutcome.Name(end.outcome).removeprefix("RUN_OUTCOME_").lower()
+                       if end.outcome in common.RunOutcome.values() else str(end.outcome))
+            log.info("%s; outcome=%s turns=%d trace=%s", run.summary(), outcome,
                      end.turns, run.traceparent or "-")
         elif kind == "session_end":
             log.info("session %s ended (%s)", event.context.session_id, event.session_end.reason)

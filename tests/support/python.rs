@@ -1,0 +1,49 @@
+//! The Python example hook server (examples/hooks/python) as a real process.
+
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub struct PythonHook {
+    pub addr: String,
+    pub child: Child,
+}
+
+impl PythonHook {
+    /// Starts `server.py --port 0 <args>` and waits for its
+    /// `listening on PORT` line. Fails with a clear message when the Python
+    /// packages are missing (`.ci/run` installs them).
+    pub async fn start(args: &[&str]) -> PythonHook {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hooks/python");
+        let mut child = Command::new("python3")
+            .arg(format!("{dir}/server.py"))
+            .args(["--port", "0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 must be installed");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let port = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(p) = line.strip_prefix("listening on ") {
+                    return p.trim().to_string();
+                }
+            }
+            panic!(
+                "python hook exited before listening; install its deps: bash examples/hooks/install-deps.sh python"
+            );
+        })
+        .await
+        .expect("python hook did not start within 60s");
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        PythonHook {
+            addr: format!("http://127.0.0.1:{port}"),
+            child,
+        }
+    }
+}
