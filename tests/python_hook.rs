@@ -56,13 +56,32 @@ async fn python_rewrites_input_and_rust_patches_the_request_with_provenance() {
     let s = session(&mut c, "a").await;
     let events = run_events(&mut c, &s, "my key is sk-live1234567890 ok").await;
     let r = result_of(&events);
-    assert_eq!(pb::RunOutcome::try_from(r.outcome).unwrap(), pb::RunOutcome::Completed, "{}", r.reason);
-    assert_eq!(r.final_text, "sys=base\n\nctx-from-rust user=my key is [REDACTED:api_key] ok");
-    let sess = c.get_session(pb::GetSessionRequest { session_id: s }).await.unwrap().into_inner();
-    assert!(!format!("{:?}", sess.transcript).contains("sk-live"), "the secret never entered history");
+    assert_eq!(
+        pb::RunOutcome::try_from(r.outcome).unwrap(),
+        pb::RunOutcome::Completed,
+        "{}",
+        r.reason
+    );
+    assert_eq!(
+        r.final_text,
+        "sys=base\n\nctx-from-rust user=my key is [REDACTED:api_key] ok"
+    );
+    let sess = c
+        .get_session(pb::GetSessionRequest { session_id: s })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !format!("{:?}", sess.transcript).contains("sk-live"),
+        "the secret never entered history"
+    );
     let v = verdicts(&events);
-    assert!(v.iter().any(|v| v.hook == "py" && v.verdict == "rewrite_input" && v.fields_changed == ["input"]));
-    assert!(v.iter().any(|v| v.hook == "rust" && v.verdict == "patch_request" && v.fields_changed == ["extra_context"]));
+    assert!(v
+        .iter()
+        .any(|v| v.hook == "py" && v.verdict == "rewrite_input" && v.fields_changed == ["input"]));
+    assert!(v.iter().any(|v| v.hook == "rust"
+        && v.verdict == "patch_request"
+        && v.fields_changed == ["extra_context"]));
     server.stop().await;
 }
 
@@ -73,13 +92,30 @@ async fn python_owns_and_executes_tools_and_redacts_their_results() {
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let r = invoke(&mut c, &s, "what's the weather?").await;
-    assert_eq!(pb::RunOutcome::try_from(r.outcome).unwrap(), pb::RunOutcome::Completed, "{}", r.reason);
-    assert!(r.final_text.starts_with("Tool said: ") && r.final_text.contains("in Paris"), "{}", r.final_text);
+    assert_eq!(
+        pb::RunOutcome::try_from(r.outcome).unwrap(),
+        pb::RunOutcome::Completed,
+        "{}",
+        r.reason
+    );
+    assert!(
+        r.final_text.starts_with("Tool said: ") && r.final_text.contains("in Paris"),
+        "{}",
+        r.final_text
+    );
 
     let r = invoke(&mut c, &s, "customer record please").await;
-    assert_eq!(pb::RunOutcome::try_from(r.outcome).unwrap(), pb::RunOutcome::Completed, "{}", r.reason);
+    assert_eq!(
+        pb::RunOutcome::try_from(r.outcome).unwrap(),
+        pb::RunOutcome::Completed,
+        "{}",
+        r.reason
+    );
     let all = format!("{:?}", r.messages);
     assert!(all.contains("[REDACTED:secret]"), "{all}");
-    assert!(!all.contains("SECRET-"), "the tool's secret was rewritten before the model saw it");
+    assert!(
+        !all.contains("SECRET-"),
+        "the tool's secret was rewritten before the model saw it"
+    );
     server.stop().await;
 }

@@ -1,0 +1,285 @@
+//! Fail closed with no holes: every failure class x every blocking run event
+//! x {closed, open}, against real misbehaving hook servers. Writes the
+//! resulting table to docs/failure-matrix.md when HOOKWIRE_WRITE_MATRIX=1.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use hookwire::hook_server::Reply;
+use hookwire::pb;
+use pb::EventKind as K;
+use support::fault::{FaultHook, Misbehave};
+use support::*;
+
+const EVENTS: [K; 7] = [
+    K::RunStart,
+    K::ModelRequest,
+    K::ModelResponse,
+    K::InvalidToolCall,
+    K::ToolCall,
+    K::ToolResult,
+    K::TurnEnd,
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Case {
+    Fault(Misbehave),
+    Connect,
+}
+
+impl Case {
+    fn row(self) -> String {
+        match self {
+            Case::Fault(Misbehave::Late(_)) => "late (verdict after deadline)".into(),
+            Case::Fault(Misbehave::Hang) => "deadline (no verdict)".into(),
+            Case::Fault(m) => m.class().to_string(),
+            Case::Connect => "connect".into(),
+        }
+    }
+    fn class(self) -> &'static str {
+        match self {
+            Case::Fault(m) => m.class(),
+            Case::Connect => "connect",
+        }
+    }
+    /// Classes that need a short per-call timeout to happen at all.
+    fn timing(self) -> bool {
+        matches!(self, Case::Fault(Misbehave::Hang | Misbehave::Late(_)))
+    }
+}
+
+fn name(k: K) -> String {
+    k.as_str_name()
+        .trim_start_matches("EVENT_KIND_")
+        .to_lowercase()
+}
+
+struct Cell {
+    case: Case,
+    event: K,
+    closed: bool,
+    outcome: pb::RunOutcome,
+    detail: String,
+}
+
+async fn cell(case: Case, event: K, closed: bool) -> Cell {
+    let duplicate = matches!(case, Case::Fault(Misbehave::Duplicate));
+    // A duplicate is only detectable once it arrived: it surfaces at the
+    // hook's next blocking event (here: the next model_request).
+    let also: Vec<K> = if duplicate && event != K::ModelRequest {
+        vec![K::ModelRequest]
+    } else {
+        vec![]
+    };
+    let mut _fault_task = None;
+    let endpoint = match case {
+        Case::Fault(how) => {
+            let (addr, task) = FaultHook::new(event, how, &also).start().await;
+            _fault_task = Some(task);
+            addr
+        }
+        Case::Connect => "http://127.0.0.1:1".to_string(),
+    };
+    let owner = FnHook::new("owner", &[])
+        .with_tool(weather_tool(), |_, _| async {
+            pb::CallToolResponse {
+                content: "sunny".into(),
+                is_error: false,
+            }
+        })
+        .start()
+        .await;
+    // Forces a second turn after turn_end so a duplicate turn_end verdict has
+    // a next event to surface at.
+    let continued = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let c2 = continued.clone();
+    let continuer = FnHook::new("continuer", &[K::TurnEnd])
+        .on_turn_end(move |_, _| {
+            let first = !c2.swap(true, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let action = if first {
+                    pb::turn_end_verdict::Action::ContinueRun(pb::ContinueRun {
+                        message: "again".into(),
+                    })
+                } else {
+                    pb::turn_end_verdict::Action::Proceed(pb::Continue {})
+                };
+                Reply::new(pb::TurnEndVerdict {
+                    action: Some(action),
+                })
+            }
+        })
+        .start()
+        .await;
+    let timeout = if case.timing() { "150ms" } else { "5s" };
+    let mut events: Vec<String> = std::iter::once(event)
+        .chain(also.iter().copied())
+        .map(name)
+        .collect();
+    events.dedup();
+    let policy = if closed { "closed" } else { "open" };
+    let mut hooks = vec![
+        (
+            "fault",
+            endpoint.as_str(),
+            format!(
+                "timeout: {timeout}\nfailure: {policy}\nevents: [{}]\npriority: 5",
+                events.join(", ")
+            ),
+        ),
+        ("owner", owner.addr.as_str(), String::new()),
+    ];
+    if duplicate && event == K::TurnEnd {
+        hooks.push(("continuer", continuer.addr.as_str(), String::new()));
+    }
+    let hooks: Vec<(&str, &str, &str)> =
+        hooks.iter().map(|(a, b, c)| (*a, *b, c.as_str())).collect();
+    let server = TestServer::start(&config(&hooks, "tools: [get_weather]")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let input = if event == K::InvalidToolCall {
+        "bogus"
+    } else {
+        "weather"
+    };
+    let r = invoke(&mut c, &s, input).await;
+    let outcome = pb::RunOutcome::try_from(r.outcome).unwrap();
+    let class = case.class();
+    let surfaced = if duplicate { K::ModelRequest } else { event };
+    if closed {
+        assert_eq!(
+            outcome,
+            pb::RunOutcome::HookFailed,
+            "{case:?} on {event:?} closed: {}",
+            r.reason
+        );
+        let want = format!("hook `fault` failed on {}: {class}", name(surfaced));
+        assert!(
+            r.reason.contains(&want),
+            "{case:?} on {event:?}: `{}` lacks `{want}`",
+            r.reason
+        );
+        let before_tool = !duplicate
+            && matches!(
+                event,
+                K::RunStart | K::ModelRequest | K::ModelResponse | K::ToolCall | K::InvalidToolCall
+            );
+        if before_tool {
+            assert!(
+                owner.hook.tool_calls.lock().unwrap().is_empty(),
+                "{case:?} on {event:?}: a tool ran after a closed failure"
+            );
+        }
+    } else {
+        assert_eq!(
+            outcome,
+            pb::RunOutcome::Completed,
+            "{case:?} on {event:?} open: {}",
+            r.reason
+        );
+        assert!(
+            r.hook_verdicts
+                .iter()
+                .any(|v| v.hook == "fault" && v.failed_open == class),
+            "{case:?} on {event:?}: no failed-open record with class {class}: {:?}",
+            r.hook_verdicts
+        );
+    }
+    server.stop().await;
+    Cell {
+        case,
+        event,
+        closed,
+        outcome,
+        detail: r.reason,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
+    let cases = [
+        Case::Connect,
+        Case::Fault(Misbehave::RefuseStream),
+        Case::Fault(Misbehave::Hang),
+        Case::Fault(Misbehave::Late(Duration::from_millis(600))),
+        Case::Fault(Misbehave::CloseStream),
+        Case::Fault(Misbehave::Status),
+        Case::Fault(Misbehave::WrongKind),
+        Case::Fault(Misbehave::Invalid),
+        Case::Fault(Misbehave::Duplicate),
+        Case::Fault(Misbehave::Spurious),
+    ];
+    let mut jobs = Vec::new();
+    for case in cases {
+        for event in EVENTS {
+            for closed in [true, false] {
+                jobs.push((case, event, closed));
+            }
+        }
+    }
+    let total = jobs.len();
+    let cells: Vec<Cell> = futures::stream::iter(jobs)
+        .map(|(c, e, p)| tokio::spawn(cell(c, e, p)))
+        .buffer_unordered(8)
+        .map(|r| r.expect("cell panicked"))
+        .collect()
+        .await;
+    assert_eq!(cells.len(), total);
+
+    let mut md = String::from(
+        "# Failure matrix\n\nGenerated by `tests/failure.rs` (`HOOKWIRE_WRITE_MATRIX=1 cargo test --test failure`).\n\
+         Each cell is a real run against a misbehaving hook server: the outcome with `failure: closed` / with `failure: open`.\n\
+         Closed cells also assert the status names hook, event and class, and that no tool ran after a failure before the tool step;\n\
+         open cells assert a failed-open provenance record carrying the class. A duplicate verdict surfaces at the hook's next blocking event.\n\n| class |",
+    );
+    for e in EVENTS {
+        md.push_str(&format!(" {} |", name(e)));
+    }
+    md.push_str("\n|---|");
+    for _ in EVENTS {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    for case in cases {
+        md.push_str(&format!("| {} |", case.row()));
+        for e in EVENTS {
+            let get = |closed: bool| {
+                cells
+                    .iter()
+                    .find(|c| c.event == e && c.closed == closed && c.case.row() == case.row())
+                    .unwrap()
+            };
+            let short = |o: pb::RunOutcome| {
+                o.as_str_name()
+                    .trim_start_matches("RUN_OUTCOME_")
+                    .to_lowercase()
+            };
+            md.push_str(&format!(
+                " {} / {} |",
+                short(get(true).outcome),
+                short(get(false).outcome)
+            ));
+        }
+        md.push('\n');
+    }
+    let example = cells
+        .iter()
+        .find(|c| c.closed && matches!(c.case, Case::Fault(Misbehave::WrongKind)))
+        .unwrap();
+    md.push_str(&format!(
+        "\nExample status text (wrong_kind on {}): `{}`\n",
+        name(example.event),
+        example.detail
+    ));
+    println!("{md}");
+    if std::env::var("HOOKWIRE_WRITE_MATRIX").is_ok() {
+        std::fs::write(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/docs/failure-matrix.md"),
+            md,
+        )
+        .unwrap();
+    }
+}

@@ -1,0 +1,276 @@
+//! A scriptable misbehaving hook server: on one event kind it breaks the
+//! protocol in a chosen way; on every other event it answers continue.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use hookwire::pb;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Misbehave {
+    /// Never answers.
+    Hang,
+    /// Answers after this delay.
+    Late(Duration),
+    /// Fails the stream with a gRPC error status.
+    Status,
+    /// Ends its side of the stream without answering.
+    CloseStream,
+    /// Answers a verdict of another event kind.
+    WrongKind,
+    /// Answers the right kind with an invalid body (bad JSON arguments,
+    /// terminate without a reason).
+    Invalid,
+    /// Answers every event twice.
+    Duplicate,
+    /// Sends a verdict for a seq never sent, then the right one.
+    Spurious,
+    /// Refuses to open Process (UNIMPLEMENTED).
+    RefuseStream,
+}
+
+impl Misbehave {
+    pub fn class(self) -> &'static str {
+        match self {
+            Misbehave::Hang | Misbehave::Late(_) => "deadline",
+            Misbehave::Status => "status",
+            Misbehave::CloseStream => "stream_reset",
+            Misbehave::WrongKind => "wrong_kind",
+            Misbehave::Invalid => "invalid_verdict",
+            Misbehave::Duplicate => "duplicate",
+            Misbehave::Spurious => "spurious",
+            Misbehave::RefuseStream => "stream_refused",
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct FaultHook {
+    pub events: Vec<pb::EventKind>,
+    pub on: pb::EventKind,
+    pub how: Misbehave,
+    /// Blocking events received, all kinds.
+    pub received: Arc<AtomicUsize>,
+    /// Streams opened.
+    pub streams: Arc<AtomicUsize>,
+}
+
+pub fn proceed(kind: pb::EventKind) -> pb::hook_verdict::Verdict {
+    use pb::hook_verdict::Verdict as V;
+    let c = pb::Continue {};
+    match kind {
+        pb::EventKind::SessionStart => V::SessionStart(pb::SessionStartVerdict {
+            action: Some(pb::session_start_verdict::Action::Proceed(c)),
+        }),
+        pb::EventKind::RunStart => V::RunStart(pb::RunStartVerdict {
+            action: Some(pb::run_start_verdict::Action::Proceed(c)),
+        }),
+        pb::EventKind::ModelRequest => V::ModelRequest(pb::ModelRequestVerdict {
+            action: Some(pb::model_request_verdict::Action::Proceed(c)),
+        }),
+        pb::EventKind::ModelResponse => V::ModelResponse(pb::ModelResponseVerdict {
+            action: Some(pb::model_response_verdict::Action::Proceed(c)),
+        }),
+        pb::EventKind::InvalidToolCall => V::InvalidToolCall(pb::InvalidToolCallVerdict {
+            action: Some(pb::invalid_tool_call_verdict::Action::Proceed(c)),
+        }),
+        pb::EventKind::ToolCall => V::ToolCall(pb::ToolCallVerdict {
+            action: Some(pb::tool_call_verdict::Action::Proceed(c)),
+        }),
+        pb::EventKind::ToolResult => V::ToolResult(pb::ToolResultVerdict {
+            action: Some(pb::tool_result_verdict::Action::Proceed(c)),
+        }),
+        pb::EventKind::TurnEnd => V::TurnEnd(pb::TurnEndVerdict {
+            action: Some(pb::turn_end_verdict::Action::Proceed(c)),
+        }),
+        other => panic!("{other:?} takes no verdict"),
+    }
+}
+
+fn invalid(kind: pb::EventKind) -> pb::hook_verdict::Verdict {
+    use pb::hook_verdict::Verdict as V;
+    let t = pb::Terminate {
+        reason: String::new(),
+        reply: None,
+    };
+    match kind {
+        pb::EventKind::ToolCall => V::ToolCall(pb::ToolCallVerdict {
+            action: Some(pb::tool_call_verdict::Action::RewriteArgs(
+                pb::RewriteArgs {
+                    arguments_json: "{\"city\": ".into(),
+                },
+            )),
+        }),
+        pb::EventKind::ModelRequest => V::ModelRequest(pb::ModelRequestVerdict {
+            action: Some(pb::model_request_verdict::Action::PatchRequest(
+                pb::RequestPatch {
+                    active_tools: Some(pb::ToolNames {
+                        names: vec!["not_offered".into()],
+                    }),
+                    ..Default::default()
+                },
+            )),
+        }),
+        pb::EventKind::RunStart => V::RunStart(pb::RunStartVerdict {
+            action: Some(pb::run_start_verdict::Action::Terminate(t)),
+        }),
+        pb::EventKind::ModelResponse => V::ModelResponse(pb::ModelResponseVerdict {
+            action: Some(pb::model_response_verdict::Action::Terminate(t)),
+        }),
+        pb::EventKind::InvalidToolCall => V::InvalidToolCall(pb::InvalidToolCallVerdict {
+            action: Some(pb::invalid_tool_call_verdict::Action::Terminate(t)),
+        }),
+        pb::EventKind::ToolResult => V::ToolResult(pb::ToolResultVerdict { action: None }),
+        pb::EventKind::TurnEnd => V::TurnEnd(pb::TurnEndVerdict {
+            action: Some(pb::turn_end_verdict::Action::Terminate(t)),
+        }),
+        pb::EventKind::SessionStart => V::SessionStart(pb::SessionStartVerdict { action: None }),
+        other => panic!("{other:?} takes no verdict"),
+    }
+}
+
+fn wrong(kind: pb::EventKind) -> pb::hook_verdict::Verdict {
+    if kind == pb::EventKind::RunStart {
+        proceed(pb::EventKind::ToolCall)
+    } else {
+        proceed(pb::EventKind::RunStart)
+    }
+}
+
+type Out = Pin<Box<dyn Stream<Item = Result<pb::HookVerdict, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::hook_service_server::HookService for FaultHook {
+    async fn describe(
+        &self,
+        _: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeResponse>, Status> {
+        Ok(Response::new(hookwire::hook_server::describe(
+            "fault",
+            &self.events,
+        )))
+    }
+
+    type ProcessStream = Out;
+
+    async fn process(
+        &self,
+        req: Request<Streaming<pb::HookEvent>>,
+    ) -> Result<Response<Out>, Status> {
+        if self.how == Misbehave::RefuseStream {
+            return Err(Status::unimplemented("Process is not implemented here"));
+        }
+        self.streams.fetch_add(1, Ordering::SeqCst);
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(ev)) = inbound.message().await {
+                if !ev.expects_verdict {
+                    continue;
+                }
+                this.received.fetch_add(1, Ordering::SeqCst);
+                let kind = pb::EventKind::try_from(ev.kind).unwrap();
+                let ok = pb::HookVerdict {
+                    seq: ev.seq,
+                    verdict: Some(proceed(kind)),
+                    ..Default::default()
+                };
+                if kind != this.on {
+                    let _ = tx.send(Ok(ok)).await;
+                    continue;
+                }
+                match this.how {
+                    Misbehave::Hang | Misbehave::RefuseStream => {}
+                    Misbehave::Late(d) => {
+                        let tx = tx.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(d).await;
+                            let _ = tx.send(Ok(ok)).await;
+                        });
+                    }
+                    Misbehave::Status => {
+                        let _ = tx.send(Err(Status::internal("injected failure"))).await;
+                        return;
+                    }
+                    Misbehave::CloseStream => return,
+                    Misbehave::WrongKind => {
+                        let _ = tx
+                            .send(Ok(pb::HookVerdict {
+                                seq: ev.seq,
+                                verdict: Some(wrong(kind)),
+                                ..Default::default()
+                            }))
+                            .await;
+                    }
+                    Misbehave::Invalid => {
+                        let _ = tx
+                            .send(Ok(pb::HookVerdict {
+                                seq: ev.seq,
+                                verdict: Some(invalid(kind)),
+                                ..Default::default()
+                            }))
+                            .await;
+                    }
+                    Misbehave::Duplicate => {
+                        let _ = tx.send(Ok(ok.clone())).await;
+                        let _ = tx.send(Ok(ok)).await;
+                    }
+                    Misbehave::Spurious => {
+                        let bogus = pb::HookVerdict {
+                            seq: ev.seq + 1000,
+                            verdict: Some(proceed(kind)),
+                            ..Default::default()
+                        };
+                        let _ = tx.send(Ok(bogus)).await;
+                        let _ = tx.send(Ok(ok)).await;
+                    }
+                }
+            }
+            // Keep the stream open until hookwire closes its side.
+            std::future::pending::<()>().await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn call_tool(
+        &self,
+        _: Request<pb::CallToolRequest>,
+    ) -> Result<Response<pb::CallToolResponse>, Status> {
+        Err(Status::unimplemented("owns no tools"))
+    }
+}
+
+impl FaultHook {
+    pub fn new(on: pb::EventKind, how: Misbehave, also: &[pb::EventKind]) -> FaultHook {
+        let mut events = vec![on];
+        events.extend_from_slice(also);
+        FaultHook {
+            events,
+            on,
+            how,
+            received: Default::default(),
+            streams: Default::default(),
+        }
+    }
+
+    /// Serves on 127.0.0.1:0; returns the endpoint URL.
+    pub async fn start(self) -> (String, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(pb::hook_service_server::HookServiceServer::new(self))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        (addr, task)
+    }
+}
