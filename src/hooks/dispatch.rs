@@ -146,8 +146,16 @@ impl RunHooks {
         Ok(subs.contains(&kind))
     }
 
+    /// The hook's stream for this run, opened at its first event. A stream
+    /// broken by an already reported fault is replaced, so a hook that is
+    /// still attached (fail-open without detach) gets a fresh stream.
     fn stream(&self, hook: &RunHook) -> Arc<RunStream> {
         let mut g = hook.stream.lock().unwrap();
+        if g.as_ref().is_some_and(|s| s.is_spent()) {
+            if let Some(old) = g.take() {
+                old.close();
+            }
+        }
         g.get_or_insert_with(|| {
             let mut md = Vec::new();
             if !self.ctx.traceparent.is_empty() {
@@ -197,7 +205,7 @@ impl RunHooks {
         }
         let result = async {
             let stream = self.stream(hook);
-            if let Some(f) = stream.poisoned() {
+            if let Some(f) = stream.take_unreported() {
                 return Err(f);
             }
             let pending = stream
@@ -495,7 +503,7 @@ impl RunHooks {
                 return None;
             }
             let stream = h.stream.lock().unwrap().clone()?;
-            let fault = stream.poisoned()?;
+            let fault = stream.take_unreported()?;
             matches!(
                 fault.class,
                 FailureClass::Duplicate | FailureClass::Spurious

@@ -23,6 +23,8 @@ struct Routing {
     answered: HashSet<u64>,
     expired: HashSet<u64>,
     poisoned: Option<Fault>,
+    /// Whether the poison fault already failed some event.
+    delivered: bool,
     late: u64,
     closing: bool,
 }
@@ -33,7 +35,7 @@ impl Routing {
             self.poisoned = Some(fault.clone());
         }
         for (_, w) in self.waiting.drain() {
-            let _ = w.send(Err(fault.clone()));
+            self.delivered |= w.send(Err(fault.clone())).is_ok();
         }
     }
 }
@@ -138,8 +140,9 @@ impl RunStream {
         let (wtx, rx) = oneshot::channel();
         let seq = {
             let mut g = self.routing.lock().unwrap();
-            if let Some(f) = &g.poisoned {
-                return Err(f.clone());
+            if let Some(f) = g.poisoned.clone() {
+                g.delivered = true;
+                return Err(f);
             }
             let seq = g.next_seq;
             g.next_seq += 1;
@@ -192,7 +195,10 @@ impl RunStream {
     ) -> Result<pb::HookVerdict, Fault> {
         match tokio::time::timeout_at(deadline, pending.rx).await {
             Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(self.fault_or(FailureClass::StreamReset, "stream ended")),
+            Ok(Err(_)) => {
+                self.routing.lock().unwrap().delivered = true;
+                Err(self.fault_or(FailureClass::StreamReset, "stream ended"))
+            }
             Err(_) => {
                 self.expire(pending.seq);
                 Err(Fault::new(
@@ -219,10 +225,28 @@ impl RunStream {
             .unwrap_or_else(|| Fault::new(class, detail))
     }
 
-    /// A protocol violation seen since the last event (duplicate or spurious
-    /// verdict, stream reset), if any.
+    /// The fault that broke this stream, if any.
     pub fn poisoned(&self) -> Option<Fault> {
         self.routing.lock().unwrap().poisoned.clone()
+    }
+
+    /// A fault that broke the stream between events (a duplicate or spurious
+    /// verdict, a reset with nothing in flight) and has not failed any event
+    /// yet. Taking it marks it reported.
+    pub fn take_unreported(&self) -> Option<Fault> {
+        let mut g = self.routing.lock().unwrap();
+        if g.delivered {
+            return None;
+        }
+        let f = g.poisoned.clone()?;
+        g.delivered = true;
+        Some(f)
+    }
+
+    /// Broken, and its fault already failed an event: replace it.
+    pub fn is_spent(&self) -> bool {
+        let g = self.routing.lock().unwrap();
+        g.poisoned.is_some() && g.delivered
     }
 
     /// Verdicts that arrived after their deadline and were discarded.

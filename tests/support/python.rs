@@ -15,10 +15,16 @@ impl PythonHook {
     /// `listening on PORT` line. Fails with a clear message when the Python
     /// packages are missing (`.ci/run` installs them).
     pub async fn start(args: &[&str]) -> PythonHook {
+        let mut all = vec!["--port", "0"];
+        all.extend_from_slice(args);
+        Self::start_on(&all).await
+    }
+
+    /// Like `start`, with the caller choosing `--port`.
+    pub async fn start_on(args: &[&str]) -> PythonHook {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hooks/python");
         let mut child = Command::new("python3")
             .arg(format!("{dir}/server.py"))
-            .args(["--port", "0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
