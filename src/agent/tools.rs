@@ -16,16 +16,45 @@ use crate::hooks::compose::{
 use crate::hooks::payload::{CallProblem, Payload};
 use crate::message::{ToolCall, ToolResult, ToolSpec};
 
-/// Checks a call against the offered tools; `Some` describes the problem.
-pub fn validate_call(call: &ToolCall, tools: &[ToolSpec]) -> Option<(CallProblem, String)> {
-    if !tools.iter().any(|t| t.name == call.name) {
+/// Checks a call against the offered tools and the tool's argument schema;
+/// `Some` describes the problem.
+pub fn validate_call(
+    call: &ToolCall,
+    tools: &[ToolSpec],
+    schema: impl Fn(&ToolSpec) -> Option<Arc<jsonschema::Validator>>,
+) -> Option<(CallProblem, String)> {
+    let Some(spec) = tools.iter().find(|t| t.name == call.name) else {
         return Some((
             CallProblem::UnknownTool,
             format!("unknown tool `{}`", call.name),
         ));
-    }
+    };
     match serde_json::from_str::<serde_json::Value>(&call.arguments_json) {
-        Ok(serde_json::Value::Object(_)) => None,
+        Ok(args @ serde_json::Value::Object(_)) => {
+            let validator = schema(spec)?;
+            let errors: Vec<String> = validator
+                .iter_errors(&args)
+                .take(5)
+                .map(|e| {
+                    let at = e.instance_path().to_string();
+                    if at.is_empty() {
+                        e.to_string()
+                    } else {
+                        format!("{at}: {e}")
+                    }
+                })
+                .collect();
+            (!errors.is_empty()).then(|| {
+                (
+                    CallProblem::InvalidArguments,
+                    format!(
+                        "arguments do not match the schema of `{}`: {}",
+                        call.name,
+                        errors.join("; ")
+                    ),
+                )
+            })
+        }
         Ok(_) => Some((
             CallProblem::InvalidArguments,
             "arguments must be a JSON object".into(),
@@ -62,7 +91,7 @@ pub async fn process_call(
     tools: Arc<Vec<ToolSpec>>,
 ) -> CallOutcome {
     let hooks = &run.hooks;
-    if let Some((problem, error)) = validate_call(&call, &tools) {
+    if let Some((problem, error)) = validate_call(&call, &tools, |s| run.registry.validator(s)) {
         let available: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
         let out = match hooks
             .chain::<InvalidToolCallChain>(turn, call.clone(), |c| Payload::InvalidToolCall {
@@ -180,18 +209,43 @@ mod tests {
 
     #[test]
     fn validation_names_the_problem() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"]
+        });
+        let validator = Arc::new(jsonschema::validator_for(&schema).unwrap());
         let tools = vec![ToolSpec {
             name: "get_weather".into(),
+            parameters_json_schema: schema.to_string(),
             ..Default::default()
         }];
+        let validate_call =
+            |c: &ToolCall, t: &[ToolSpec]| validate_call(c, t, |_| Some(validator.clone()));
         let call = |name: &str, args: &str| ToolCall {
             id: "1".into(),
             name: name.into(),
             arguments_json: args.into(),
         };
-        assert_eq!(validate_call(&call("get_weather", "{}"), &tools), None);
         assert_eq!(
-            validate_call(&call("nope", "{}"), &tools).unwrap().0,
+            validate_call(&call("get_weather", r#"{"city":"Paris"}"#), &tools),
+            None
+        );
+        let (problem, error) =
+            validate_call(&call("get_weather", r#"{"city":3}"#), &tools).unwrap();
+        assert_eq!(problem, CallProblem::InvalidArguments);
+        assert!(
+            error.contains("/city") && error.contains("string"),
+            "{error}"
+        );
+        assert!(validate_call(&call("get_weather", "{}"), &tools)
+            .unwrap()
+            .1
+            .contains("city"));
+        assert_eq!(
+            validate_call(&call("nope", r#"{"city":"x"}"#), &tools)
+                .unwrap()
+                .0,
             CallProblem::UnknownTool
         );
         assert_eq!(

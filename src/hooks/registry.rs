@@ -1,7 +1,7 @@
 //! All configured hook servers, shared by every session and run.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
@@ -13,6 +13,9 @@ pub struct HookRegistry {
     clients: Vec<Arc<HookClient>>,
     by_name: HashMap<String, Arc<HookClient>>,
     cancel: CancellationToken,
+    /// Compiled argument schemas by schema text (None: the schema itself is
+    /// unusable, so arguments are only checked to be a JSON object).
+    schemas: Mutex<HashMap<String, Option<Arc<jsonschema::Validator>>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +43,7 @@ impl HookRegistry {
             clients,
             by_name,
             cancel: CancellationToken::new(),
+            schemas: Mutex::new(HashMap::new()),
         })
     }
 
@@ -75,6 +79,29 @@ impl HookRegistry {
                 .and_then(|d| d.tools.into_iter().find(|t| t.name == tool))
                 .map(|t| (c.clone(), t))
         })
+    }
+
+    /// The compiled validator of a tool's argument schema, compiled once.
+    pub fn validator(&self, spec: &ToolSpec) -> Option<Arc<jsonschema::Validator>> {
+        if spec.parameters_json_schema.trim().is_empty() {
+            return None;
+        }
+        let mut cache = self.schemas.lock().unwrap();
+        cache
+            .entry(spec.parameters_json_schema.clone())
+            .or_insert_with(|| {
+                let compiled = serde_json::from_str::<serde_json::Value>(&spec.parameters_json_schema)
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| jsonschema::validator_for(&v).map_err(|e| e.to_string()));
+                match compiled {
+                    Ok(v) => Some(Arc::new(v)),
+                    Err(e) => {
+                        tracing::warn!(tool = %spec.name, error = %e, "tool declares an unusable argument schema; only checking for a JSON object");
+                        None
+                    }
+                }
+            })
+            .clone()
     }
 
     /// A tool declared by two servers is ambiguous: refuse rather than guess.

@@ -489,6 +489,12 @@ pub fn weather_tool() -> pb::ToolSpec {
 
 /// Scripted model rules shared by the suites.
 pub const SCRIPTED_RULES: &str = r#"
+      - when: { last_user_contains: "three tools" }
+        tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { city: "Oslo" } }, { name: get_weather, arguments: { city: "Rome" } } ]
+      - when: { last_user_contains: "bad args" }
+        tool_calls: [ { name: get_weather, arguments: { town: "Paris" } } ]
+      - when: { last_user_contains: "use city" }
+        tool_calls: [ { name: get_weather, arguments: { city: "Paris" } } ]
       - when: { last_user_contains: "weather" }
         tool_calls: [ { name: get_weather, arguments: { city: "Paris" } } ]
       - when: { last_user_contains: "two tools" }
