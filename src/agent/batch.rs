@@ -146,24 +146,24 @@ mod tests {
     async fn concurrent_terminate_drains_in_flight_and_reports_lowest_index() {
         let started = Arc::new(Mutex::new(Vec::new()));
         let finished = Arc::new(Mutex::new(Vec::new()));
-        let release = Arc::new(Notify::new());
-        let (s, f, rel) = (started.clone(), finished.clone(), release.clone());
+        // Calls 0 and 1 stay in flight until call 3 terminates, so the first
+        // completions are the terminates of 2 and 3.
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let (s, f, g) = (started.clone(), finished.clone(), gate.clone());
         let out = run_batch(6, 4, move |i| {
-            let (s, f, rel) = (s.clone(), f.clone(), rel.clone());
+            let (s, f, g) = (s.clone(), f.clone(), g.clone());
             async move {
                 s.lock().unwrap().push(i);
                 let o = match i {
-                    // In flight when 2 and 3 terminate: must be drained.
-                    0 => {
-                        rel.notified().await;
+                    0 | 1 => {
+                        let _p = g.acquire().await;
                         res(i)
                     }
-                    2 | 3 => {
-                        if i == 3 {
-                            rel.notify_one();
-                        }
+                    3 => {
+                        g.add_permits(2);
                         term(i)
                     }
+                    2 => term(i),
                     _ => res(i),
                 };
                 f.lock().unwrap().push(i);
@@ -171,11 +171,13 @@ mod tests {
             }
         })
         .await;
-        let started = started.lock().unwrap().clone();
+        let mut started = started.lock().unwrap().clone();
+        started.sort();
         assert_eq!(started, [0, 1, 2, 3], "calls 4 and 5 never start");
+        let finished = finished.lock().unwrap().clone();
         assert!(
-            finished.lock().unwrap().contains(&0),
-            "in-flight call 0 was drained"
+            finished.contains(&0) && finished.contains(&1),
+            "in-flight calls were drained: {finished:?}"
         );
         assert!(matches!(out, Err(Stop::Terminate { reason, .. }) if reason == "stop at 2"));
     }
