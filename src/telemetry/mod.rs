@@ -3,6 +3,9 @@
 //! admin port.
 
 pub mod attrs;
+pub mod propagation;
 pub mod setup;
+pub mod spans;
 
 pub use setup::{build, init, LogFormat, Sampling, Telemetry, TelemetryError, TelemetryOptions};
+pub use spans::ContentCapture;
