@@ -15,6 +15,7 @@ use hookwire::telemetry::{
     attrs, build, propagation, serve_admin, LogFormat, Metrics, Sampling, Telemetry,
     TelemetryError, TelemetryOptions,
 };
+use opentelemetry_proto::tonic::common::v1::any_value;
 use otlp::{CollectedSpan, Collector, LogCapture};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::dispatcher::with_default;
@@ -144,6 +145,27 @@ async fn span_tree_names_kinds_and_attributes_are_exported() {
     assert_eq!(chat.attr(attrs::GEN_AI_USAGE_INPUT_TOKENS), Some("42"));
     assert_eq!(chat.attr(attrs::GEN_AI_USAGE_OUTPUT_TOKENS), Some("7"));
     assert_eq!(chat.status, "unset");
+    // Token counts are ints on the wire (u64 fields would arrive as strings).
+    let chat_attr_type = |key: &str| {
+        p.collector
+            .requests()
+            .iter()
+            .flat_map(|r| &r.resource_spans)
+            .flat_map(|rs| &rs.scope_spans)
+            .flat_map(|ss| &ss.spans)
+            .filter(|s| s.name == "chat gpt-x")
+            .flat_map(|s| &s.attributes)
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.clone()?.value)
+    };
+    assert!(matches!(
+        chat_attr_type(attrs::GEN_AI_USAGE_INPUT_TOKENS),
+        Some(any_value::Value::IntValue(42))
+    ));
+    assert!(matches!(
+        chat_attr_type(attrs::GEN_AI_RESPONSE_FINISH_REASONS),
+        Some(any_value::Value::ArrayValue(_))
+    ));
 
     // execute_tool
     assert_eq!(
