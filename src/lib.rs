@@ -14,3 +14,4 @@ pub mod model;
 pub mod pb;
 pub mod server;
 pub mod session;
+pub mod telemetry;

@@ -1,0 +1,30 @@
+//! Telemetry: logs, OpenTelemetry traces (GenAI conventions, OTLP/gRPC
+//! export), W3C trace context for hook servers, and Prometheus metrics on the
+//! admin port.
+//!
+//! The engine uses it like this:
+//! - start-up: [`init`] once (keep the [`Telemetry`] guard), [`Metrics::new`],
+//!   [`admin::serve_admin`];
+//! - per run / model call / tool call / hook call: a constructor from
+//!   [`spans`], then its `record_*` helpers once each;
+//! - content (prompts, answers, tool arguments and results): only through
+//!   [`ContentCapture::record`], once per key per span, after the event's
+//!   hooks ran;
+//! - to a hook server: [`propagation::current_trace_context`] into the event
+//!   context and [`propagation::inject_metadata`] on the `Process` call;
+//! - shutdown: [`Telemetry::shutdown`]`.await`.
+//!
+//! Logs never carry content above debug level; `#[instrument]` on anything
+//! that handles content uses `skip_all`.
+
+pub mod admin;
+pub mod attrs;
+pub mod metrics;
+pub mod propagation;
+pub mod setup;
+pub mod spans;
+
+pub use admin::serve_admin;
+pub use metrics::Metrics;
+pub use setup::{build, init, LogFormat, Sampling, Telemetry, TelemetryError, TelemetryOptions};
+pub use spans::ContentCapture;

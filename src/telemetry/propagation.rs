@@ -1,0 +1,129 @@
+//! W3C trace context for hook servers: in each event's context and in the
+//! `Process` stream's gRPC metadata, so a hook server's own spans (any
+//! language, standard OTel gRPC instrumentation) join the run's trace.
+//!
+//! This is a boundary module (it knows tonic's `MetadataMap`). It uses the
+//! W3C `TraceContextPropagator` directly rather than the global propagator:
+//! the hook protocol promises `traceparent`, whatever else is installed
+//! globally, and tests need no global state.
+
+use std::collections::HashMap;
+
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+
+/// `(traceparent, tracestate)` of `span`; empty strings when the span has no
+/// valid OTel context (export off, or the span is disabled). A span dropped
+/// by the sampler still has a valid context, with the sampled flag off, so
+/// the hook server does not sample either.
+pub fn current_trace_context(span: &Span) -> (String, String) {
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
+    (
+        carrier.remove(TRACEPARENT).unwrap_or_default(),
+        carrier.remove(TRACESTATE).unwrap_or_default(),
+    )
+}
+
+/// Adds `traceparent` (and `tracestate`, when non-empty) of `span` to
+/// outgoing gRPC metadata. Does nothing without a valid context.
+pub fn inject_metadata(span: &Span, metadata: &mut MetadataMap) {
+    TraceContextPropagator::new().inject_context(&span.context(), &mut MetadataInjector(metadata));
+}
+
+/// Makes `span` a child of the remote context in incoming metadata (a
+/// client's `traceparent` on `Run`/`Invoke`). Must be called before the span
+/// is first entered; returns whether a valid remote parent was set.
+pub fn set_parent_from_metadata(span: &Span, metadata: &MetadataMap) -> bool {
+    let cx = TraceContextPropagator::new().extract(&MetadataExtractor(metadata));
+    use opentelemetry::trace::TraceContextExt as _;
+    if !cx.span().span_context().is_valid() {
+        return false;
+    }
+    span.set_parent(cx).is_ok()
+}
+
+struct MetadataInjector<'a>(&'a mut MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        // The propagator always writes `tracestate`, often empty: an empty
+        // header is noise. It only produces valid ASCII keys and values; one
+        // that is not (a malformed tracestate) is dropped rather than sent.
+        if value.is_empty() {
+            return;
+        }
+        if let (Ok(key), Ok(value)) = (
+            MetadataKey::from_bytes(key.as_bytes()),
+            MetadataValue::try_from(value.as_str()),
+        ) {
+            self.0.insert(key, value);
+        }
+    }
+}
+
+struct MetadataExtractor<'a>(&'a MetadataMap);
+
+impl Extractor for MetadataExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| match k {
+                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing_subscriber::Registry;
+
+    use super::*;
+
+    #[test]
+    fn no_context_means_empty_strings_and_no_metadata() {
+        // No OTel layer: nothing to propagate, and nothing is invented.
+        tracing::subscriber::with_default(Registry::default(), || {
+            let span = tracing::info_span!("x");
+            assert_eq!(current_trace_context(&span), (String::new(), String::new()));
+            let mut md = MetadataMap::new();
+            inject_metadata(&span, &mut md);
+            assert!(md.is_empty());
+        });
+        assert_eq!(
+            current_trace_context(&Span::none()),
+            (String::new(), String::new())
+        );
+    }
+
+    #[test]
+    fn extractor_reads_traceparent() {
+        let mut md = MetadataMap::new();
+        md.insert(
+            TRACEPARENT,
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        let cx = TraceContextPropagator::new().extract(&MetadataExtractor(&md));
+        use opentelemetry::trace::TraceContextExt as _;
+        let sc = cx.span().span_context().clone();
+        assert!(sc.is_valid() && sc.is_remote() && sc.is_sampled());
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+    }
+}
