@@ -22,6 +22,8 @@ use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::registry::{HookRegistry, RegistryError};
 use crate::model::ModelProvider;
 use crate::session::{MemoryStore, Session, SessionError, SessionStore};
+use crate::telemetry::{propagation, spans, Instruments};
+use tracing::Instrument;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -71,6 +73,7 @@ pub struct Engine {
     runs: Mutex<HashMap<String, Arc<Run>>>,
     accepting: AtomicBool,
     idle: Notify,
+    inst: Instruments,
 }
 
 fn now_ms() -> i64 {
@@ -84,6 +87,7 @@ impl Engine {
     pub fn new(
         config: Config,
         models: HashMap<String, Arc<dyn ModelProvider>>,
+        inst: Instruments,
     ) -> Result<Engine, EngineSetupError> {
         let registry = Arc::new(HookRegistry::new(&config)?);
         let mut agents = HashMap::new();
@@ -113,6 +117,7 @@ impl Engine {
             runs: Mutex::new(HashMap::new()),
             accepting: AtomicBool::new(true),
             idle: Notify::new(),
+            inst,
         })
     }
 
@@ -195,6 +200,7 @@ impl Engine {
                 },
                 Instant::now() + agent.config.event_budget,
                 agent.config.event_budget,
+                self.inst.clone(),
             );
             let out = hooks
                 .chain::<SessionStartChain>(0, (), |_| Payload::SessionStart {
@@ -251,6 +257,7 @@ impl Engine {
                     },
                     Instant::now() + agent.config.event_budget,
                     agent.config.event_budget,
+                    self.inst.clone(),
                 );
                 hooks.observe(
                     0,
@@ -295,6 +302,15 @@ impl Engine {
             }
         };
         let deadline = Instant::now() + agent.config.run_timeout;
+        // The run's span; a client's traceparent makes it part of the
+        // caller's trace.
+        let span = spans::invoke_agent(
+            &agent.config.name,
+            agent.model.provider_name(),
+            &session.id,
+            &run_id,
+        );
+        propagation::set_parent_from_headers(&span, &traceparent.0, &traceparent.1);
         let hooks = RunHooks::new(
             self.session_hooks(&agent, &session.extra_hooks),
             EventContext {
@@ -303,13 +319,15 @@ impl Engine {
                 turn: 0,
                 agent: agent.config.name.clone(),
                 streaming,
-                traceparent: traceparent.0,
-                tracestate: traceparent.1,
+                traceparent: String::new(),
+                tracestate: String::new(),
             },
             deadline,
             agent.config.event_budget,
+            self.inst.clone(),
         );
         let (tx, rx) = mpsc::unbounded_channel();
+        let agent_name = agent.config.name.clone();
         let run = Arc::new(Run::new(
             run_id.clone(),
             session.id.clone(),
@@ -320,6 +338,7 @@ impl Engine {
             self.approvals.clone(),
             deadline,
             tx,
+            self.inst.clone(),
         ));
         self.runs
             .lock()
@@ -327,8 +346,23 @@ impl Engine {
             .insert(run_id.clone(), run.clone());
         let engine = self.clone();
         let transcript = session.transcript;
+        let active = self.inst.metrics.active_run();
+        let started = std::time::Instant::now();
         let task = tokio::spawn(async move {
-            let report = drive(run.clone(), transcript, input).await;
+            let report = drive(run.clone(), transcript, input)
+                .instrument(span.clone())
+                .await;
+            let outcome = report.outcome.name();
+            spans::record_run_outcome(
+                &span,
+                outcome,
+                (report.outcome != crate::agent::outcome::RunOutcome::Completed).then_some(outcome),
+            );
+            engine
+                .inst
+                .metrics
+                .run_finished(&agent_name, outcome, started.elapsed());
+            drop(active);
             engine
                 .store
                 .end_run(&report.session_id, &report.run_id, report.messages.clone());

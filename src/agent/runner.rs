@@ -27,6 +27,8 @@ use crate::hooks::registry::HookRegistry;
 use crate::hooks::verdict::Ask;
 use crate::message::{Message, ToolCall, ToolSpec};
 use crate::model::{ModelProvider, ModelRequest, ModelResponse};
+use crate::telemetry::{attrs, spans, Instruments};
+use tracing::{Instrument, Span};
 
 /// A configured agent with its model.
 pub struct AgentRuntime {
@@ -67,6 +69,7 @@ pub struct Run {
     records: Mutex<Vec<VerdictRecord>>,
     /// Text deltas held back until model_response hooks accept the turn.
     held: Mutex<Vec<String>>,
+    pub inst: Instruments,
 }
 
 impl Run {
@@ -81,6 +84,7 @@ impl Run {
         approvals: Arc<Approvals>,
         deadline: Instant,
         events: mpsc::UnboundedSender<RunEvent>,
+        inst: Instruments,
     ) -> Run {
         Run {
             run_id,
@@ -96,6 +100,7 @@ impl Run {
             events,
             records: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
+            inst,
         }
     }
 
@@ -214,6 +219,11 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
     let mut machine = Machine::new(template, cfg.max_turns, transcript, input);
     let mut step = machine.start();
     let mut sent_deltas = false;
+    // Telemetry for the model call in flight: the model_request hooks'
+    // redaction (input content), and the chat span kept open until the
+    // model_response hooks decided what the output content is.
+    let mut input_redaction: Option<String> = None;
+    let mut chat_span: Option<Span> = None;
     let ending = loop {
         for ev in machine.drain_events() {
             run.emit(ev);
@@ -246,6 +256,7 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                         .await
                         .map_err(Stop::HookFailed)?;
                     run.emit_records(&out.records);
+                    input_redaction = out.redaction;
                     match out.merged {
                         Merged::Terminate { hook, terminate: t } => Err(terminate(hook, t)),
                         Merged::Respond { response, .. } => Ok(RequestDecision::Respond(response)),
@@ -260,13 +271,21 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                 .await,
             ),
             Step::CallModel(request) => {
-                let (r, sent) = call_model(&run, turn, &request).await;
+                let (r, sent, span) =
+                    call_model(&run, turn, &request, input_redaction.take()).await;
                 sent_deltas = sent;
+                chat_span = Some(span);
                 Feed::Model(r)
             }
             Step::ModelResponse(response) => {
                 let r = run
-                    .guarded(review_response(&run, turn, response, sent_deltas))
+                    .guarded(review_response(
+                        &run,
+                        turn,
+                        response,
+                        sent_deltas,
+                        chat_span.take(),
+                    ))
                     .await;
                 sent_deltas = false;
                 Feed::ModelResponse(r)
@@ -276,7 +295,9 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                 let concurrency = cfg.tool_concurrency;
                 let r = run
                     .guarded(run_batch(calls.len(), concurrency, |i| {
+                        let span = spans::execute_tool(&calls[i].name, &calls[i].id);
                         process_call(run.clone(), turn, i as u32, calls[i].clone(), tools.clone())
+                            .instrument(span)
                     }))
                     .await;
                 Feed::ToolBatch(r)
@@ -306,13 +327,35 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
     finish(&run, ending)
 }
 
-/// Calls the model, streaming or holding deltas. Returns whether deltas
-/// reached the client provisionally.
+/// Calls the model under its `chat` span, streaming or holding deltas.
+/// Returns whether deltas reached the client provisionally, and the span
+/// (still open: output content is recorded after model_response hooks).
 async fn call_model(
     run: &Run,
     turn: u32,
     request: &ModelRequest,
-) -> (Result<ModelResponse, Stop>, bool) {
+    redaction: Option<String>,
+) -> (Result<ModelResponse, Stop>, bool, Span) {
+    let model = run.agent.model.clone();
+    let provider = model.provider_name();
+    let span = spans::chat(model.model_name(), provider);
+    // Input content, once, from the request every model_request hook shaped.
+    let content = run.inst.content;
+    if content.is_enabled() {
+        match &redaction {
+            Some(r) => content.record(&span, attrs::GEN_AI_INPUT_MESSAGES, r),
+            None => {
+                content.record(
+                    &span,
+                    attrs::GEN_AI_SYSTEM_INSTRUCTIONS,
+                    &request.system_text(),
+                );
+                let messages = serde_json::to_string(&request.history).unwrap_or_default();
+                content.record(&span, attrs::GEN_AI_INPUT_MESSAGES, &messages);
+            }
+        }
+    }
+    let started = std::time::Instant::now();
     let hold = run.agent.config.stream_deltas == StreamDeltas::Hold
         && run.hooks.has_blocking(EventKind::ModelResponse);
     let sent = std::sync::atomic::AtomicBool::new(false);
@@ -330,20 +373,50 @@ async fn call_model(
             });
         }
     };
-    let model = run.agent.model.clone();
     let r = run
-        .guarded(async {
-            model
-                .complete(request, &on_delta)
-                .await
-                .map_err(|e| Stop::ModelFailed(e.to_string()))
-        })
+        .guarded(
+            async {
+                model
+                    .complete(request, &on_delta)
+                    .await
+                    .map_err(|e| Stop::ModelFailed(e.to_string()))
+            }
+            .instrument(span.clone()),
+        )
         .await;
+    match &r {
+        Ok(resp) => {
+            spans::record_chat_response(
+                &span,
+                &resp.model,
+                &[resp.finish_reason.as_str()],
+                Some(resp.usage.input_tokens),
+                Some(resp.usage.output_tokens),
+            );
+            run.inst.metrics.model_call(
+                model.model_name(),
+                provider,
+                started.elapsed(),
+                Some(resp.usage.input_tokens),
+                Some(resp.usage.output_tokens),
+            );
+        }
+        Err(_) => {
+            spans::record_error(&span, "model_failed");
+            run.inst.metrics.model_call(
+                model.model_name(),
+                provider,
+                started.elapsed(),
+                None,
+                None,
+            );
+        }
+    }
     let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
     if hold {
         *run.held.lock().unwrap() = held.into_inner().unwrap();
     }
-    (r, sent)
+    (r, sent, span)
 }
 
 /// model_response hooks; releases held deltas only for an accepted turn.
@@ -352,6 +425,7 @@ async fn review_response(
     turn: u32,
     response: ModelResponse,
     sent_deltas: bool,
+    chat: Option<Span>,
 ) -> Result<ResponseDecision, Stop> {
     let original_text = response.message().text();
     let out = run
@@ -382,6 +456,17 @@ async fn review_response(
                 for text in held {
                     run.emit(RunEvent::TextDelta { turn, text });
                 }
+            }
+            // Output content, once, now that every model_response hook ran
+            // (never for a retried or rejected turn).
+            if let Some(span) = chat.filter(|_| run.inst.content.is_enabled()) {
+                let output = match out.redaction {
+                    Some(r) => r,
+                    None => serde_json::to_string(&out.payload.message()).unwrap_or_default(),
+                };
+                run.inst
+                    .content
+                    .record(&span, attrs::GEN_AI_OUTPUT_MESSAGES, &output);
             }
             Ok(ResponseDecision::Accept(out.payload))
         }

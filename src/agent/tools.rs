@@ -15,6 +15,8 @@ use crate::hooks::compose::{
 };
 use crate::hooks::payload::{CallProblem, Payload};
 use crate::message::{ToolCall, ToolResult, ToolSpec};
+use crate::telemetry::attrs;
+use tracing::Span;
 
 /// Checks a call against the offered tools and the tool's argument schema;
 /// `Some` describes the problem.
@@ -144,14 +146,34 @@ pub async fn process_call(
     };
     run.emit_records(&out.records);
     let effective = out.payload;
+    // Argument content, once, after every tool_call hook ran (the effective
+    // arguments or a hook's redaction); never on terminate.
+    if !matches!(out.stop, Some((_, ToolCallStop::Terminate(_)))) {
+        let args = out
+            .redaction
+            .as_deref()
+            .unwrap_or(&effective.arguments_json);
+        run.inst
+            .content
+            .record(&Span::current(), attrs::GEN_AI_TOOL_CALL_ARGUMENTS, args);
+    }
+    let record_result = |content: &str| {
+        run.inst
+            .content
+            .record(&Span::current(), attrs::GEN_AI_TOOL_CALL_RESULT, content);
+    };
     match out.stop {
         None => {}
         Some((_, ToolCallStop::Skip(s))) => {
-            return CallOutcome::Result(result(&effective, s.result, s.is_error))
+            record_result(&s.result);
+            return CallOutcome::Result(result(&effective, s.result, s.is_error));
         }
         Some((hook, ToolCallStop::Terminate(t))) => return terminate(hook, t),
         Some((hook, ToolCallStop::Ask(ask))) => {
             if let Some(denied) = run.ask_approval(turn, index, &effective, &hook, ask).await {
+                if let CallOutcome::Result(r) = &denied {
+                    record_result(&r.content);
+                }
                 return denied;
             }
         }
@@ -198,8 +220,12 @@ pub async fn process_call(
     };
     run.emit_records(&out.records);
     match out.stop {
+        // A terminated result is not recorded at all.
         Some((hook, t)) => terminate(hook, t),
-        None => CallOutcome::Result(out.payload),
+        None => {
+            record_result(out.redaction.as_deref().unwrap_or(&out.payload.content));
+            CallOutcome::Result(out.payload)
+        }
     }
 }
 

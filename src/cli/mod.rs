@@ -7,9 +7,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
 use crate::config::Config;
+use crate::telemetry::LogFormat;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -20,12 +21,6 @@ use crate::config::Config;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -118,11 +113,11 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             admin_listen,
             log_format,
         } => {
-            init_logs(log_format);
             let mut cfg = match &config {
                 Some(path) => Config::load(path)?,
                 None => Config::embedded_default(),
             };
+            let telemetry = crate::telemetry::init(&cfg.telemetry, log_format)?;
             if let Some(l) = listen {
                 cfg.listen = l;
             }
@@ -137,8 +132,25 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                         cfg.listen
                     )
                 })?;
-            tracing::info!(addr = %listener.local_addr()?, "listening");
-            crate::server::serve(listener, cfg, shutdown_signal()).await?;
+            let admin = tokio::net::TcpListener::bind(cfg.admin_listen)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot listen on {} for the admin port (use --admin-listen)",
+                        cfg.admin_listen
+                    )
+                })?;
+            tracing::info!(
+                grpc = %listener.local_addr()?,
+                admin = %admin.local_addr()?,
+                "listening"
+            );
+            let served =
+                crate::server::serve_with_admin(listener, Some(admin), cfg, shutdown_signal())
+                    .await;
+            // Flush spans even when serving failed.
+            telemetry.shutdown().await;
+            served?;
             Ok(())
         }
         Command::Run {
@@ -165,18 +177,6 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-fn init_logs(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
 }
 
 async fn shutdown_signal() {

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::{Instrument, Span};
 
 use crate::config::FailurePolicy;
 use crate::event::EventKind;
@@ -22,10 +23,13 @@ use crate::hooks::verdict::{Action, ModelRequestAction, ScratchOp, Verdict};
 use crate::hooks::wire;
 use crate::model::ModelRequest;
 use crate::pb;
+use crate::telemetry::metrics::ActiveGuard;
+use crate::telemetry::{propagation, spans, Instruments};
 
 struct RunHook {
     client: Arc<HookClient>,
-    stream: Mutex<Option<Arc<RunStream>>>,
+    /// The run's stream to this hook, with its active-streams gauge share.
+    stream: Mutex<Option<(Arc<RunStream>, ActiveGuard)>>,
     detached: AtomicBool,
 }
 
@@ -59,6 +63,7 @@ pub struct RunHooks {
     scratchpad: Mutex<BTreeMap<String, Vec<u8>>>,
     run_deadline: Instant,
     event_budget: Duration,
+    inst: Instruments,
     pub stats: DispatchStats,
 }
 
@@ -68,6 +73,7 @@ impl RunHooks {
         ctx: EventContext,
         run_deadline: Instant,
         event_budget: Duration,
+        inst: Instruments,
     ) -> RunHooks {
         RunHooks {
             hooks: clients
@@ -82,6 +88,7 @@ impl RunHooks {
             scratchpad: Mutex::new(BTreeMap::new()),
             run_deadline,
             event_budget,
+            inst,
             stats: DispatchStats::default(),
         }
     }
@@ -149,78 +156,128 @@ impl RunHooks {
     /// The hook's stream for this run, opened at its first event. A stream
     /// broken by an already reported fault is replaced, so a hook that is
     /// still attached (fail-open without detach) gets a fresh stream.
-    fn stream(&self, hook: &RunHook) -> Arc<RunStream> {
+    fn stream(&self, hook: &RunHook, trace: &(String, String)) -> Arc<RunStream> {
         let mut g = hook.stream.lock().unwrap();
-        if g.as_ref().is_some_and(|s| s.is_spent()) {
-            if let Some(old) = g.take() {
-                old.close();
+        if g.as_ref().is_some_and(|(s, _)| s.is_spent()) {
+            if let Some((old, _)) = g.take() {
+                self.retire(hook, &old);
             }
         }
         g.get_or_insert_with(|| {
+            // The opening call's trace context, so the hook server's stream
+            // handler joins the run's trace.
             let mut md = Vec::new();
-            if !self.ctx.traceparent.is_empty() {
-                md.push(("traceparent", self.ctx.traceparent.clone()));
+            if !trace.0.is_empty() {
+                md.push((propagation::TRACEPARENT, trace.0.clone()));
             }
-            if !self.ctx.tracestate.is_empty() {
-                md.push(("tracestate", self.ctx.tracestate.clone()));
+            if !trace.1.is_empty() {
+                md.push((propagation::TRACESTATE, trace.1.clone()));
             }
-            Arc::new(hook.client.open_stream(md))
+            (
+                Arc::new(hook.client.open_stream(md)),
+                self.inst.metrics.active_hook_stream(),
+            )
         })
+        .0
         .clone()
     }
 
-    fn wire_event(&self, turn: u32, payload: &Payload, deadline: Instant) -> pb::HookEvent {
+    /// Closes a stream and counts its late verdicts.
+    fn retire(&self, hook: &RunHook, stream: &RunStream) {
+        stream.close();
+        for _ in 0..stream.late_count() {
+            self.inst.metrics.hook_late_verdict(hook.client.name());
+        }
+    }
+
+    fn wire_event(
+        &self,
+        turn: u32,
+        payload: &Payload,
+        deadline: Instant,
+        trace: &(String, String),
+    ) -> pb::HookEvent {
+        let mut ctx = self.ctx.clone();
+        ctx.turn = turn;
+        ctx.traceparent.clone_from(&trace.0);
+        ctx.tracestate.clone_from(&trace.1);
+        let remaining = deadline.saturating_duration_since(Instant::now());
         pb::HookEvent {
             seq: 0,
             kind: pb::EventKind::from(payload.kind()) as i32,
-            context: Some(
-                self.wire_context(turn, deadline.saturating_duration_since(Instant::now())),
-            ),
+            context: Some(wire::context_to_wire(
+                &ctx,
+                &self.scratchpad.lock().unwrap(),
+                remaining,
+            )),
             expects_verdict: false,
             payload: Some(wire::payload_to_wire(payload)),
         }
     }
 
-    /// One blocking call: send, wait, convert. Every failure is a `Fault`.
+    /// One blocking call under its `hook {hook} {event}` span: send, wait,
+    /// convert, `check` (kind and validity). Every failure is a `Fault`.
     async fn call(
         &self,
         hook: &RunHook,
         turn: u32,
         payload: &Payload,
         event_deadline: Instant,
-    ) -> Result<Verdict, Fault> {
+        check: impl Fn(&Verdict) -> Result<(), Fault>,
+    ) -> (Result<Verdict, Fault>, Span) {
         let kind = payload.kind();
-        let deadline = (Instant::now() + hook.client.config.timeout_for(kind)).min(event_deadline);
-        if deadline <= Instant::now() {
-            return Err(Fault::new(
-                FailureClass::Deadline,
-                "event budget or run deadline exhausted before the hook was called",
-            ));
-        }
-        if hook.client.admit() == Admit::Reject {
-            return Err(Fault::new(
-                FailureClass::CircuitOpen,
-                "circuit breaker open after repeated failures",
-            ));
-        }
+        let name = hook.client.name();
+        let span = spans::hook_call(name, kind.name());
+        let started = Instant::now();
         let result = async {
-            let stream = self.stream(hook);
+            let deadline = (started + hook.client.config.timeout_for(kind)).min(event_deadline);
+            if deadline <= started {
+                return Err(Fault::new(
+                    FailureClass::Deadline,
+                    "event budget or run deadline exhausted before the hook was called",
+                ));
+            }
+            if hook.client.admit() == Admit::Reject {
+                return Err(Fault::new(
+                    FailureClass::CircuitOpen,
+                    "circuit breaker open after repeated failures",
+                ));
+            }
+            let trace = propagation::current_trace_context(&span);
+            let stream = self.stream(hook, &trace);
             if let Some(f) = stream.take_unreported() {
                 return Err(f);
             }
-            let pending = stream
-                .send_blocking(self.wire_event(turn, payload, deadline), deadline)
-                .await?;
+            let event = self.wire_event(turn, payload, deadline, &trace);
+            let pending = stream.send_blocking(event, deadline).await?;
             let v = stream.wait(pending, deadline).await?;
-            Verdict::try_from(v)
-                .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))
+            let v = Verdict::try_from(v)
+                .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))?;
+            check(&v)?;
+            Ok(v)
         }
+        .instrument(span.clone())
         .await;
-        hook.client.record(result.is_ok());
-        if let Err(f) = &result {
-            hook.client.note_fault(f);
+        let latency = started.elapsed();
+        let m = &self.inst.metrics;
+        match &result {
+            Ok(v) => {
+                spans::record_hook_result(&span, v.action.kind_name(), "ok", latency);
+                m.hook_call(name, kind.name(), "ok", latency);
+            }
+            Err(f) => {
+                spans::record_hook_result(&span, "none", f.class.name(), latency);
+                spans::record_error(&span, f.class.name());
+                m.hook_call(name, kind.name(), f.class.name(), latency);
+                m.hook_failure(name, kind.name(), f.class.name());
+                hook.client.note_fault(f);
+            }
         }
-        result
+        if !matches!(&result, Err(f) if f.class == FailureClass::CircuitOpen) {
+            hook.client.record(result.is_ok());
+        }
+        m.breaker_state(name, hook.client.breaker_open());
+        (result, span)
     }
 
     /// Applies the hook's failure policy. Closed: the failure ends the run.
@@ -231,6 +288,7 @@ impl RunHooks {
         kind: EventKind,
         fault: Fault,
         records: &mut Vec<VerdictRecord>,
+        span: &Span,
     ) -> Result<(), HookFailure> {
         let cfg = &hook.client.config;
         tracing::warn!(
@@ -251,6 +309,19 @@ impl RunHooks {
         if cfg.detach_on_failure {
             hook.detached.store(true, Ordering::Relaxed);
         }
+        self.inst.metrics.hook_fail_open(&cfg.name, kind.name());
+        spans::add_event(
+            span,
+            "hook.failed_open",
+            &[
+                (
+                    crate::telemetry::attrs::HOOKWIRE_HOOK_NAME,
+                    cfg.name.as_str(),
+                ),
+                (crate::telemetry::attrs::HOOKWIRE_HOOK_EVENT, kind.name()),
+                (crate::telemetry::attrs::ERROR_TYPE, fault.class.name()),
+            ],
+        );
         let mut rec = VerdictRecord::new(&cfg.name, kind, "continue", &fault.detail);
         rec.failed_open = Some(fault.class);
         records.push(rec);
@@ -288,9 +359,11 @@ impl RunHooks {
                 .map(|s| s.contains(&kind))
                 .unwrap_or(false);
             if subscribed {
-                let ev = self.wire_event(turn, payload, deadline);
-                if !self.stream(hook).send_observe(ev) {
+                let trace = propagation::current_trace_context(&Span::current());
+                let ev = self.wire_event(turn, payload, deadline, &trace);
+                if !self.stream(hook, &trace).send_observe(ev) {
                     self.stats.observe_dropped.fetch_add(1, Ordering::Relaxed);
+                    self.inst.metrics.observe_dropped(hook.client.name());
                     tracing::debug!(hook = %hook.client.name(), event = %kind, "observe event dropped");
                 }
             }
@@ -322,17 +395,19 @@ impl RunHooks {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(f) => {
-                    self.policy(hook, kind, f, &mut records)?;
+                    self.policy(hook, kind, f, &mut records, &Span::current())?;
                     continue;
                 }
             }
-            let verdict = match self
-                .call(hook, turn, &to_wire(&payload), event_deadline)
-                .await
-            {
+            let (result, span) = self
+                .call(hook, turn, &to_wire(&payload), event_deadline, |v| {
+                    wrong_kind(v, kind)
+                })
+                .await;
+            let verdict = match result {
                 Ok(v) => v,
                 Err(f) => {
-                    self.policy(hook, kind, f, &mut records)?;
+                    self.policy(hook, kind, f, &mut records, &span)?;
                     continue;
                 }
             };
@@ -345,8 +420,7 @@ impl RunHooks {
                         FailureClass::WrongKind,
                         format!("answered a {wrong} verdict to a {kind} event"),
                     );
-                    hook.client.record(false);
-                    self.policy(hook, kind, f, &mut records)?;
+                    self.policy(hook, kind, f, &mut records, &span)?;
                 }
                 Ok(step) => {
                     self.apply_scratchpad(meta.scratchpad);
@@ -398,10 +472,17 @@ impl RunHooks {
                 if hook.client.is_observe() {
                     return None;
                 }
+                let check = |v: &Verdict| match &v.action {
+                    Action::ModelRequest(ModelRequestAction::Patch(p)) => {
+                        compose::validate_patch(baseline, p)
+                            .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e))
+                    }
+                    _ => wrong_kind(v, kind),
+                };
                 match self.participates(hook, kind, event_deadline).await {
-                    Ok(true) => Some(self.call(hook, turn, payload, event_deadline).await),
+                    Ok(true) => Some(self.call(hook, turn, payload, event_deadline, check).await),
                     Ok(false) => None,
-                    Err(f) => Some(Err(f)),
+                    Err(f) => Some((Err(f), Span::current())),
                 }
             }
         });
@@ -411,39 +492,20 @@ impl RunHooks {
         let mut actions = Vec::new();
         let mut redaction = None;
         for (hook, result) in self.hooks.iter().zip(results) {
-            let Some(result) = result else { continue };
+            let Some((result, span)) = result else {
+                continue;
+            };
             let verdict = match result {
                 Ok(v) => v,
                 Err(f) => {
-                    self.policy(hook, kind, f, &mut failed_open)?;
+                    self.policy(hook, kind, f, &mut failed_open, &span)?;
                     continue;
                 }
             };
             let Verdict { meta, action } = verdict;
-            let action = match action {
-                Action::ModelRequest(a) => a,
-                other => {
-                    let f = Fault::new(
-                        FailureClass::WrongKind,
-                        format!("answered a {} verdict to a {kind} event", other.event()),
-                    );
-                    hook.client.record(false);
-                    self.policy(hook, kind, f, &mut failed_open)?;
-                    continue;
-                }
+            let Action::ModelRequest(action) = action else {
+                unreachable!("checked in call()")
             };
-            if let ModelRequestAction::Patch(p) = &action {
-                if let Err(e) = compose::validate_patch(baseline, p) {
-                    hook.client.record(false);
-                    self.policy(
-                        hook,
-                        kind,
-                        Fault::new(FailureClass::InvalidVerdict, e),
-                        &mut failed_open,
-                    )?;
-                    continue;
-                }
-            }
             self.apply_scratchpad(meta.scratchpad);
             if meta.telemetry_redaction.is_some() {
                 redaction = meta.telemetry_redaction;
@@ -502,7 +564,7 @@ impl RunHooks {
             if h.client.config.failure != FailurePolicy::Closed || h.client.is_observe() {
                 return None;
             }
-            let stream = h.stream.lock().unwrap().clone()?;
+            let stream = h.stream.lock().unwrap().as_ref()?.0.clone();
             let fault = stream.take_unreported()?;
             matches!(
                 fault.class,
@@ -520,17 +582,34 @@ impl RunHooks {
     pub fn late_verdicts(&self) -> u64 {
         self.hooks
             .iter()
-            .filter_map(|h| h.stream.lock().unwrap().clone())
-            .map(|s| s.late_count())
+            .filter_map(|h| {
+                h.stream
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .map(|(s, _)| s.late_count())
+            })
             .sum()
     }
 
     /// Half-closes every open stream (after run_end / session events).
     pub fn close(&self) {
         for h in &self.hooks {
-            if let Some(s) = h.stream.lock().unwrap().take() {
-                s.close();
+            if let Some((s, _active)) = h.stream.lock().unwrap().take() {
+                self.retire(h, &s);
             }
         }
+    }
+}
+
+fn wrong_kind(v: &Verdict, kind: EventKind) -> Result<(), Fault> {
+    let got = v.action.event();
+    if got == kind {
+        Ok(())
+    } else {
+        Err(Fault::new(
+            FailureClass::WrongKind,
+            format!("answered a {got} verdict to a {kind} event"),
+        ))
     }
 }

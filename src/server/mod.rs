@@ -21,6 +21,7 @@ use crate::model::scripted::ScriptedModel;
 use crate::model::ModelProvider;
 use crate::pb;
 use crate::pb::agent_service_server::AgentServiceServer;
+use crate::telemetry::{self, Instruments};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -71,7 +72,27 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let engine = Arc::new(Engine::new(config.clone(), build_models(&config)?)?);
+    serve_with_admin(listener, None, config, shutdown).await
+}
+
+/// [`serve`], plus the admin HTTP port (`/metrics`, `/healthz`, `/readyz`)
+/// on `admin` when given.
+pub async fn serve_with_admin(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let inst = Instruments::new(&config.telemetry);
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let admin_task = admin.map(|l| {
+        let (metrics, ready) = (inst.metrics.clone(), ready.clone());
+        tokio::spawn(telemetry::serve_admin(l, metrics, ready, async {
+            let _ = admin_stop_rx.await;
+        }))
+    });
+    let engine = Arc::new(Engine::new(config.clone(), build_models(&config)?, inst)?);
     engine.registry().describe_all(STARTUP_DESCRIBE).await;
     engine.registry().check_tool_ownership()?;
     engine.registry().start();
@@ -106,9 +127,11 @@ pub async fn serve(
 
     let grace = config.server.shutdown_grace;
     let drain_engine = engine.clone();
+    let drain_ready = ready.clone();
     let signal = async move {
         shutdown.await;
         tracing::info!("shutdown requested; draining");
+        drain_ready.store(false, std::sync::atomic::Ordering::SeqCst);
         reporter
             .set_not_serving::<AgentServiceServer<grpc::AgentApi>>()
             .await;
@@ -125,7 +148,9 @@ pub async fn serve(
         hooks = config.hooks.len(),
         "hookwire serving"
     );
-    Server::builder()
+    // Ready only now: config loaded, hooks described, listeners bound.
+    ready.store(true, std::sync::atomic::Ordering::SeqCst);
+    let served = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(health)
         .add_service(reflection_v1)
@@ -134,6 +159,11 @@ pub async fn serve(
             engine: engine.clone(),
         }))
         .serve_with_incoming_shutdown(incoming, signal)
-        .await?;
+        .await;
+    let _ = admin_stop_tx.send(());
+    if let Some(t) = admin_task {
+        let _ = t.await;
+    }
+    served?;
     Ok(())
 }

@@ -28,3 +28,21 @@ pub use admin::serve_admin;
 pub use metrics::Metrics;
 pub use setup::{build, init, LogFormat, Sampling, Telemetry, TelemetryError, TelemetryOptions};
 pub use spans::ContentCapture;
+
+use std::sync::Arc;
+
+/// What the engine records into: metrics and the content-capture switch.
+#[derive(Clone)]
+pub struct Instruments {
+    pub metrics: Arc<Metrics>,
+    pub content: ContentCapture,
+}
+
+impl Instruments {
+    pub fn new(cfg: &crate::config::TelemetryConfig) -> Self {
+        Instruments {
+            metrics: Arc::new(Metrics::new()),
+            content: ContentCapture::from_config(cfg),
+        }
+    }
+}

@@ -49,6 +49,25 @@ pub fn set_parent_from_metadata(span: &Span, metadata: &MetadataMap) -> bool {
     span.set_parent(cx).is_ok()
 }
 
+/// Like [`set_parent_from_metadata`], from header values already read
+/// (empty `traceparent` means none).
+pub fn set_parent_from_headers(span: &Span, traceparent: &str, tracestate: &str) -> bool {
+    if traceparent.is_empty() {
+        return false;
+    }
+    let mut carrier = HashMap::new();
+    carrier.insert(TRACEPARENT.to_string(), traceparent.to_string());
+    if !tracestate.is_empty() {
+        carrier.insert(TRACESTATE.to_string(), tracestate.to_string());
+    }
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    use opentelemetry::trace::TraceContextExt as _;
+    if !cx.span().span_context().is_valid() {
+        return false;
+    }
+    span.set_parent(cx).is_ok()
+}
+
 struct MetadataInjector<'a>(&'a mut MetadataMap);
 
 impl Injector for MetadataInjector<'_> {
