@@ -72,7 +72,7 @@ async fn complete(
 // ---------------------------------------------------------------- fakellm
 
 fn python() -> String {
-    std::env::var("FAKELLM_PYTHON").unwrap_or_else(|_| "python3".into())
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 /// A fakellm server process with its own rules file; killed on drop.
@@ -94,7 +94,7 @@ impl FakeLlm {
             });
         assert!(
             probe.status.success(),
-            "fakellm is not installed for `{py}`: {FAKELLM_HINT} (or set FAKELLM_PYTHON)\n{}",
+            "fakellm is not installed for `{py}`: {FAKELLM_HINT} (or point PYTHON at a Python that has it)\n{}",
             String::from_utf8_lossy(&probe.stderr)
         );
 
@@ -840,5 +840,50 @@ async fn dropping_the_future_closes_the_connection() {
         .await
         .expect("the server saw the connection close after the future was dropped")
         .unwrap();
+    assert_eq!(server.count(), 1);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_retried_then_reported() {
+    let addr = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let cfg = model_config(&format!("http://{addr}/v1"), "    max_retries: 1\n");
+    let model = OpenAiModel::from_config(&cfg)
+        .unwrap()
+        .with_backoff(Duration::from_millis(1), Duration::from_millis(10));
+    let err = complete(&model, &hi()).await.0.unwrap_err();
+    assert_eq!(err.status, None);
+    assert!(
+        err.message
+            .starts_with(&format!("cannot reach http://{addr}: ")),
+        "{err}"
+    );
+    assert!(err.message.ends_with("(gave up after 2 attempts)"), "{err}");
+    assert!(
+        !err.message.contains("/v1/chat/completions"),
+        "no URL path: {err}"
+    );
+}
+
+#[tokio::test]
+async fn a_json_answer_to_a_stream_request_is_reported() {
+    let server = FaultServer::start(|_, mut s| async move {
+        respond(
+            &mut s,
+            "200 OK",
+            "",
+            r#"{"error":{"message":"streaming is disabled"}}"#,
+        )
+        .await;
+    })
+    .await;
+    let model = fast_model(&server, "");
+    let err = complete(&model, &hi()).await.0.unwrap_err();
+    assert_eq!(
+        err.message,
+        "expected an event stream (text/event-stream) but got application/json: streaming is disabled"
+    );
     assert_eq!(server.count(), 1);
 }

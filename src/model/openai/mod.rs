@@ -290,7 +290,11 @@ impl OpenAiModel {
                 };
                 return Err(AttemptFailure {
                     status: None,
-                    message: format!("cannot reach {}: {}", self.origin, error_chain(&e)),
+                    message: format!(
+                        "cannot reach {}: {}",
+                        self.origin,
+                        error_chain(&e.without_url())
+                    ),
                     retry,
                 });
             }
@@ -307,15 +311,25 @@ impl OpenAiModel {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_ascii_lowercase();
-        if content_type.starts_with("application/json") {
+        // Clearly not a stream (a server ignoring `stream: true`, a proxy's
+        // HTML page): say so instead of failing to parse it. Other types are
+        // tried as SSE, as some servers mislabel their streams.
+        let mime = content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        if mime == "application/json" || mime == "text/html" {
             let body = read_bounded(response, MAX_ERROR_BODY_BYTES, self.timeout).await;
-            let detail = wire::error_message(&body)
-                .map(|m| format!(": {m}"))
-                .unwrap_or_default();
+            let detail = match wire::error_message(&body) {
+                Some(m) if mime == "application/json" => format!(": {m}"),
+                _ => String::new(),
+            };
             return Err(AttemptFailure {
                 status: Some(status.as_u16()),
                 message: format!(
-                    "expected an event stream (text/event-stream) but got application/json{detail}"
+                    "expected an event stream (text/event-stream) but got {mime}{detail}"
                 ),
                 retry: Retry::No,
             });
