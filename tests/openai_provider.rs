@@ -7,11 +7,11 @@
 //!
 //! fakellm is required, not optional: `pip install fakellm==0.3.5`.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use hookwire::config::{Config, ModelConfig};
@@ -22,7 +22,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const FAKELLM_HINT: &str = "pip install fakellm==0.3.5";
+use support::fakellm::{self, FakeLlm};
+
 const API_KEY_VAR: &str = "HOOKWIRE_IT_OPENAI_KEY";
 const API_KEY: &str = "sk-fake-123";
 
@@ -67,147 +68,6 @@ async fn complete(
     let sink = |t: &str| deltas.lock().unwrap().push(t.to_string());
     let result = model.complete(request, &sink).await;
     (result, deltas.into_inner().unwrap())
-}
-
-// ---------------------------------------------------------------- fakellm
-
-fn python() -> String {
-    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-/// A fakellm server process with its own rules file; killed on drop.
-struct FakeLlm {
-    child: Child,
-    port: u16,
-    log: Arc<Mutex<String>>,
-    _dir: tempfile::TempDir,
-}
-
-impl FakeLlm {
-    fn start(rules_yaml: &str) -> FakeLlm {
-        let py = python();
-        let probe = Command::new(&py)
-            .args(["-c", "import fakellm"])
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run `{py}` ({e}); fakellm needs Python: {FAKELLM_HINT}")
-            });
-        assert!(
-            probe.status.success(),
-            "fakellm is not installed for `{py}`: {FAKELLM_HINT} (or point PYTHON at a Python that has it)\n{}",
-            String::from_utf8_lossy(&probe.stderr)
-        );
-
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("fakellm.yaml");
-        std::fs::write(&config, rules_yaml).unwrap();
-        // Port 0: uvicorn binds a free port and logs the one it got, so there
-        // is no window in which another process can take it.
-        let mut child = Command::new(&py)
-            .args([
-                "-m",
-                "fakellm.cli",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-            ])
-            .arg("--config")
-            .arg(&config)
-            .current_dir(dir.path())
-            .env("PYTHONUNBUFFERED", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start fakellm: {e}"));
-
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let log_w = log.clone();
-        // Keeps draining stderr for the life of the process (so it never
-        // blocks on a full pipe) and reports the bound port once.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                log_w.lock().unwrap().push_str(&format!("{line}\n"));
-                if let Some(rest) = line.split("Uvicorn running on http://127.0.0.1:").nth(1) {
-                    let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                    let _ = tx.send(port.parse::<u16>().ok());
-                }
-            }
-        });
-        let port = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Some(port)) => port,
-            other => {
-                let _ = child.kill();
-                let status = child.wait().ok();
-                panic!(
-                    "fakellm did not start ({other:?}, exit {status:?}); is it installed? {FAKELLM_HINT}\n{}",
-                    log.lock().unwrap()
-                );
-            }
-        };
-        FakeLlm {
-            child,
-            port,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}/v1", self.port)
-    }
-
-    /// fakellm's request counts by matched rule.
-    async fn rule_hits(&self) -> Value {
-        let stats: Value = reqwest::get(format!("http://127.0.0.1:{}/_fakellm/stats", self.port))
-            .await
-            .unwrap()
-            .error_for_status()
-            .unwrap()
-            .bytes()
-            .await
-            .map(|b| serde_json::from_slice(&b).unwrap())
-            .unwrap();
-        stats["by_rule"].clone()
-    }
-}
-
-impl Drop for FakeLlm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("fakellm log:\n{}", self.log.lock().unwrap());
-        }
-    }
-}
-
-/// What fakellm answers (its documented deterministic echo) for a request
-/// whose body is exactly `body`, computed by fakellm's own code.
-fn fakellm_echo(body: &Value) -> String {
-    use std::io::Write;
-    let mut child = Command::new(python())
-        .args([
-            "-c",
-            "import json,sys; from fakellm._util import deterministic_echo; print(deterministic_echo(json.load(sys.stdin)), end='')",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "fingerprint helper failed");
-    String::from_utf8(out.stdout).unwrap()
 }
 
 #[tokio::test]
@@ -387,7 +247,7 @@ rules:
     );
     assert_eq!(
         text,
-        fakellm_echo(&expected),
+        fakellm::echo(&expected),
         "fakellm received a different body than:\n{expected:#}"
     );
 
@@ -409,7 +269,7 @@ rules:
     let (r, _) = complete(&model, &request).await;
     assert_eq!(
         r.unwrap().message().text(),
-        fakellm_echo(&expected),
+        fakellm::echo(&expected),
         "expected:\n{expected:#}"
     );
 }
@@ -886,4 +746,136 @@ async fn a_json_answer_to_a_stream_request_is_reported() {
         "expected an event stream (text/event-stream) but got application/json: streaming is disabled"
     );
     assert_eq!(server.count(), 1);
+}
+
+// ------------------------------------------------ whole agent runs (gRPC)
+
+/// A hookwire agent on fakellm: a hook owns `get_weather` and patches every
+/// model request; fakellm only plays along when the patch (extra context),
+/// the hook-owned tool and the configured header reach it.
+#[tokio::test]
+async fn an_agent_runs_a_hook_owned_tool_on_fakellm_streamed_and_unary() {
+    use hookwire::hook_server::{self, Reply};
+    use hookwire::pb;
+    use support::{FnHook, TestServer};
+
+    let server = FakeLlm::start(
+        r#"
+rules:
+  - name: answer
+    when: {tool_result_contains: "sunny in Paris", messages_contain: "patched-context-42"}
+    respond: {content: "The tool says it is sunny in Paris."}
+  - name: call_tool
+    when: {messages_contain: "patched-context-42", tools_include: get_weather, header.x-team: blue}
+    respond:
+      tool_calls: [{name: get_weather, arguments: {city: Paris}}]
+  - name: unpatched
+    respond: {content: "NO MATCH: the patched request did not reach fakellm"}
+"#,
+    );
+    let hook = FnHook::new(
+        "weather",
+        &[pb::EventKind::ModelRequest, pb::EventKind::ToolResult],
+    )
+    .on_model_request(|_, _| async {
+        Reply::new(hook_server::patch_request(pb::RequestPatch {
+            extra_context: vec!["patched-context-42".into()],
+            temperature: Some(0.1),
+            additional_params_json: r#"{"seed": 3}"#.into(),
+            ..Default::default()
+        }))
+    })
+    .with_tool(support::weather_tool(), |_, call| async move {
+        let args: Value = serde_json::from_str(&call.arguments_json).unwrap();
+        pb::CallToolResponse {
+            content: format!("sunny in {}", args["city"].as_str().unwrap_or("?")),
+            is_error: false,
+        }
+    })
+    .start()
+    .await;
+    let yaml = format!(
+        "models:
+  - name: gpt
+    provider: openai
+    base_url: {base}
+    model: gpt-4o-mini
+    headers: {{x-team: blue}}
+hooks:
+  - name: weather
+    endpoint: {hook}
+agents:
+  - name: a
+    model: gpt
+    system_prompt: You answer weather questions.
+    hooks: [weather]
+    tools: [get_weather]
+",
+        base = server.base_url(),
+        hook = hook.addr
+    );
+    let hw = TestServer::start(&yaml).await;
+    let mut c = hw.client().await;
+
+    // Streamed (Run).
+    let s = support::session(&mut c, "a").await;
+    let events = support::run_events(&mut c, &s, "What's the weather in Paris?").await;
+    let r = support::result_of(&events);
+    assert_eq!(
+        support::outcome(&r),
+        pb::RunOutcome::Completed,
+        "{}",
+        r.reason
+    );
+    assert_eq!(r.final_text, "The tool says it is sunny in Paris.");
+    assert_eq!(r.turns, 2);
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(pb::run_event::Event::TextDelta(d)) => Some(d.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streamed, r.final_text);
+    assert_eq!(
+        support::texts(&r.messages),
+        [
+            "What's the weather in Paris?",
+            r#"call:get_weather({"city": "Paris"})"#,
+            "result:sunny in Paris",
+            "The tool says it is sunny in Paris.",
+        ]
+    );
+    assert!(r.usage.unwrap().output_tokens > 0);
+
+    // Unary (Invoke), in a new conversation (fakellm keys conversations by
+    // their first user message).
+    let s = support::session(&mut c, "a").await;
+    let r = support::invoke(&mut c, &s, "Paris weather, please").await;
+    assert_eq!(
+        support::outcome(&r),
+        pb::RunOutcome::Completed,
+        "{}",
+        r.reason
+    );
+    assert_eq!(r.final_text, "The tool says it is sunny in Paris.");
+
+    assert_eq!(
+        server.rule_hits().await,
+        json!({"call_tool": 2, "answer": 2}),
+        "every model call carried the patch, the tool and the header"
+    );
+    assert_eq!(hook.hook.tool_calls.lock().unwrap().len(), 2);
+    hw.stop().await;
+}
+
+#[test]
+fn start_up_fails_naming_a_missing_key_variable() {
+    let yaml = "models: [{name: gpt, provider: openai, base_url: 'http://127.0.0.1:1/v1', model: m, api_key_env: HOOKWIRE_IT_SURELY_UNSET_KEY}]\nagents: [{name: a, model: gpt}]\n";
+    let cfg = Config::parse(yaml, "test").unwrap();
+    let err = hookwire::server::build_models(&cfg).err().expect("fails");
+    assert_eq!(
+        err.to_string(),
+        "model `gpt`: environment variable `HOOKWIRE_IT_SURELY_UNSET_KEY` (api_key_env) is not set"
+    );
 }
