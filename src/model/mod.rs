@@ -1,11 +1,14 @@
 //! Model providers: the embedded deterministic `scripted` model and (in
 //! `openai`) any OpenAI-compatible chat-completions endpoint.
 
+pub mod openai;
 pub mod scripted;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
+use crate::config::{ModelConfig, ProviderKind};
 use crate::message::{Message, ToolSpec, Usage};
 
 /// Whether and how the model must call tools.
@@ -92,4 +95,40 @@ pub trait ModelProvider: Send + Sync + 'static {
         request: &'a ModelRequest,
         on_delta: DeltaSink<'a>,
     ) -> BoxFuture<'a, Result<ModelResponse, ModelError>>;
+}
+
+/// Why a configured model could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelSetupError {
+    #[error(transparent)]
+    OpenAi(#[from] openai::OpenAiSetupError),
+}
+
+/// The provider for one `models:` entry.
+pub fn build(cfg: &ModelConfig) -> Result<Arc<dyn ModelProvider>, ModelSetupError> {
+    Ok(match cfg.provider {
+        ProviderKind::Scripted => Arc::new(scripted::ScriptedModel::new(
+            cfg.name.clone(),
+            cfg.rules.clone().unwrap_or_default(),
+        )),
+        ProviderKind::Openai => Arc::new(openai::OpenAiModel::from_config(cfg)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_covers_both_providers() {
+        let cfg = crate::config::Config::parse(
+            "models:\n  - {name: s, provider: scripted}\n  - {name: o, provider: openai, base_url: 'http://127.0.0.1:1/v1', model: gpt-x}\nagents: [{name: a, model: s}]\n",
+            "test",
+        )
+        .unwrap();
+        let s = build(cfg.model("s").unwrap()).unwrap();
+        assert_eq!((s.provider_name(), s.model_name()), ("scripted", "s"));
+        let o = build(cfg.model("o").unwrap()).unwrap();
+        assert_eq!((o.provider_name(), o.model_name()), ("openai", "gpt-x"));
+    }
 }

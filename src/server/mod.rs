@@ -14,19 +14,18 @@ use futures::StreamExt;
 use tokio::net::TcpListener;
 use tonic::transport::Server;
 
-use crate::config::{Config, ProviderKind};
+use crate::config::Config;
 use crate::engine::{Engine, EngineSetupError};
 use crate::hooks::registry::RegistryError;
-use crate::model::scripted::ScriptedModel;
-use crate::model::ModelProvider;
+use crate::model::{ModelProvider, ModelSetupError};
 use crate::pb;
 use crate::pb::agent_service_server::AgentServiceServer;
 use crate::telemetry::{self, Instruments};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("model `{model}`: {message}")]
-    Model { model: String, message: String },
+    #[error(transparent)]
+    Model(#[from] ModelSetupError),
     #[error(transparent)]
     Setup(#[from] EngineSetupError),
     #[error(transparent)]
@@ -43,19 +42,7 @@ pub fn build_models(
 ) -> Result<HashMap<String, Arc<dyn ModelProvider>>, ServeError> {
     let mut out: HashMap<String, Arc<dyn ModelProvider>> = HashMap::new();
     for m in &config.models {
-        let model: Arc<dyn ModelProvider> = match m.provider {
-            ProviderKind::Scripted => Arc::new(ScriptedModel::new(
-                m.name.clone(),
-                m.rules.clone().unwrap_or_default(),
-            )),
-            ProviderKind::Openai => {
-                return Err(ServeError::Model {
-                    model: m.name.clone(),
-                    message: "the openai provider is not available in this build".into(),
-                })
-            }
-        };
-        out.insert(m.name.clone(), model);
+        out.insert(m.name.clone(), crate::model::build(m)?);
     }
     Ok(out)
 }

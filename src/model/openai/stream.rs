@@ -1,0 +1,606 @@
+//! Reading a streamed chat completion: SSE events (parsed by
+//! `eventsource-stream`) are decoded into chunks and assembled into one
+//! complete turn. Text deltas are passed on as they arrive; tool calls are
+//! assembled by index (id and name first, argument fragments after).
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::time::Duration;
+
+use eventsource_stream::{EventStream, EventStreamError};
+use futures::{Stream, StreamExt};
+
+use super::wire::{self, Chunk};
+use crate::message::{Block, Message, Role, ToolCall, Usage};
+use crate::model::DeltaSink;
+
+/// Why a stream could not be read to the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FailureKind {
+    /// The connection broke or the body could not be read.
+    Transport,
+    /// No bytes arrived within the idle timeout.
+    Stalled,
+    /// The stream ended before a finish reason or `[DONE]`.
+    Incomplete,
+    /// Not SSE, not UTF-8, not JSON, or not a chat-completion chunk.
+    Malformed,
+    /// More SSE data than the configured bound.
+    TooLarge,
+    /// The provider reported an error inside the stream.
+    Provider,
+}
+
+impl FailureKind {
+    /// Failures a fresh attempt may fix (when nothing was emitted yet).
+    pub fn transient(self) -> bool {
+        matches!(self, Self::Transport | Self::Stalled | Self::Incomplete)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct StreamFailure {
+    pub kind: FailureKind,
+    pub message: String,
+    /// Whether any text delta had been passed on before the failure.
+    pub emitted: bool,
+}
+
+/// A complete turn as read from the stream.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Assembled {
+    pub message: Message,
+    pub finish_reason: String,
+    /// Usage as reported by the server, if it sent any.
+    pub usage: Option<Usage>,
+    /// The model id the server reported.
+    pub model: Option<String>,
+    /// Characters of generated output, for estimating usage.
+    pub output_chars: usize,
+}
+
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// Folds chunks into a turn. Pure: it returns the text delta of each chunk
+/// instead of emitting it, so it is tested without any IO.
+#[derive(Debug, Default)]
+pub(super) struct Assembler {
+    text: String,
+    reasoning: String,
+    calls: BTreeMap<u32, PartialCall>,
+    finish_reason: Option<String>,
+    usage: Option<wire::WireUsage>,
+    model: Option<String>,
+}
+
+impl Assembler {
+    /// Folds one `data:` payload in; returns the text to pass on, if any.
+    pub fn push(&mut self, data: &str) -> Result<Option<String>, (FailureKind, String)> {
+        let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
+            (
+                FailureKind::Malformed,
+                format!("malformed chunk in the response stream: {e}"),
+            )
+        })?;
+        if let Some(err) = &chunk.error {
+            let message = wire::error_value_message(err)
+                .unwrap_or_else(|| "the provider reported an error".into());
+            return Err((
+                FailureKind::Provider,
+                format!("error in the response stream: {message}"),
+            ));
+        }
+        if let Some(m) = chunk.model.filter(|m| !m.is_empty()) {
+            self.model = Some(m);
+        }
+        if let Some(u) = chunk.usage {
+            self.usage = Some(u);
+        }
+        let mut out = String::new();
+        // One completion is requested (no `n`); other choices are ignored.
+        let choices = chunk.choices.unwrap_or_default();
+        for choice in choices.into_iter().filter(|c| c.index.unwrap_or(0) == 0) {
+            if let Some(delta) = choice.delta {
+                for piece in [delta.content, delta.refusal].into_iter().flatten() {
+                    out.push_str(&piece);
+                }
+                if let Some(r) = delta.reasoning_content {
+                    self.reasoning.push_str(&r);
+                }
+                for (pos, call) in delta.tool_calls.into_iter().flatten().enumerate() {
+                    let index = call.index.unwrap_or_else(|| {
+                        // A server that sends whole calls without an index:
+                        // each one is a new call.
+                        self.calls.keys().next_back().map_or(pos as u32, |k| k + 1)
+                    });
+                    let slot = self.calls.entry(index).or_default();
+                    if let Some(id) = call.id.filter(|s| !s.is_empty()) {
+                        if slot.id.is_empty() {
+                            slot.id = id;
+                        }
+                    }
+                    if let Some(f) = call.function {
+                        if let Some(name) = f.name.filter(|s| !s.is_empty()) {
+                            if slot.name.is_empty() {
+                                slot.name = name;
+                            }
+                        }
+                        if let Some(args) = f.arguments {
+                            slot.arguments.push_str(&args);
+                        }
+                    }
+                }
+            }
+            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
+                self.finish_reason = Some(reason);
+            }
+        }
+        self.text.push_str(&out);
+        Ok((!out.is_empty()).then_some(out))
+    }
+
+    /// The complete turn. `done` says whether `[DONE]` arrived; a stream
+    /// without it is still complete once a finish reason was sent.
+    pub fn finish(self, done: bool) -> Result<Assembled, (FailureKind, String)> {
+        if !done && self.finish_reason.is_none() {
+            return Err((
+                FailureKind::Incomplete,
+                "the response stream ended before the model finished".into(),
+            ));
+        }
+        let mut blocks = Vec::new();
+        let mut output_chars = self.text.chars().count() + self.reasoning.chars().count();
+        if !self.reasoning.is_empty() {
+            blocks.push(Block::Reasoning {
+                text: self.reasoning,
+            });
+        }
+        if !self.text.is_empty() {
+            blocks.push(Block::Text { text: self.text });
+        }
+        let has_calls = !self.calls.is_empty();
+        for (index, call) in self.calls {
+            if call.name.is_empty() {
+                return Err((
+                    FailureKind::Malformed,
+                    format!("tool call at index {index} has no function name"),
+                ));
+            }
+            output_chars += call.name.chars().count() + call.arguments.chars().count();
+            let id = if call.id.is_empty() {
+                // A few servers omit ids; history needs one to pair results.
+                format!("call_{}", uuid::Uuid::new_v4().simple())
+            } else {
+                call.id
+            };
+            let arguments_json = if call.arguments.trim().is_empty() {
+                "{}".to_string()
+            } else {
+                call.arguments
+            };
+            blocks.push(Block::ToolCall(ToolCall {
+                id,
+                name: call.name,
+                arguments_json,
+            }));
+        }
+        let finish_reason = self
+            .finish_reason
+            .unwrap_or_else(|| if has_calls { "tool_calls" } else { "stop" }.to_string());
+        Ok(Assembled {
+            message: Message {
+                role: Role::Assistant,
+                blocks,
+            },
+            finish_reason,
+            usage: self.usage.map(|u| Usage {
+                input_tokens: u.prompt_tokens,
+                output_tokens: u.completion_tokens,
+                estimated: false,
+            }),
+            model: self.model,
+            output_chars,
+        })
+    }
+}
+
+/// Bounds on reading one response stream.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// Total bytes of SSE data accepted.
+    pub max_bytes: usize,
+    /// Longest wait for the next piece of the stream.
+    pub idle_timeout: Duration,
+}
+
+/// Reads an SSE body to the end of the turn, passing text deltas to
+/// `on_delta`. Stops at `[DONE]` without waiting for the connection to close.
+pub(super) async fn read<S, B, E>(
+    body: S,
+    limits: Limits,
+    on_delta: DeltaSink<'_>,
+) -> Result<Assembled, StreamFailure>
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: Display,
+{
+    let mut total = 0usize;
+    let bounded = body.map(move |piece| match piece {
+        Ok(bytes) => {
+            total = total.saturating_add(bytes.as_ref().len());
+            if total > limits.max_bytes {
+                Err(BodyError::TooLarge(limits.max_bytes))
+            } else {
+                Ok(bytes)
+            }
+        }
+        Err(e) => Err(BodyError::Transport(e.to_string())),
+    });
+    let mut events = EventStream::new(bounded);
+    let mut asm = Assembler::default();
+    let mut emitted = false;
+    let fail = |kind, message, emitted| StreamFailure {
+        kind,
+        message,
+        emitted,
+    };
+    let mut done = false;
+    loop {
+        let next = match tokio::time::timeout(limits.idle_timeout, events.next()).await {
+            Ok(next) => next,
+            Err(_) => {
+                return Err(fail(
+                    FailureKind::Stalled,
+                    format!(
+                        "the response stream stalled: nothing received for {:?}",
+                        limits.idle_timeout
+                    ),
+                    emitted,
+                ))
+            }
+        };
+        let event = match next {
+            None => break,
+            Some(Ok(event)) => event,
+            Some(Err(EventStreamError::Transport(BodyError::TooLarge(max)))) => {
+                return Err(fail(
+                    FailureKind::TooLarge,
+                    format!("the response stream exceeded {max} bytes"),
+                    emitted,
+                ))
+            }
+            Some(Err(EventStreamError::Transport(BodyError::Transport(e)))) => {
+                return Err(fail(
+                    FailureKind::Transport,
+                    format!("the response stream broke: {e}"),
+                    emitted,
+                ))
+            }
+            Some(Err(e)) => {
+                return Err(fail(
+                    FailureKind::Malformed,
+                    format!("the response is not a valid event stream: {e}"),
+                    emitted,
+                ))
+            }
+        };
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        if data.is_empty() {
+            continue;
+        }
+        match asm.push(data) {
+            Ok(Some(text)) => {
+                emitted = true;
+                on_delta(&text);
+            }
+            Ok(None) => {}
+            Err((kind, message)) => return Err(fail(kind, message, emitted)),
+        }
+    }
+    asm.finish(done)
+        .map_err(|(kind, message)| fail(kind, message, emitted))
+}
+
+#[derive(Debug)]
+enum BodyError {
+    Transport(String),
+    TooLarge(usize),
+}
+
+impl Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Transport(e) => f.write_str(e),
+            BodyError::TooLarge(max) => write!(f, "more than {max} bytes"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use serde_json::json;
+
+    fn chunk(delta: serde_json::Value, finish: Option<&str>) -> String {
+        json!({
+            "id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-test",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        })
+        .to_string()
+    }
+
+    fn sse(payloads: &[String]) -> String {
+        payloads.iter().map(|p| format!("data: {p}\n\n")).collect()
+    }
+
+    /// Runs `read` over `body` split into pieces of `piece` bytes.
+    fn run(
+        body: &str,
+        piece: usize,
+        limits: Limits,
+    ) -> (Result<Assembled, StreamFailure>, Vec<String>) {
+        let pieces: Vec<Result<Vec<u8>, String>> = body
+            .as_bytes()
+            .chunks(piece)
+            .map(|c| Ok(c.to_vec()))
+            .collect();
+        run_pieces(pieces, limits)
+    }
+
+    fn run_pieces(
+        pieces: Vec<Result<Vec<u8>, String>>,
+        limits: Limits,
+    ) -> (Result<Assembled, StreamFailure>, Vec<String>) {
+        let deltas = Mutex::new(Vec::new());
+        let sink = |t: &str| deltas.lock().unwrap().push(t.to_string());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let result = rt.block_on(read(futures::stream::iter(pieces), limits, &sink));
+        (result, deltas.into_inner().unwrap())
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_bytes: 1 << 20,
+            idle_timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn text_deltas_are_passed_on_and_usage_taken_from_the_final_chunk() {
+        let mut body = sse(&[
+            chunk(json!({"role": "assistant", "content": ""}), None),
+            chunk(json!({"content": "Hello"}), None),
+            chunk(json!({"content": ", wörld"}), None),
+            chunk(json!({}), Some("stop")),
+            json!({"choices": null, "model": "gpt-test-2024",
+                   "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}})
+            .to_string(),
+        ]);
+        body.push_str("data: [DONE]\n\n");
+        // Split into 3-byte pieces: events and UTF-8 sequences straddle reads.
+        let (r, deltas) = run(&body, 3, limits());
+        let a = r.unwrap();
+        assert_eq!(deltas, vec!["Hello", ", wörld"]);
+        assert_eq!(a.message, Message::assistant_text("Hello, wörld"));
+        assert_eq!(a.finish_reason, "stop");
+        assert_eq!(
+            a.usage,
+            Some(Usage {
+                input_tokens: 11,
+                output_tokens: 3,
+                estimated: false
+            })
+        );
+        assert_eq!(a.model.as_deref(), Some("gpt-test-2024"));
+    }
+
+    #[test]
+    fn interleaved_tool_call_deltas_assemble_by_index() {
+        let tc = |v: serde_json::Value| chunk(json!({"tool_calls": v}), None);
+        let mut body = sse(&[
+            chunk(json!({"role": "assistant", "content": null}), None),
+            tc(json!([{"index": 0, "id": "call_a", "type": "function",
+                       "function": {"name": "get_weather", "arguments": ""}}])),
+            tc(json!([{"index": 1, "id": "call_b", "type": "function",
+                       "function": {"name": "get_time", "arguments": "{\"tz\""}}])),
+            tc(json!([{"index": 0, "function": {"arguments": "{\"city\":"}}])),
+            // Two fragments for different calls in one chunk.
+            tc(json!([{"index": 1, "function": {"arguments": ":\"CET\"}"}},
+                      {"index": 0, "function": {"arguments": "\"Paris\"}"}}])),
+            // A third call whose arguments never come (no-argument tool).
+            tc(json!([{"index": 2, "id": "call_c", "function": {"name": "ping"}}])),
+            chunk(json!({}), Some("tool_calls")),
+        ]);
+        body.push_str("data: [DONE]\n\n");
+        let (r, deltas) = run(&body, 7, limits());
+        let a = r.unwrap();
+        assert!(deltas.is_empty());
+        let calls: Vec<_> = a.message.tool_calls().cloned().collect();
+        assert_eq!(
+            calls,
+            vec![
+                ToolCall {
+                    id: "call_a".into(),
+                    name: "get_weather".into(),
+                    arguments_json: r#"{"city":"Paris"}"#.into()
+                },
+                ToolCall {
+                    id: "call_b".into(),
+                    name: "get_time".into(),
+                    arguments_json: r#"{"tz":"CET"}"#.into()
+                },
+                ToolCall {
+                    id: "call_c".into(),
+                    name: "ping".into(),
+                    arguments_json: "{}".into()
+                },
+            ]
+        );
+        assert_eq!(a.finish_reason, "tool_calls");
+        assert_eq!(a.usage, None, "no usage chunk: the caller estimates");
+        assert!(a.output_chars > 0);
+    }
+
+    #[test]
+    fn text_then_tool_call_and_reasoning_keep_block_order() {
+        let mut asm = Assembler::default();
+        asm.push(&chunk(json!({"reasoning_content": "think"}), None))
+            .unwrap();
+        assert_eq!(
+            asm.push(&chunk(json!({"content": "Checking."}), None))
+                .unwrap(),
+            Some("Checking.".into())
+        );
+        asm.push(&chunk(
+            json!({"tool_calls": [{"index": 0, "id": "x", "function": {"name": "f", "arguments": "{}"}}]}),
+            Some("tool_calls"),
+        ))
+        .unwrap();
+        let a = asm.finish(false).unwrap();
+        assert_eq!(
+            a.message.blocks,
+            vec![
+                Block::Reasoning {
+                    text: "think".into()
+                },
+                Block::Text {
+                    text: "Checking.".into()
+                },
+                Block::ToolCall(ToolCall {
+                    id: "x".into(),
+                    name: "f".into(),
+                    arguments_json: "{}".into()
+                }),
+            ]
+        );
+    }
+
+    #[test]
+    fn calls_without_index_or_id_are_kept_apart_and_given_ids() {
+        let mut asm = Assembler::default();
+        asm.push(&chunk(
+            json!({"tool_calls": [{"function": {"name": "a", "arguments": "{}"}},
+                                  {"function": {"name": "b", "arguments": "{}"}}]}),
+            Some("tool_calls"),
+        ))
+        .unwrap();
+        let a = asm.finish(true).unwrap();
+        let calls: Vec<_> = a.message.tool_calls().collect();
+        assert_eq!(calls.len(), 2);
+        assert_eq!((calls[0].name.as_str(), calls[1].name.as_str()), ("a", "b"));
+        assert!(calls[0].id.starts_with("call_") && calls[0].id != calls[1].id);
+    }
+
+    #[test]
+    fn a_tool_call_without_a_name_is_malformed() {
+        let mut asm = Assembler::default();
+        asm.push(&chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+            Some("tool_calls"),
+        ))
+        .unwrap();
+        assert_eq!(asm.finish(true).unwrap_err().0, FailureKind::Malformed);
+    }
+
+    #[test]
+    fn end_without_finish_or_done_is_incomplete_and_notes_emitted_output() {
+        let body = sse(&[chunk(json!({"content": "partial"}), None)]);
+        let (r, deltas) = run(&body, 1000, limits());
+        let f = r.unwrap_err();
+        assert_eq!(f.kind, FailureKind::Incomplete);
+        assert!(f.emitted);
+        assert_eq!(deltas, vec!["partial"]);
+        // A finish reason without [DONE] is complete (some servers omit it).
+        let body = sse(&[chunk(json!({"content": "ok"}), Some("length"))]);
+        let a = run(&body, 1000, limits()).0.unwrap();
+        assert_eq!(a.finish_reason, "length");
+    }
+
+    #[test]
+    fn malformed_json_is_an_error_not_a_panic() {
+        let body = format!(
+            "{}data: {{\"choices\": [oops\n\n",
+            sse(&[chunk(json!({"content": "a"}), None)])
+        );
+        let (r, _) = run(&body, 1000, limits());
+        let f = r.unwrap_err();
+        assert_eq!(f.kind, FailureKind::Malformed);
+        assert!(f.message.contains("malformed chunk"), "{}", f.message);
+        assert!(f.emitted);
+        let (r, _) = run("data: [1, 2]\n\n", 1000, limits());
+        assert_eq!(r.unwrap_err().kind, FailureKind::Malformed);
+    }
+
+    #[test]
+    fn an_error_inside_the_stream_carries_the_provider_message() {
+        let body =
+            sse(&[json!({"error": {"message": "overloaded", "type": "server_error"}}).to_string()]);
+        let f = run(&body, 1000, limits()).0.unwrap_err();
+        assert_eq!(f.kind, FailureKind::Provider);
+        assert!(f.message.contains("overloaded"));
+        assert!(!f.emitted);
+    }
+
+    #[test]
+    fn transport_errors_and_size_bound() {
+        let pieces = vec![
+            Ok(sse(&[chunk(json!({"content": "a"}), None)]).into_bytes()),
+            Err("connection reset".to_string()),
+        ];
+        let f = run_pieces(pieces, limits()).0.unwrap_err();
+        assert_eq!(f.kind, FailureKind::Transport);
+        assert!(f.message.contains("connection reset") && f.emitted);
+
+        let body = sse(&vec![chunk(json!({"content": "xxxxxxxx"}), None); 50]);
+        let small = Limits {
+            max_bytes: 1000,
+            ..limits()
+        };
+        let (r, _) = run(&body, 64, small);
+        let f = r.unwrap_err();
+        assert_eq!(f.kind, FailureKind::TooLarge);
+        assert!(f.message.contains("1000 bytes"));
+    }
+
+    #[test]
+    fn a_stalled_stream_times_out() {
+        let first = sse(&[chunk(json!({"content": "a"}), None)]).into_bytes();
+        let body =
+            futures::stream::iter(vec![Ok::<_, String>(first)]).chain(futures::stream::pending());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let sink = |_: &str| {};
+        let f = rt.block_on(read(body, limits(), &sink)).unwrap_err();
+        assert_eq!(f.kind, FailureKind::Stalled);
+        assert!(f.message.contains("5s") && f.emitted, "{}", f.message);
+    }
+
+    #[test]
+    fn comments_event_names_and_crlf_are_tolerated() {
+        let body = format!(
+            ": keep-alive\r\n\r\nevent: message\r\ndata: {}\r\n\r\ndata: [DONE]\r\n\r\n",
+            chunk(json!({"content": "hi"}), Some("stop"))
+        );
+        let (r, deltas) = run(&body, 5, limits());
+        assert_eq!(r.unwrap().message.text(), "hi");
+        assert_eq!(deltas, vec!["hi"]);
+    }
+}
