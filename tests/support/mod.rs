@@ -54,6 +54,25 @@ impl TestServer {
         panic!("hookwire at {} never answered", self.addr);
     }
 
+    /// A server started elsewhere (e.g. with an admin port).
+    pub fn from_parts(
+        addr: String,
+        task: tokio::task::JoinHandle<Result<(), hookwire::server::ServeError>>,
+    ) -> TestServer {
+        TestServer {
+            addr,
+            shutdown: None,
+            task: Some(task),
+        }
+    }
+
+    /// Waits for a server stopped through its own shutdown signal.
+    pub async fn join(mut self) {
+        if let Some(t) = self.task.take() {
+            t.await.unwrap().unwrap();
+        }
+    }
+
     pub async fn stop(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
