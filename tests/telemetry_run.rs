@@ -9,7 +9,6 @@
 
 mod support;
 
-#[allow(dead_code)]
 #[path = "support/otlp.rs"]
 mod otlp;
 
