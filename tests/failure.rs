@@ -4,6 +4,9 @@
 
 mod support;
 
+#[path = "support/otlp.rs"]
+mod otlp;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +16,7 @@ use hookwire::pb;
 use pb::EventKind as K;
 use support::fault::{FaultHook, Misbehave};
 use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const EVENTS: [K; 7] = [
     K::RunStart,
@@ -63,6 +67,18 @@ struct Cell {
     closed: bool,
     outcome: pb::RunOutcome,
     detail: String,
+    session: String,
+    surfaced: K,
+}
+
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
 }
 
 async fn cell(case: Case, event: K, closed: bool) -> Cell {
@@ -137,7 +153,22 @@ async fn cell(case: Case, event: K, closed: bool) -> Cell {
     }
     let hooks: Vec<(&str, &str, &str)> =
         hooks.iter().map(|(a, b, c)| (*a, *b, c.as_str())).collect();
-    let server = TestServer::start(&config(&hooks, "tools: [get_weather]")).await;
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let cfg =
+        hookwire::config::Config::parse(&config(&hooks, "tools: [get_weather]"), "t").unwrap();
+    let task = tokio::spawn(hookwire::server::serve_with_admin(
+        listener,
+        Some(admin),
+        cfg,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let server = TestServer::from_parts(addr, task);
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let input = if event == K::InvalidToolCall {
@@ -188,18 +219,50 @@ async fn cell(case: Case, event: K, closed: bool) -> Cell {
             r.hook_verdicts
         );
     }
-    server.stop().await;
+    // The failure is counted per class, and fail-opens separately.
+    let metrics = scrape(admin_addr).await;
+    let series = format!(
+        r#"hookwire_hook_failures_total{{hook="fault",event="{}",class="{class}"}}"#,
+        name(surfaced)
+    );
+    assert!(
+        metrics.contains(&series),
+        "{case:?} on {event:?}: no {series}"
+    );
+    let fail_open = format!(
+        r#"hookwire_hook_fail_open_total{{hook="fault",event="{}"}}"#,
+        name(surfaced)
+    );
+    assert_eq!(
+        metrics.contains(&fail_open),
+        !closed,
+        "{case:?} on {event:?}: {fail_open}"
+    );
+    let _ = stop.send(());
+    server.join().await;
     Cell {
         case,
         event,
         closed,
         outcome,
         detail: r.reason,
+        session: s,
+        surfaced,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
+    // Spans of every cell go to one in-test OTLP collector; cells are told
+    // apart by their run's trace.
+    let collector = otlp::Collector::start().await;
+    let mut opts = hookwire::telemetry::TelemetryOptions::new(hookwire::telemetry::LogFormat::Text);
+    opts.otlp_endpoint = Some(collector.endpoint());
+    opts.log_filter = "error".into();
+    let (dispatch, telemetry) =
+        hookwire::telemetry::build(&opts, otlp::LogCapture::default().writer()).unwrap();
+    tracing::dispatcher::set_global_default(dispatch).unwrap();
+
     let cases = [
         Case::Connect,
         Case::Fault(Misbehave::RefuseStream),
@@ -229,11 +292,52 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
         .await;
     assert_eq!(cells.len(), total);
 
+    // Every cell's failing hook call has its span with the failure class as
+    // error.type, and a fail-open left a `hook.failed_open` span event.
+    telemetry.flush().await.unwrap();
+    let spans = collector.spans();
+    use hookwire::telemetry::attrs;
+    for c in &cells {
+        let root = spans
+            .iter()
+            .find(|s| {
+                s.name.starts_with("invoke_agent")
+                    && s.attr(attrs::GEN_AI_CONVERSATION_ID) == Some(&c.session)
+            })
+            .unwrap_or_else(|| panic!("{:?} on {:?}: no run span", c.case, c.event));
+        let hook_span = format!("hook fault {}", name(c.surfaced));
+        let failed: Vec<_> = spans
+            .iter()
+            .filter(|s| {
+                s.trace_id == root.trace_id
+                    && s.name == hook_span
+                    && s.attr(attrs::ERROR_TYPE) == Some(c.case.class())
+            })
+            .collect();
+        assert!(
+            !failed.is_empty(),
+            "{:?} on {:?}: no `{hook_span}` span with error.type {}",
+            c.case,
+            c.event,
+            c.case.class()
+        );
+        let marked = failed.iter().any(|s| s.event("hook.failed_open").is_some());
+        assert_eq!(
+            marked, !c.closed,
+            "{:?} on {:?} (closed: {}): hook.failed_open span event",
+            c.case, c.event, c.closed
+        );
+    }
+    telemetry.shutdown().await;
+
     let mut md = String::from(
         "# Failure matrix\n\nGenerated by `tests/failure.rs` (`HOOKWIRE_WRITE_MATRIX=1 cargo test --test failure`).\n\
          Each cell is a real run against a misbehaving hook server: the outcome with `failure: closed` / with `failure: open`.\n\
          Closed cells also assert the status names hook, event and class, and that no tool ran after a failure before the tool step;\n\
-         open cells assert a failed-open provenance record carrying the class. A duplicate verdict surfaces at the hook's next blocking event.\n\n| class |",
+         open cells assert a failed-open provenance record carrying the class. Every cell also asserts the failure metric\n\
+         (`hookwire_hook_failures_total{hook,event,class}`, plus `hookwire_hook_fail_open_total` when open) and the exported\n\
+         `hook fault {event}` span with `error.type` = class (plus a `hook.failed_open` span event when open).\n\
+         A duplicate verdict surfaces at the hook's next blocking event.\n\n| class |",
     );
     for e in EVENTS {
         md.push_str(&format!(" {} |", name(e)));
