@@ -163,6 +163,18 @@ impl Engine {
             .collect()
     }
 
+    /// Names of the hooks enabled on a session, in firing order.
+    pub fn session_hook_names(&self, session: &Session) -> Vec<String> {
+        match self.agent(&session.agent) {
+            Ok(agent) => self
+                .session_hooks(agent, &session.extra_hooks)
+                .iter()
+                .map(|c| c.name().to_string())
+                .collect(),
+            Err(_) => session.extra_hooks.clone(),
+        }
+    }
+
     pub async fn create_session(
         &self,
         agent_name: &str,

@@ -472,6 +472,13 @@ impl TryFrom<pb::HookVerdict> for Verdict {
                 .scratchpad
                 .into_iter()
                 .map(|u| match u.op {
+                    Some(pb::scratchpad_update::Op::Set(b)) if b.len() > MAX_VERDICT_TEXT => {
+                        Err(InvalidVerdict::Oversize {
+                            field: "scratchpad value",
+                            size: b.len(),
+                            max: MAX_VERDICT_TEXT,
+                        })
+                    }
                     Some(pb::scratchpad_update::Op::Set(b)) => Ok(ScratchOp::Set(u.key, b)),
                     Some(pb::scratchpad_update::Op::Delete(_)) => Ok(ScratchOp::Delete(u.key)),
                     None => Err(InvalidVerdict::BadMessage(format!(

@@ -6,9 +6,8 @@ use crate::hooks::provenance::VerdictRecord;
 use crate::pb;
 use crate::session::Session;
 
-pub fn session(s: &Session, with_transcript: bool) -> pb::Session {
-    let mut hooks = Vec::new();
-    hooks.extend(s.extra_hooks.iter().cloned());
+/// `hooks`: every hook enabled on the session, in firing order.
+pub fn session(s: &Session, hooks: Vec<String>, with_transcript: bool) -> pb::Session {
     pb::Session {
         id: s.id.clone(),
         agent: s.agent.clone(),

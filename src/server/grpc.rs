@@ -44,7 +44,8 @@ impl AgentService for AgentApi {
             .engine
             .create_session(&r.agent, r.extra_hooks, r.metadata.into_iter().collect())
             .await?;
-        Ok(Response::new(convert::session(&s, true)))
+        let hooks = self.engine.session_hook_names(&s);
+        Ok(Response::new(convert::session(&s, hooks, true)))
     }
 
     async fn get_session(
@@ -55,10 +56,9 @@ impl AgentService for AgentApi {
         if id.is_empty() {
             return Err(missing("session_id"));
         }
-        Ok(Response::new(convert::session(
-            &self.engine.get_session(&id)?,
-            true,
-        )))
+        let s = self.engine.get_session(&id)?;
+        let hooks = self.engine.session_hook_names(&s);
+        Ok(Response::new(convert::session(&s, hooks, true)))
     }
 
     async fn list_sessions(
@@ -70,7 +70,7 @@ impl AgentService for AgentApi {
                 .engine
                 .list_sessions()
                 .iter()
-                .map(|s| convert::session(s, false))
+                .map(|s| convert::session(s, self.engine.session_hook_names(s), false))
                 .collect(),
         }))
     }
