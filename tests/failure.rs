@@ -16,7 +16,6 @@ use hookwire::pb;
 use pb::EventKind as K;
 use support::fault::{FaultHook, Misbehave};
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const EVENTS: [K; 7] = [
     K::RunStart,
@@ -69,16 +68,6 @@ struct Cell {
     detail: String,
     session: String,
     surfaced: K,
-}
-
-async fn scrape(addr: std::net::SocketAddr) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 async fn cell(case: Case, event: K, closed: bool) -> Cell {
@@ -153,22 +142,8 @@ async fn cell(case: Case, event: K, closed: bool) -> Cell {
     }
     let hooks: Vec<(&str, &str, &str)> =
         hooks.iter().map(|(a, b, c)| (*a, *b, c.as_str())).collect();
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_addr = admin.local_addr().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let cfg =
-        hookwire::config::Config::parse(&config(&hooks, "tools: [get_weather]"), "t").unwrap();
-    let task = tokio::spawn(hookwire::server::serve_with_admin(
-        listener,
-        Some(admin),
-        cfg,
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    let server = TestServer::from_parts(addr, task);
+    let (server, admin_addr) =
+        TestServer::start_with_admin(&config(&hooks, "tools: [get_weather]")).await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let input = if event == K::InvalidToolCall {
@@ -220,7 +195,7 @@ async fn cell(case: Case, event: K, closed: bool) -> Cell {
         );
     }
     // The failure is counted per class, and fail-opens separately.
-    let metrics = scrape(admin_addr).await;
+    let metrics = http_get(admin_addr, "/metrics").await;
     let series = format!(
         r#"hookwire_hook_failures_total{{hook="fault",event="{}",class="{class}"}}"#,
         name(surfaced)
@@ -238,8 +213,7 @@ async fn cell(case: Case, event: K, closed: bool) -> Cell {
         !closed,
         "{case:?} on {event:?}: {fail_open}"
     );
-    let _ = stop.send(());
-    server.join().await;
+    server.stop().await;
     Cell {
         case,
         event,

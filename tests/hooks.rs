@@ -9,6 +9,7 @@ use std::sync::Arc;
 use hookwire::hook_server::{self, Reply};
 use hookwire::pb;
 use pb::EventKind as K;
+use support::fault::{FaultHook, Misbehave};
 use support::*;
 
 fn proceed_run_start() -> Reply<pb::RunStartVerdict> {
@@ -524,53 +525,10 @@ async fn observe_mode_hook_never_delays_the_run() {
 
 #[tokio::test]
 async fn wrong_kind_verdict_fails_the_run_closed() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", listener.local_addr().unwrap());
-    // A raw HookService that answers a tool_call verdict to run_start.
-    struct Raw;
-    #[tonic::async_trait]
-    impl pb::hook_service_server::HookService for Raw {
-        async fn describe(
-            &self,
-            _: tonic::Request<pb::DescribeRequest>,
-        ) -> Result<tonic::Response<pb::DescribeResponse>, tonic::Status> {
-            Ok(tonic::Response::new(hook_server::describe(
-                "wrong",
-                &[K::RunStart],
-            )))
-        }
-        type ProcessStream = std::pin::Pin<
-            Box<dyn futures::Stream<Item = Result<pb::HookVerdict, tonic::Status>> + Send>,
-        >;
-        async fn process(
-            &self,
-            req: tonic::Request<tonic::Streaming<pb::HookEvent>>,
-        ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
-            let mut inbound = req.into_inner();
-            let out = async_stream_verdicts(async move {
-                let ev = inbound.message().await.ok().flatten()?;
-                Some(pb::HookVerdict {
-                    seq: ev.seq,
-                    verdict: Some(pb::hook_verdict::Verdict::ToolCall(pb::ToolCallVerdict {
-                        action: Some(pb::tool_call_verdict::Action::Proceed(pb::Continue {})),
-                    })),
-                    ..Default::default()
-                })
-            });
-            Ok(tonic::Response::new(out))
-        }
-        async fn call_tool(
-            &self,
-            _: tonic::Request<pb::CallToolRequest>,
-        ) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
-            Err(tonic::Status::unimplemented("none"))
-        }
-    }
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(pb::hook_service_server::HookServiceServer::new(Raw))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    // Answers a tool_call verdict to run_start.
+    let (addr, _task) = FaultHook::new(K::RunStart, Misbehave::WrongKind, &[])
+        .start()
+        .await;
     let server = TestServer::start(&config(&[("wrong", &addr, "")], "")).await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
@@ -578,21 +536,10 @@ async fn wrong_kind_verdict_fails_the_run_closed() {
     assert_eq!(outcome(&r), pb::RunOutcome::HookFailed);
     assert!(
         r.reason
-            .contains("hook `wrong` failed on run_start: wrong_kind"),
+            .contains("hook `wrong` failed on run_start: wrong_kind: answered a tool_call verdict"),
         "{}",
         r.reason
     );
     assert!(r.messages.is_empty(), "the input never entered history");
     server.stop().await;
-}
-
-fn async_stream_verdicts(
-    f: impl std::future::Future<Output = Option<pb::HookVerdict>> + Send + 'static,
-) -> std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::HookVerdict, tonic::Status>> + Send>> {
-    use futures::StreamExt;
-    Box::pin(
-        futures::stream::once(f)
-            .filter_map(|v| async move { v.map(Ok) })
-            .chain(futures::stream::pending()),
-    )
 }

@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 use hookwire::hook_server::Reply;
 use hookwire::pb;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
+
+async fn readyz(port: u16) -> String {
+    http_get(([127, 0, 0, 1], port).into(), "/readyz").await
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -19,18 +23,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-async fn readyz(port: u16) -> String {
-    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return String::new();
-    };
-    s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out).await;
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

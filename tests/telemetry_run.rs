@@ -18,7 +18,6 @@ use hookwire::telemetry::{attrs, build, LogFormat, TelemetryOptions};
 use otlp::{CollectedSpan, Collector, LogCapture};
 use pb::EventKind as K;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SECRET: &str = "SENTINEL-SECRET-4242";
 const TEL_SECRET: &str = "SENTINEL-TELEMETRY-7777";
@@ -58,35 +57,6 @@ fn one<'a>(spans: &'a [CollectedSpan], name: &str) -> &'a CollectedSpan {
     v[0]
 }
 
-async fn scrape(addr: std::net::SocketAddr) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
-}
-
-async fn start(
-    yaml: &str,
-    admin: Option<tokio::net::TcpListener>,
-) -> (TestServer, tokio::sync::oneshot::Sender<()>) {
-    let config = hookwire::config::Config::parse(yaml, "t").unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(hookwire::server::serve_with_admin(
-        listener,
-        admin,
-        config,
-        async {
-            let _ = rx.await;
-        },
-    ));
-    (TestServer::from_parts(addr, task), tx)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_export_genai_spans_without_leaking_content() {
     let collector = Collector::start().await;
@@ -117,16 +87,14 @@ async fn runs_export_genai_spans_without_leaking_content() {
         })
         .start()
         .await;
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_addr = admin.local_addr().unwrap();
     let yaml = config(
         &[("owner", &owner.addr, ""), ("redactor", &redactor.addr, "")],
         "tools: [get_weather]",
     )
     .replace("hooks:\n", "telemetry:\n  capture_content: true\nhooks:\n");
-    let (server, stop) = start(&yaml, Some(admin)).await;
+    let (server, admin_addr) = TestServer::start_with_admin(&yaml).await;
     let mut c = server.client().await;
-    let before = scrape(admin_addr).await;
+    let before = http_get(admin_addr, "/metrics").await;
     let sa = session(&mut c, "a").await;
     let events = run_events(&mut c, &sa, "weather").await;
     assert!(
@@ -165,7 +133,7 @@ async fn runs_export_genai_spans_without_leaking_content() {
         "tools: [get_weather]",
     )
     .replace("hooks:\n", "telemetry:\n  capture_content: true\nhooks:\n");
-    let (server_b, stop_b) = start(&yaml_b, None).await;
+    let server_b = TestServer::start(&yaml_b).await;
     let mut cb = server_b.client().await;
     let sb = session(&mut cb, "a").await;
     let rb = invoke(&mut cb, &sb, "weather").await;
@@ -175,10 +143,10 @@ async fn runs_export_genai_spans_without_leaking_content() {
     );
 
     // C: capture off.
-    let (server_c, stop_c) = start(
-        &config(&[("owner", &owner.addr, "")], "tools: [get_weather]"),
-        None,
-    )
+    let server_c = TestServer::start(&config(
+        &[("owner", &owner.addr, "")],
+        "tools: [get_weather]",
+    ))
     .await;
     let mut cc = server_c.client().await;
     let sc = session(&mut cc, "a").await;
@@ -200,7 +168,7 @@ async fn runs_export_genai_spans_without_leaking_content() {
         "tools: [get_weather]",
     )
     .replace("hooks:\n", "telemetry:\n  capture_content: true\nhooks:\n");
-    let (server_d, stop_d) = start(&yaml_d, None).await;
+    let server_d = TestServer::start(&yaml_d).await;
     let mut cd = server_d.client().await;
     let sd = session(&mut cd, "a").await;
     assert_eq!(
@@ -208,15 +176,9 @@ async fn runs_export_genai_spans_without_leaking_content() {
         pb::RunOutcome::Terminated
     );
 
-    let after = scrape(admin_addr).await;
-    for (s, tx) in [
-        (server, stop),
-        (server_b, stop_b),
-        (server_c, stop_c),
-        (server_d, stop_d),
-    ] {
-        let _ = tx.send(());
-        s.join().await;
+    let after = http_get(admin_addr, "/metrics").await;
+    for s in [server, server_b, server_c, server_d] {
+        s.stop().await;
     }
     telemetry.flush().await.unwrap();
     let all = collector.spans();

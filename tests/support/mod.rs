@@ -54,6 +54,30 @@ impl TestServer {
         panic!("hookwire at {} never answered", self.addr);
     }
 
+    /// Like `start`, plus the admin HTTP port on 127.0.0.1:0 (returned).
+    pub async fn start_with_admin(yaml: &str) -> (TestServer, std::net::SocketAddr) {
+        let config = Config::parse(yaml, "test config").expect("test config is valid");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(hookwire::server::serve_with_admin(
+            listener,
+            Some(admin),
+            config,
+            async {
+                let _ = rx.await;
+            },
+        ));
+        let server = TestServer {
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        };
+        (server, admin_addr)
+    }
+
     /// A server started elsewhere (e.g. with an admin port).
     pub fn from_parts(
         addr: String,
@@ -66,13 +90,6 @@ impl TestServer {
         }
     }
 
-    /// Waits for a server stopped through its own shutdown signal.
-    pub async fn join(mut self) {
-        if let Some(t) = self.task.take() {
-            t.await.unwrap().unwrap();
-        }
-    }
-
     pub async fn stop(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
@@ -81,6 +98,20 @@ impl TestServer {
             t.await.unwrap().unwrap();
         }
     }
+}
+
+/// A plain HTTP/1.1 GET (the admin port); the whole response, headers
+/// included, or empty when nothing listens.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out
 }
 
 pub async fn session(c: &mut AgentServiceClient<Channel>, agent: &str) -> String {
