@@ -356,3 +356,24 @@ async fn killed_hook_process_fails_closed_and_recovers_after_restart() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn tls_handshake_failure_is_its_own_class() {
+    // A plaintext hook server addressed over https: the TLS handshake fails.
+    let (addr, _t) = FaultHook::new(K::RunStart, Misbehave::WrongKind, &[])
+        .start()
+        .await;
+    let https = addr.replace("http://", "https://");
+    let server =
+        TestServer::start(&config(&[("tlshook", &https, "events: [run_start]")], "")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "hi").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::HookFailed);
+    assert!(
+        r.reason.contains("hook `tlshook` failed on run_start: tls"),
+        "{}",
+        r.reason
+    );
+    server.stop().await;
+}

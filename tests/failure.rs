@@ -31,6 +31,8 @@ const EVENTS: [K; 7] = [
 enum Case {
     Fault(Misbehave),
     Connect,
+    /// https:// to a plaintext hook server: the TLS handshake fails.
+    Tls,
 }
 
 impl Case {
@@ -40,12 +42,14 @@ impl Case {
             Case::Fault(Misbehave::Hang) => "deadline (no verdict)".into(),
             Case::Fault(m) => m.class().to_string(),
             Case::Connect => "connect".into(),
+            Case::Tls => "tls".into(),
         }
     }
     fn class(self) -> &'static str {
         match self {
             Case::Fault(m) => m.class(),
             Case::Connect => "connect",
+            Case::Tls => "tls",
         }
     }
     /// Classes that need a short per-call timeout to happen at all.
@@ -87,6 +91,13 @@ async fn cell(case: Case, event: K, closed: bool) -> Cell {
             addr
         }
         Case::Connect => "http://127.0.0.1:1".to_string(),
+        Case::Tls => {
+            let (addr, task) = FaultHook::new(event, Misbehave::WrongKind, &also)
+                .start()
+                .await;
+            _fault_task = Some(task);
+            addr.replace("http://", "https://")
+        }
     };
     let owner = FnHook::new("owner", &[])
         .with_tool(weather_tool(), |_, _| async {
@@ -239,6 +250,7 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
 
     let cases = [
         Case::Connect,
+        Case::Tls,
         Case::Fault(Misbehave::RefuseStream),
         Case::Fault(Misbehave::Hang),
         Case::Fault(Misbehave::Late(Duration::from_millis(600))),

@@ -291,43 +291,78 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict) {
     }
 }
 
+/// What the transport errors under a status say, by type rather than by
+/// message text (rustls, for one, never says "tls").
+#[derive(Default)]
+struct TransportCause {
+    tls: bool,
+    refused: bool,
+    text: String,
+}
+
+fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    src?;
+    let mut cause = TransportCause::default();
+    while let Some(e) = src {
+        if e.downcast_ref::<rustls::Error>().is_some() {
+            cause.tls = true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            {
+                cause.tls = true;
+            }
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::AddrNotAvailable
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+            ) {
+                cause.refused = true;
+            }
+        }
+        cause.text.push_str(&e.to_string().to_lowercase());
+        cause.text.push_str(": ");
+        src = e.source();
+    }
+    Some(cause)
+}
+
 /// Maps a gRPC status to a failure class. Statuses with a transport source
 /// come from the connection, not from the hook's own answer.
 pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
-    let mut chain = String::new();
-    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
-    while let Some(e) = src {
-        chain.push_str(&e.to_string().to_lowercase());
-        chain.push_str(": ");
-        src = e.source();
-    }
-    let msg = status.message().to_lowercase();
-    let transport = !chain.is_empty();
-    let class = if transport || msg.contains("transport error") {
-        let all = format!("{msg} {chain}");
-        if all.contains("tls") || all.contains("certificate") || all.contains("handshake") {
+    let cause = transport_cause(status);
+    let class = match &cause {
+        Some(c) if c.tls || c.text.contains("certificate") || c.text.contains("handshake") => {
             FailureClass::Tls
-        } else if all.contains("connect") || all.contains("dns") || all.contains("resolve") {
-            FailureClass::Connect
-        } else {
-            FailureClass::StreamReset
         }
-    } else if opening && status.code() == tonic::Code::Unimplemented {
-        FailureClass::StreamRefused
-    } else if status.code() == tonic::Code::DeadlineExceeded {
-        FailureClass::Deadline
-    } else {
-        FailureClass::Status
+        Some(c)
+            if c.refused
+                || c.text.contains("tcp connect")
+                || c.text.contains("dns")
+                || c.text.contains("failed to lookup") =>
+        {
+            FailureClass::Connect
+        }
+        Some(_) => FailureClass::StreamReset,
+        None if opening && status.code() == tonic::Code::Unimplemented => {
+            FailureClass::StreamRefused
+        }
+        None if status.code() == tonic::Code::DeadlineExceeded => FailureClass::Deadline,
+        None => FailureClass::Status,
     };
-    let detail = if chain.is_empty() {
-        format!("{:?}: {}", status.code(), status.message())
-    } else {
-        format!(
+    let detail = match &cause {
+        None => format!("{:?}: {}", status.code(), status.message()),
+        Some(c) => format!(
             "{:?}: {} ({})",
             status.code(),
             status.message(),
-            chain.trim_end_matches(": ")
-        )
+            c.text.trim_end_matches(": ")
+        ),
     };
     Fault::new(class, detail)
 }
