@@ -543,3 +543,44 @@ async fn wrong_kind_verdict_fails_the_run_closed() {
     assert!(r.messages.is_empty(), "the input never entered history");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn session_extra_hooks_fire_after_agent_hooks() {
+    let suffix = |tag: &'static str| {
+        FnHook::new(tag, &[K::RunStart]).on_run_start(move |_, ev| async move {
+            Reply::new(hook_server::rewrite_input(format!("{}-{tag}", ev.input)))
+        })
+    };
+    let agent_hook = suffix("agenthook").start().await;
+    let extra = suffix("extra").start().await;
+    let yaml = config(
+        &[
+            ("agenthook", &agent_hook.addr, "priority: 0"),
+            ("extra", &extra.addr, "priority: 100"),
+        ],
+        "",
+    )
+    .replace("hooks: [agenthook, extra]", "hooks: [agenthook]");
+    let server = TestServer::start(&yaml).await;
+    let mut c = server.client().await;
+    // Without the extra hook: only the agent's.
+    let plain = session(&mut c, "a").await;
+    assert_eq!(
+        invoke(&mut c, &plain, "x").await.final_text,
+        "sys=base temp= user=x-agenthook"
+    );
+    // With it: after the agent's hook despite its higher priority.
+    let s = c
+        .create_session(pb::CreateSessionRequest {
+            agent: "a".into(),
+            extra_hooks: vec!["extra".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.hooks, ["agenthook", "extra"]);
+    let r = invoke(&mut c, &s.id, "x").await;
+    assert_eq!(r.final_text, "sys=base temp= user=x-agenthook-extra");
+    server.stop().await;
+}
