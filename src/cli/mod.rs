@@ -28,7 +28,8 @@ pub enum Command {
     /// Serve AgentService, gRPC health and reflection.
     Serve {
         /// YAML config file; without it the embedded default runs (agent
-        /// `demo` on the scripted model, no hooks).
+        /// `demo` on the scripted model, no hooks). HOOKWIRE_HOOK_<NAME>_ENDPOINT
+        /// and HOOKWIRE_MODEL_<NAME>_BASE_URL override endpoints in it.
         #[arg(long, env = "HOOKWIRE_CONFIG")]
         config: Option<PathBuf>,
         /// gRPC listen address (overrides `listen:` in the config).
@@ -100,7 +101,8 @@ pub enum SessionsAction {
 
 #[derive(Subcommand, Debug)]
 pub enum ConfigAction {
-    /// Validate a config file; exit 0 when valid, 1 with the error otherwise.
+    /// Validate a config file, with the environment's endpoint overrides
+    /// applied as `serve` would; exit 0 when valid, 1 with the error otherwise.
     Check { file: PathBuf },
 }
 

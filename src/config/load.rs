@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::{Config, ProviderKind};
+use super::{env, Config, ProviderKind};
 use crate::event::nearest;
 
 /// The configuration `hookwire serve` runs without `--config`: one agent
@@ -52,22 +52,43 @@ impl ConfigError {
 }
 
 impl Config {
+    /// Reads `file` and applies the endpoint overrides in the process
+    /// environment (see [`super::env`]).
     pub fn load(file: &Path) -> Result<Config, ConfigError> {
+        Config::load_with_env(file, std::env::vars())
+    }
+
+    /// [`Config::load`] with the environment given.
+    pub fn load_with_env(
+        file: &Path,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
             file: file.to_path_buf(),
             source,
         })?;
-        Config::parse(&text, &file.display().to_string())
+        Config::parse_with_env(&text, &file.display().to_string(), vars)
     }
 
     pub fn embedded_default() -> Config {
         Config::parse(EMBEDDED_DEFAULT, "embedded default").expect("embedded default is valid")
     }
 
-    /// Parses and validates YAML; `origin` names the source in errors.
+    /// Parses and validates YAML; `origin` names the source in errors. The
+    /// environment is not consulted.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        Config::parse_with_env(text, origin, std::iter::empty())
+    }
+
+    /// Parses YAML, applies the endpoint overrides among `vars`, then
+    /// validates; an error in an overridden value names its variable.
+    pub fn parse_with_env(
+        text: &str,
+        origin: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
         let de = serde_norway::Deserializer::from_str(text);
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             ConfigError::Parse {
                 origin: origin.to_string(),
@@ -79,10 +100,18 @@ impl Config {
                 message: e.into_inner().to_string(),
             }
         })?;
+        let applied = env::apply(&mut config, vars).map_err(|r| ConfigError::Invalid {
+            origin: "environment".into(),
+            path: r.var,
+            message: r.message,
+        })?;
         let errors = config.validate();
         match errors.into_iter().next() {
             Some((path, message)) => Err(ConfigError::Invalid {
-                origin: origin.to_string(),
+                origin: match applied.get(&path) {
+                    Some(var) => format!("{origin} (overridden by {var})"),
+                    None => origin.to_string(),
+                },
                 path,
                 message,
             }),
@@ -361,6 +390,88 @@ mod tests {
         assert_eq!(e.path(), Some("hooks[0].timeout"));
         let e = err("models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\nhooks: [{name: h, endpoint: 'x:1'}]\n");
         assert_eq!(e.path(), Some("hooks[0].endpoint"));
+    }
+
+    const WITH_HOOK_AND_MODEL: &str = "models: [{name: m, provider: scripted}, {name: gpt, provider: openai, base_url: 'http://file:1/v1', model: x}]\nagents: [{name: a, model: m, hooks: [py-guard]}]\nhooks: [{name: py-guard, endpoint: 'http://file:2'}]\n";
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn env_overrides_hook_endpoints_and_model_urls() {
+        let c = Config::parse_with_env(
+            WITH_HOOK_AND_MODEL,
+            "t",
+            vars(&[
+                (
+                    "HOOKWIRE_HOOK_PY_GUARD_ENDPOINT",
+                    "http://guard.ns.svc:50061",
+                ),
+                ("HOOKWIRE_MODEL_GPT_BASE_URL", "http://vllm:8000/v1"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.hooks[0].endpoint, "http://guard.ns.svc:50061");
+        assert_eq!(c.models[1].base_url.as_deref(), Some("http://vllm:8000/v1"));
+        // Without the variables the file's values stand.
+        let c = Config::parse(WITH_HOOK_AND_MODEL, "t").unwrap();
+        assert_eq!(c.hooks[0].endpoint, "http://file:2");
+    }
+
+    #[test]
+    fn a_bad_override_names_its_variable() {
+        let e = Config::parse_with_env(
+            WITH_HOOK_AND_MODEL,
+            "t.yaml",
+            vars(&[("HOOKWIRE_HOOK_PY_GUARD_ENDPOINT", "guard:50061")]),
+        )
+        .unwrap_err();
+        assert_eq!(e.path(), Some("hooks[0].endpoint"));
+        assert!(
+            e.to_string()
+                .starts_with("t.yaml (overridden by HOOKWIRE_HOOK_PY_GUARD_ENDPOINT)"),
+            "{e}"
+        );
+        let e = Config::parse_with_env(
+            WITH_HOOK_AND_MODEL,
+            "t.yaml",
+            vars(&[("HOOKWIRE_HOOK_PY_GAURD_ENDPOINT", "http://x:1")]),
+        )
+        .unwrap_err();
+        assert_eq!(e.path(), Some("HOOKWIRE_HOOK_PY_GAURD_ENDPOINT"));
+        assert!(
+            e.to_string()
+                .contains("did you mean HOOKWIRE_HOOK_PY_GUARD_ENDPOINT?"),
+            "{e}"
+        );
+        let e = Config::parse_with_env(
+            WITH_HOOK_AND_MODEL,
+            "t.yaml",
+            vars(&[("HOOKWIRE_MODEL_M_BASE_URL", "http://x:1")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("not provider: openai"), "{e}");
+    }
+
+    #[test]
+    fn names_that_share_a_variable_are_rejected_only_when_overriding() {
+        let yaml = "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\nhooks: [{name: a-b, endpoint: 'http://x:1'}, {name: a_b, endpoint: 'http://x:2'}]\n";
+        assert!(Config::parse(yaml, "t").is_ok());
+        let e = Config::parse_with_env(
+            yaml,
+            "t",
+            vars(&[("HOOKWIRE_HOOK_A_B_ENDPOINT", "http://x:3")]),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("matches both hooks[0] and hooks[1]"),
+            "{e}"
+        );
     }
 
     #[test]

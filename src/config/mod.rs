@@ -4,6 +4,7 @@
 //! Defaults are chosen for agents, whose hooks may themselves call a model:
 //! seconds, not milliseconds. See README "Configuration reference".
 
+mod env;
 mod load;
 
 use std::collections::BTreeMap;
