@@ -430,32 +430,33 @@ impl Engine {
     /// Waits for in-flight runs up to `grace`, then cancels the rest and
     /// waits for them to finish (they end promptly with outcome cancelled).
     pub async fn drain(&self, grace: Duration) {
-        let wait_idle = async {
-            loop {
-                let notified = self.idle.notified();
-                if self.runs.lock().unwrap().is_empty() {
-                    return;
-                }
-                notified.await;
-            }
-        };
-        if tokio::time::timeout(grace, wait_idle).await.is_err() {
+        if tokio::time::timeout(grace, self.until_idle())
+            .await
+            .is_err()
+        {
             let runs: Vec<Arc<Run>> = self.runs.lock().unwrap().values().cloned().collect();
             tracing::warn!(runs = runs.len(), "shutdown grace elapsed; cancelling runs");
             for r in runs {
                 r.cancel("server shutting down");
             }
-            let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                loop {
-                    let notified = self.idle.notified();
-                    if self.runs.lock().unwrap().is_empty() {
-                        return;
-                    }
-                    notified.await;
-                }
-            })
-            .await;
+            // Cancelled runs still fire run_end and commit; give them a
+            // bounded moment (deploy/ sizes the pod's grace period on it).
+            let _ = tokio::time::timeout(CANCEL_WIND_DOWN, self.until_idle()).await;
         }
         self.registry.stop();
     }
+
+    /// Resolves once no run is in flight.
+    async fn until_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.runs.lock().unwrap().is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
+
+/// How long runs cancelled at the end of the shutdown grace may take to end.
+const CANCEL_WIND_DOWN: Duration = Duration::from_secs(5);
