@@ -8,9 +8,11 @@ LISTEN ?= 127.0.0.1:50051
 run:
 	$(CARGO) run --release --bin hookwire -- serve --listen $(LISTEN)
 
-## The whole suite: unit, integration (real servers on port 0), lint.
+## The whole suite: lint, unit and integration tests (real servers on port
+## 0), and the offline checks of deploy/ with the binary just built.
 test: lint
 	$(CARGO) test --all-targets
+	HOOKWIRE_BIN=target/debug/hookwire deploy/check.sh
 
 ## Format check and clippy with warnings as errors.
 lint:
@@ -28,3 +30,6 @@ release:
 
 clean:
 	$(CARGO) clean
+
+# deploy-check (offline validation of deploy/) and image (OCI archive, offline).
+include deploy/deploy.mk
