@@ -92,14 +92,10 @@ pub async fn serve_with_admin(
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
 
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let reflection_v1 = reflection()
         .build_v1()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
 
@@ -153,4 +149,15 @@ pub async fn serve_with_admin(
     }
     served?;
     Ok(())
+}
+
+/// Reflection lists only the services this server answers; the contract's
+/// other types (HookService, which hook servers implement) stay resolvable
+/// by symbol, so `grpcurl describe hookwire.v1.HookService` still works.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .with_service_name("hookwire.v1.AgentService")
+        .with_service_name("grpc.health.v1.Health")
 }
