@@ -16,9 +16,18 @@ fn main() -> std::process::ExitCode {
     };
     match runtime.block_on(hookwire::cli::main(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // `hookwire run --json | head`: the reader is gone, nothing to report.
+        Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
