@@ -377,3 +377,59 @@ async fn tls_handshake_failure_is_its_own_class() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_hook_that_stops_reading_cannot_hang_a_run_or_grow_its_queue() {
+    // ~2500 text deltas of ~150 bytes each: several times the deaf hook's
+    // 64 KiB HTTP/2 window.
+    let input = "lorem ipsum ".repeat(2_500);
+
+    // Observe: the run never waits on it; what does not fit the bounded
+    // queue is dropped and counted.
+    let (addr, _t) = FaultHook::new(K::TextDelta, Misbehave::Deaf, &[])
+        .start()
+        .await;
+    let (server, admin) = TestServer::start_with_admin(&config(
+        &[("deaf", &addr, "mode: observe\nobserve_queue: 8")],
+        "",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        invoke(&mut c, &s, &input),
+    )
+    .await
+    .expect("an unread observer must not hold up the run");
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed);
+    let metrics = http_get(admin, "/metrics").await;
+    let dropped: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("hookwire_observe_dropped_total{") && l.contains("hook=\"deaf\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no drop counter for deaf in\n{metrics}"));
+    assert!(dropped > 0.0, "nothing dropped: {dropped}");
+    server.stop().await;
+
+    // Blocking: an event larger than the window never gets read; the run
+    // fails closed at the hook's deadline instead of waiting for room.
+    let (addr, _t) = FaultHook::new(K::ModelRequest, Misbehave::Deaf, &[])
+        .start()
+        .await;
+    let server = TestServer::start(&config(&[("deaf", &addr, "timeout: 300ms")], "")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let big = "x".repeat(200 * 1024);
+    let r = tokio::time::timeout(std::time::Duration::from_secs(20), invoke(&mut c, &s, &big))
+        .await
+        .expect("an unread blocking hook must fail at its deadline, not hang");
+    assert_eq!(outcome(&r), pb::RunOutcome::HookFailed);
+    assert!(
+        r.reason.contains("model_request") && r.reason.contains("deadline"),
+        "{}",
+        r.reason
+    );
+    server.stop().await;
+}

@@ -32,12 +32,15 @@ pub enum Misbehave {
     Spurious,
     /// Refuses to open Process (UNIMPLEMENTED).
     RefuseStream,
+    /// Opens Process, then never reads an event nor answers, with a small
+    /// HTTP/2 window so unread events back up into hookwire quickly.
+    Deaf,
 }
 
 impl Misbehave {
     pub fn class(self) -> &'static str {
         match self {
-            Misbehave::Hang | Misbehave::Late(_) => "deadline",
+            Misbehave::Hang | Misbehave::Late(_) | Misbehave::Deaf => "deadline",
             Misbehave::Status => "status",
             Misbehave::CloseStream => "stream_reset",
             Misbehave::WrongKind => "wrong_kind",
@@ -167,6 +170,17 @@ impl pb::hook_service_server::HookService for FaultHook {
         }
         self.streams.fetch_add(1, Ordering::SeqCst);
         let mut inbound = req.into_inner();
+        if self.how == Misbehave::Deaf {
+            let (tx, rx) = mpsc::channel::<Result<pb::HookVerdict, Status>>(1);
+            tokio::spawn(async move {
+                // Both directions stay open, and nothing is ever read.
+                let _held = (inbound, tx);
+                std::future::pending::<()>().await;
+            });
+            return Ok(Response::new(Box::pin(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            )));
+        }
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
         tokio::spawn(async move {
@@ -186,7 +200,7 @@ impl pb::hook_service_server::HookService for FaultHook {
                     continue;
                 }
                 match this.how {
-                    Misbehave::Hang | Misbehave::RefuseStream => {}
+                    Misbehave::Hang | Misbehave::RefuseStream | Misbehave::Deaf => {}
                     Misbehave::Late(d) => {
                         let tx = tx.clone();
                         tokio::spawn(async move {
@@ -265,8 +279,13 @@ impl FaultHook {
     pub async fn start(self) -> (String, tokio::task::JoinHandle<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = format!("http://{}", listener.local_addr().unwrap());
+        // The smallest windows HTTP/2 allows make a deaf hook's unread
+        // events stall hookwire's sender after ~64 KiB instead of ~1 MiB.
+        let window = (self.how == Misbehave::Deaf).then_some(65_535);
         let task = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
+                .initial_stream_window_size(window)
+                .initial_connection_window_size(window)
                 .add_service(pb::hook_service_server::HookServiceServer::new(self))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
                 .await;
