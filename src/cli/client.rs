@@ -82,6 +82,10 @@ pub async fn run(
     let mut out = std::io::stdout();
     let mut mid_line = false;
     let mut final_outcome = None;
+    // run_start verdicts arrive before `started` (which carries the input as
+    // they left it): hold them so the timeline reads header, verdicts, input.
+    let mut before_start: Option<Vec<String>> = Some(Vec::new());
+    let mut input_rewritten = false;
     while let Some(ev) = stream.message().await.map_err(status_err)? {
         if json {
             writeln!(out, "{}", serde_json::to_string(&ev)?)?;
@@ -123,6 +127,12 @@ pub async fn run(
                     "▶ run {} · session {} · agent {}",
                     ev.run_id, s.session_id, s.agent
                 )?;
+                for line in before_start.take().unwrap_or_default() {
+                    writeln!(out, "{line}")?;
+                }
+                if input_rewritten {
+                    writeln!(out, "  ✎ input as committed: {}", s.input)?;
+                }
             }
             E::TurnStarted(t) => {
                 nl(&mut mid_line, &mut out)?;
@@ -186,11 +196,24 @@ pub async fn run(
                 if !h.reason.is_empty() {
                     line.push_str(&format!(" — {}", h.reason));
                 }
-                writeln!(out, "{line}")?;
+                match &mut before_start {
+                    Some(held) => {
+                        input_rewritten |= h.verdict == "rewrite_input";
+                        held.push(line);
+                    }
+                    None => writeln!(out, "{line}")?,
+                }
             }
             E::ApprovalRequested(_) => {}
             E::Finished(f) => {
                 nl(&mut mid_line, &mut out)?;
+                // Ended before it started (a run_start terminate or failure).
+                if let Some(held) = before_start.take() {
+                    writeln!(out, "▶ run {} · session {session_id}", ev.run_id)?;
+                    for line in held {
+                        writeln!(out, "{line}")?;
+                    }
+                }
                 if let Some(r) = f.result {
                     let usage = r.usage.unwrap_or_default();
                     let mark = if r.outcome == pb::RunOutcome::Completed as i32 {
