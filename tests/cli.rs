@@ -92,3 +92,57 @@ async fn a_run_terminated_before_it_started_still_gets_a_header_and_exits_1() {
     assert!(!out.contains("── turn"), "{out}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn without_a_terminal_an_approval_is_denied_at_once() {
+    let owner = FnHook::new("owner", &[])
+        .with_tool(weather_tool(), |_, _| async {
+            pb::CallToolResponse {
+                content: "sunny".into(),
+                is_error: false,
+            }
+        })
+        .start()
+        .await;
+    let asker = FnHook::new("asker", &[K::ToolCall])
+        .on_tool_call(|_, _| async {
+            Reply::new(pb::ToolCallVerdict {
+                action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
+                    question: "check the weather?".into(),
+                    // Far longer than the test may take: only an immediate
+                    // answer from the CLI lets the run end in time.
+                    timeout_ms: 600_000,
+                })),
+            })
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(
+        &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
+        "tools: [get_weather]",
+    ))
+    .await;
+
+    let (ok, out) = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        hookwire_run(&server.addr, "weather please"),
+    )
+    .await
+    .expect("the CLI answers the approval instead of waiting for its deadline");
+    assert!(ok, "{out}");
+    ordered(
+        &out,
+        &[
+            "→ #0 get_weather",
+            "? hook asker asks: check the weather? — get_weather({\"city\":\"Paris\"}) denied: no terminal to ask at",
+            "← #0 error:",
+            "✔ completed",
+        ],
+    );
+    assert!(
+        !out.contains("⚙ #0 executing"),
+        "a denied call never runs:\n{out}"
+    );
+    assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
+    server.stop().await;
+}

@@ -247,16 +247,25 @@ pub async fn run(
     }
 }
 
-/// Prompts on an interactive terminal; otherwise leaves the request to time
-/// out (which denies it).
+/// Prompts on an interactive terminal. With `--json` the request is left
+/// open for whatever reads the stream to answer with ResolveApproval (the
+/// deadline denies it otherwise); with no terminal to ask at, it is denied
+/// at once rather than holding the run until the deadline.
 fn ask_approval(a: &pb::ApprovalRequested, json: bool) -> anyhow::Result<Option<(bool, String)>> {
     let call = a.call.clone().unwrap_or_default();
-    if json || !std::io::stdin().is_terminal() {
+    if json {
         eprintln!(
-            "approval requested for {}({}) by hook {}: {} — not interactive; it will be denied in {} ms",
+            "approval requested for {}({}) by hook {}: {} — answer with ResolveApproval within {} ms or it is denied",
             call.name, call.arguments_json, a.hook, a.question, a.timeout_ms
         );
         return Ok(None);
+    }
+    if !std::io::stdin().is_terminal() {
+        println!(
+            "  ? hook {} asks: {} — {}({}) denied: no terminal to ask at",
+            a.hook, a.question, call.name, call.arguments_json
+        );
+        return Ok(Some((false, "denied: hookwire run had no terminal".into())));
     }
     print!(
         "  ? hook {} asks: {} — allow {}({})? [y/N] ",
