@@ -8,6 +8,8 @@ use tokio::process::{Child, Command};
 pub struct PythonHook {
     pub addr: String,
     pub child: Child,
+    /// Its log lines (stderr), when started with [`PythonHook::start_logged`].
+    pub log: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
 }
 
 impl PythonHook {
@@ -22,15 +24,43 @@ impl PythonHook {
 
     /// Like `start`, with the caller choosing `--port`.
     pub async fn start_on(args: &[&str]) -> PythonHook {
+        Self::spawn(args, false).await
+    }
+
+    /// Like `start`, with its log lines delivered to `log` (and echoed to
+    /// the test's stderr).
+    #[allow(dead_code)] // not every test binary reads logs
+    pub async fn start_logged(args: &[&str]) -> PythonHook {
+        let mut all = vec!["--port", "0"];
+        all.extend_from_slice(args);
+        Self::spawn(&all, true).await
+    }
+
+    async fn spawn(args: &[&str], logged: bool) -> PythonHook {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hooks/python");
         let mut child = Command::new("python3")
             .arg(format!("{dir}/server.py"))
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if logged {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .kill_on_drop(true)
             .spawn()
             .expect("python3 must be installed");
+        let log = child.stderr.take().map(|stderr| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    eprintln!("[python hook] {line}");
+                    let _ = tx.send(line);
+                }
+            });
+            rx
+        });
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
         let port = tokio::time::timeout(std::time::Duration::from_secs(60), async {
@@ -50,6 +80,7 @@ impl PythonHook {
         PythonHook {
             addr: format!("http://127.0.0.1:{port}"),
             child,
+            log,
         }
     }
 }

@@ -69,6 +69,7 @@ class RunState:
     run_id: str = ""
     session_id: str = ""
     agent: str = ""
+    outcome: str = ""  # from run_end, when subscribed
     started: float = field(default_factory=time.monotonic)
     events: Counter = field(default_factory=Counter)  # event name -> count
     notes: Counter = field(default_factory=Counter)  # what the features did

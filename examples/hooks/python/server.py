@@ -85,6 +85,11 @@ class HookServer(pb_grpc.HookServiceServicer):
             while (v := await verdicts.get()) is not None:
                 yield v
             await reader  # re-raises what went wrong, if anything
+            if run.run_id:  # session streams carry no run
+                # The traceparent is the stream's opening hook span in
+                # hookwire's trace: spans made here under it join that trace.
+                log.info("%s; outcome=%s trace=%s", run.summary(), run.outcome or "-",
+                         run.traceparent or "-")
         except Exception:
             # A bug here must not look like "continue": failing the stream
             # lets hookwire apply the hook's failure policy (closed by
@@ -136,8 +141,7 @@ class HookServer(pb_grpc.HookServiceServicer):
             # The enum only grows: print a number for outcomes newer than our stubs.
             outcome = (common.RunOutcome.Name(end.outcome).removeprefix("RUN_OUTCOME_").lower()
                        if end.outcome in common.RunOutcome.values() else str(end.outcome))
-            log.info("%s; outcome=%s turns=%d trace=%s", run.summary(), outcome,
-                     end.turns, run.traceparent or "-")
+            run.outcome = f"{outcome} after {end.turns} turn(s)"
         elif kind == "session_end":
             log.info("session %s ended (%s)", event.context.session_id, event.session_end.reason)
 
