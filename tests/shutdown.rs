@@ -84,29 +84,33 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
         .unwrap()
         .success());
 
-    // Health flips (polled: the signal is in another process).
+    // Health flips: Watch streams each status change. The Watch stays open
+    // to the end, like a mesh's or load balancer's would: it must not keep
+    // the process alive after the drain.
     let ch = tonic::transport::Endpoint::from_shared(server.addr.clone())
         .unwrap()
         .connect()
         .await
         .unwrap();
     let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
-    let mut flipped = false;
-    for _ in 0..400 {
-        let r = health
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if r.status == tonic_health::pb::health_check_response::ServingStatus::NotServing as i32 {
-            flipped = true;
-            break;
+    let mut watch = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(r) = watch.message().await.unwrap() {
+            if r.status == not_serving {
+                return;
+            }
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(flipped, "health went NOT_SERVING");
+        panic!("health stream ended while serving");
+    })
+    .await
+    .expect("health went NOT_SERVING");
     assert!(
         readyz(admin).await.starts_with("HTTP/1.1 503"),
         "readiness fails while draining"

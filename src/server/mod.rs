@@ -47,6 +47,9 @@ pub fn build_models(
     Ok(out)
 }
 
+/// How long connections may stay open once runs drained at shutdown.
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
+
 /// How long start-up waits for hook servers to answer Describe before the
 /// service reports SERVING; unreachable hooks keep being retried after.
 const STARTUP_DESCRIBE: Duration = Duration::from_secs(3);
@@ -111,6 +114,7 @@ pub async fn serve_with_admin(
     let grace = config.server.shutdown_grace;
     let drain_engine = engine.clone();
     let drain_ready = ready.clone();
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
     let signal = async move {
         shutdown.await;
         tracing::info!("shutdown requested; draining");
@@ -124,6 +128,7 @@ pub async fn serve_with_admin(
         drain_engine.stop_accepting();
         drain_engine.drain(grace).await;
         tracing::info!("drained");
+        let _ = drained_tx.send(());
     };
 
     tracing::info!(
@@ -133,7 +138,7 @@ pub async fn serve_with_admin(
     );
     // Ready only now: config loaded, hooks described, listeners bound.
     ready.store(true, std::sync::atomic::Ordering::SeqCst);
-    let served = Server::builder()
+    let server = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(health)
         .add_service(reflection_v1)
@@ -141,8 +146,24 @@ pub async fn serve_with_admin(
         .add_service(AgentServiceServer::new(grpc::AgentApi {
             engine: engine.clone(),
         }))
-        .serve_with_incoming_shutdown(incoming, signal)
-        .await;
+        .serve_with_incoming_shutdown(incoming, signal);
+    // After the drain, tonic still waits for every open stream to end, and
+    // some never do (a health Watch, an idle client's stream): give the last
+    // responses a moment to flush, then close what is left.
+    let lingered = async {
+        if drained_rx.await.is_ok() {
+            tokio::time::sleep(CLOSE_LINGER).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let served = tokio::select! {
+        served = server => served,
+        () = lingered => {
+            tracing::info!("closing connections still open after the drain");
+            Ok(())
+        }
+    };
     let _ = admin_stop_tx.send(());
     if let Some(t) = admin_task {
         let _ = t.await;
