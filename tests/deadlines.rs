@@ -290,13 +290,15 @@ async fn killed_hook_process_fails_closed_and_recovers_after_restart() {
         l.local_addr().unwrap().port()
     };
     let p = port.to_string();
-    let mut py = support::python::PythonHook::start_on(&[
+    let mut py = support::python::PythonHook::start_logged_on(&[
         "--port",
         &p,
         "--features",
         "redactor",
         "--simulate-latency-ms",
         "3000",
+        "--log-level",
+        "DEBUG",
     ])
     .await;
     let server = TestServer::start(&config(&[("py", &py.addr, "timeout: 5s")], "")).await;
@@ -305,21 +307,14 @@ async fn killed_hook_process_fails_closed_and_recovers_after_restart() {
     let mut c2 = c.clone();
     let s2 = s.clone();
     let run = tokio::spawn(async move { invoke(&mut c2, &s2, "hello").await });
-    // Wait until the run is mid-event (its first hook call is in flight).
-    for _ in 0..500 {
-        let sess = c
-            .get_session(pb::GetSessionRequest {
-                session_id: s.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if !sess.active_run_id.is_empty() {
+    // Kill it mid-event: once it logged receiving run_start (it then takes
+    // 3 s to decide).
+    let log = py.log.as_mut().unwrap();
+    while let Some(line) = log.recv().await {
+        if line.contains("run_start seq") {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let started = std::time::Instant::now();
     py.child.start_kill().unwrap();
     let r = run.await.unwrap();

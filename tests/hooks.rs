@@ -55,12 +55,12 @@ async fn every_event_fires_at_its_point_in_order() {
         .await
         .unwrap();
     // Observe events are fire-and-forget; wait until the last one landed.
-    for _ in 0..200 {
-        if hook.hook.seen_kinds().last().map(String::as_str) == Some("session_end") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        hook.hook.wait_for("session_end"),
+    )
+    .await
+    .expect("session_end reaches the hook");
     let mut seen = hook.hook.seen_kinds();
     seen.dedup(); // several text deltas in a row
     assert_eq!(

@@ -210,6 +210,8 @@ pub struct FnHook {
     events: Vec<pb::EventKind>,
     tools: Vec<pb::ToolSpec>,
     pub seen: Arc<Mutex<Vec<pb::HookEvent>>>,
+    /// Signalled after each event is recorded in `seen`.
+    arrived: Arc<tokio::sync::Notify>,
     pub tool_calls: Arc<Mutex<Vec<pb::ToolCall>>>,
     run_start: Option<Handler<pb::RunStartEvent, pb::RunStartVerdict>>,
     session_start: Option<Handler<pb::SessionStartEvent, pb::SessionStartVerdict>>,
@@ -315,8 +317,25 @@ impl FnHook {
             .collect()
     }
 
+    /// Waits until an event of `kind` (snake_case name) has been received.
+    #[allow(dead_code)] // not every test binary waits
+    pub async fn wait_for(&self, kind: &str) {
+        loop {
+            let arrived = self.arrived.notified();
+            if self.seen_kinds().iter().any(|k| k == kind) {
+                return;
+            }
+            arrived.await;
+        }
+    }
+
+    fn push(&self, ev: pb::HookEvent) {
+        self.seen.lock().unwrap().push(ev);
+        self.arrived.notify_waiters();
+    }
+
     fn record(&self, ctx: &Ctx, kind: pb::EventKind, payload: pb::hook_event::Payload) {
-        self.seen.lock().unwrap().push(pb::HookEvent {
+        self.push(pb::HookEvent {
             seq: 0,
             kind: kind as i32,
             context: Some(ctx.clone()),
@@ -497,7 +516,7 @@ impl Hook for FnHook {
         )
     }
     async fn observe(&self, _ctx: &Ctx, ev: pb::HookEvent) {
-        self.seen.lock().unwrap().push(ev);
+        self.push(ev);
     }
     async fn call_tool(
         &self,

@@ -36,6 +36,12 @@ impl PythonHook {
         Self::spawn(&all, true).await
     }
 
+    /// Like `start_logged`, with the caller choosing `--port`.
+    #[allow(dead_code)]
+    pub async fn start_logged_on(args: &[&str]) -> PythonHook {
+        Self::spawn(args, true).await
+    }
+
     async fn spawn(args: &[&str], logged: bool) -> PythonHook {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hooks/python");
         let mut child = Command::new("python3")

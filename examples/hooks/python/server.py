@@ -72,6 +72,9 @@ class HookServer(pb_grpc.HookServiceServicer):
             async with asyncio.TaskGroup() as tasks:
                 async for event in request_iterator:
                     run.record(event)
+                    log.debug("run %s: %s seq %d received (deadline %d ms)", run.run_id,
+                              event_name(event.kind), event.seq,
+                              event.context.deadline_remaining_ms)
                     if event.expects_verdict:
                         tasks.create_task(answer(event, loop.time()))
                     else:
