@@ -32,6 +32,9 @@ pub enum Misbehave {
     Spurious,
     /// Refuses to open Process (UNIMPLEMENTED).
     RefuseStream,
+    /// Answers an observe-only event (`on` is text_delta, run_end or
+    /// session_end), which expects no verdict.
+    AnswerObserve,
 }
 
 impl Misbehave {
@@ -43,7 +46,7 @@ impl Misbehave {
             Misbehave::WrongKind => "wrong_kind",
             Misbehave::Invalid => "invalid_verdict",
             Misbehave::Duplicate => "duplicate",
-            Misbehave::Spurious => "spurious",
+            Misbehave::Spurious | Misbehave::AnswerObserve => "spurious",
             Misbehave::RefuseStream => "stream_refused",
         }
     }
@@ -172,6 +175,15 @@ impl pb::hook_service_server::HookService for FaultHook {
         tokio::spawn(async move {
             while let Ok(Some(ev)) = inbound.message().await {
                 if !ev.expects_verdict {
+                    if this.how == Misbehave::AnswerObserve && ev.kind == this.on as i32 {
+                        let _ = tx
+                            .send(Ok(pb::HookVerdict {
+                                seq: ev.seq,
+                                verdict: Some(proceed(pb::EventKind::TurnEnd)),
+                                ..Default::default()
+                            }))
+                            .await;
+                    }
                     continue;
                 }
                 this.received.fetch_add(1, Ordering::SeqCst);
@@ -186,7 +198,7 @@ impl pb::hook_service_server::HookService for FaultHook {
                     continue;
                 }
                 match this.how {
-                    Misbehave::Hang | Misbehave::RefuseStream => {}
+                    Misbehave::Hang | Misbehave::RefuseStream | Misbehave::AnswerObserve => {}
                     Misbehave::Late(d) => {
                         let tx = tx.clone();
                         tokio::spawn(async move {
@@ -232,8 +244,9 @@ impl pb::hook_service_server::HookService for FaultHook {
                     }
                 }
             }
-            // Keep the stream open until hookwire closes its side.
-            std::future::pending::<()>().await;
+            // hookwire half-closed the stream: end ours (after any late
+            // verdict still pending, whose task holds a sender).
+            drop(tx);
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
