@@ -103,17 +103,21 @@ pub enum SessionsAction {
 
 #[derive(Subcommand, Debug)]
 pub enum HooksAction {
-    /// Configured hooks of a hookwire server, with their connection state,
-    /// subscriptions and tools (AgentService.ListHooks).
+    /// List a hookwire server's configured hooks with their state.
+    ///
+    /// Connection state, subscriptions and tools of each configured hook
+    /// (AgentService.ListHooks).
     List {
         /// hookwire server address.
         #[arg(long, env = "HOOKWIRE_ADDR", default_value = "http://127.0.0.1:50051")]
         addr: String,
     },
-    /// Check a hook server's conformance: Describe, grpc.health.v1, a
-    /// scripted session and run covering every event it subscribes to, and a
-    /// CallTool of every tool it owns. Prints one row per check; exits 0
-    /// only when none fails.
+    /// Check a hook server against the protocol: one PASS/FAIL row per check.
+    ///
+    /// Calls Describe and grpc.health.v1, plays a scripted session and run
+    /// covering every event the server subscribes to (as hookwire plays
+    /// them), and calls every tool it owns. Exits 0 only when no check
+    /// fails.
     #[command(after_help = CHECK_HELP)]
     Check {
         /// The hook server: http://host:port, https://host:port, or
@@ -150,7 +154,7 @@ Checks, each a row of the report:
   per stream    opens the way hookwire opens it; no verdict for a seq never sent; the server ends its
                 side with OK once hookwire half-closes it
 
-Exit status: 0 when no check failed, 1 otherwise.";
+Exit status: 0 when no check failed, 1 otherwise (2 for a usage error).";
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime_serde::re::humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 500ms, 5s)"))

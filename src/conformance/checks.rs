@@ -153,10 +153,13 @@ pub fn health(service: &str, answer: &Health) -> Row {
     } else {
         format!("Check({service})")
     };
+    use tonic_health::pb::health_check_response::ServingStatus;
     match answer {
-        Health::Status(1) => Row::pass(subject, check, "SERVING"),
+        Health::Status(s) if *s == ServingStatus::Serving as i32 => {
+            Row::pass(subject, check, "SERVING")
+        }
         Health::Status(s) => {
-            let name = tonic_health::pb::health_check_response::ServingStatus::try_from(*s)
+            let name = ServingStatus::try_from(*s)
                 .map(|s| s.as_str_name().to_string())
                 .unwrap_or_else(|_| s.to_string());
             Row::fail(subject, check, format!("{name}, not SERVING"))
@@ -166,10 +169,10 @@ pub fn health(service: &str, answer: &Health) -> Row {
             check,
             "grpc.health.v1 not served (recommended for Kubernetes probes)",
         ),
-        Health::Failed(f) if f.detail.starts_with("NotFound") => Row::fail(
+        Health::UnknownService => Row::fail(
             subject,
             check,
-            format!("{}; report SERVING for it", fault(f)),
+            "NOT_FOUND: health is served but does not know this service; report SERVING for it",
         ),
         Health::Failed(f) => Row::fail(subject, check, fault(f)),
     }
@@ -575,6 +578,22 @@ mod tests {
         assert_eq!(
             find(&rows, "run stream", "closes cleanly").reason,
             "status: Internal: boom"
+        );
+    }
+
+    #[test]
+    fn health_serving_passes_and_not_served_only_skips() {
+        use crate::conformance::report::Status as S;
+        assert_eq!(health("", &Health::Status(1)).status, S::Pass);
+        assert_eq!(
+            health("", &Health::Status(2)).reason,
+            "NOT_SERVING, not SERVING"
+        );
+        assert_eq!(health("", &Health::NotServed).status, S::Skip);
+        let r = health("hookwire.v1.HookService", &Health::UnknownService);
+        assert_eq!(
+            (r.status, r.check.as_str()),
+            (S::Fail, "Check(hookwire.v1.HookService)")
         );
     }
 

@@ -80,6 +80,7 @@ pub async fn health(channel: Channel, service: &str, timeout: Duration) -> Healt
     match tokio::time::timeout(timeout, HealthClient::new(channel).check(req)).await {
         Ok(Ok(r)) => Health::Status(r.into_inner().status),
         Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Health::NotServed,
+        Ok(Err(s)) if s.code() == tonic::Code::NotFound => Health::UnknownService,
         Ok(Err(s)) => Health::Failed(classify_status(&s, false)),
         Err(_) => Health::Failed(Fault::new(
             FailureClass::Deadline,

@@ -203,7 +203,7 @@ pub async fn check(opts: &Options) -> Result<Report, CheckError> {
         report.rows.push(Row::skip(
             "run stream",
             "opens",
-            "subscribes to no run events: hookwire never opens Process for a run",
+            "no run event to check (none subscribed, or --events left none): hookwire would not open Process for a run",
         ));
     }
     for log in &transcript.streams {

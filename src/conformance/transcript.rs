@@ -100,5 +100,7 @@ pub enum Health {
     Status(i32),
     /// UNIMPLEMENTED: the server does not serve health.
     NotServed,
+    /// NOT_FOUND: health is served, but not for this service name.
+    UnknownService,
     Failed(Fault),
 }
