@@ -2,11 +2,16 @@
 CARGO ?= cargo
 LISTEN ?= 127.0.0.1:50051
 
-.PHONY: run test lint fmt build release clean
+.PHONY: run test lint fmt build release clean demo
 
 ## Serve the embedded default (agent `demo` on the scripted model, no hooks).
 run:
 	$(CARGO) run --release --bin hookwire -- serve --listen $(LISTEN)
+
+## Demo: hookwire + the Python example hook server + the scripted model; one
+## run shows a redaction, a denied tool and a remote tool (examples/demo/).
+demo:
+	CARGO=$(CARGO) bash examples/demo/run.sh
 
 ## The whole suite: lint, unit and integration tests (real servers on port
 ## 0), and the offline checks of deploy/ with the binary just built.

@@ -330,9 +330,14 @@ pub async fn serve<H: Hook>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    // SERVING for "" and for the hook service by name, as the guide asks
+    // of every hook server (probes may check either).
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    reporter
+        .set_serving::<HookServiceServer<HookAdapter<H>>>()
         .await;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
         if let Ok(s) = &s {

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod conformance;
 pub mod engine;
 pub mod event;
 pub mod hook_server;

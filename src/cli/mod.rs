@@ -1,15 +1,17 @@
-//! The `hookwire` command line: the server, a run client, session and
-//! config tools.
+//! The `hookwire` command line: the server, a run client, session, hook
+//! (list and conformance check) and config tools.
 
 mod client;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
+use crate::event::EventKind;
 use crate::telemetry::LogFormat;
 
 #[derive(Parser, Debug)]
@@ -75,10 +77,11 @@ pub enum Command {
         #[command(subcommand)]
         action: SessionsAction,
     },
-    /// Configured hooks of a server with their state.
+    /// Hook servers: list a hookwire server's configured hooks, or check a
+    /// hook server against the protocol.
     Hooks {
-        #[arg(long, env = "HOOKWIRE_ADDR", default_value = "http://127.0.0.1:50051")]
-        addr: String,
+        #[command(subcommand)]
+        action: HooksAction,
     },
     /// Configuration tools.
     Config {
@@ -97,6 +100,78 @@ pub enum SessionsAction {
     Delete {
         id: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum HooksAction {
+    /// List a hookwire server's configured hooks with their state.
+    ///
+    /// Connection state, subscriptions and tools of each configured hook
+    /// (AgentService.ListHooks).
+    List {
+        /// hookwire server address.
+        #[arg(long, env = "HOOKWIRE_ADDR", default_value = "http://127.0.0.1:50051")]
+        addr: String,
+    },
+    /// Check a hook server against the protocol: one PASS/FAIL row per check.
+    ///
+    /// Calls Describe and grpc.health.v1, plays a scripted session and run
+    /// covering every event the server subscribes to (as hookwire plays
+    /// them), and calls every tool it owns. Exits 0 only when no check
+    /// fails.
+    #[command(after_help = CHECK_HELP)]
+    Check {
+        /// The hook server: http://host:port, https://host:port, or
+        /// host:port (plaintext).
+        endpoint: String,
+        /// Only exercise these events (comma-separated snake_case names);
+        /// like a hook's `events:` in config, this can only narrow what
+        /// Describe lists.
+        #[arg(long, value_delimiter = ',')]
+        events: Option<Vec<EventKind>>,
+        /// Deadline sent with every event (deadline_remaining_ms) and limit
+        /// for Describe, health and CallTool, e.g. 500ms, 5s.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        timeout: Duration,
+        /// Arguments for an owned tool instead of ones derived from its
+        /// schema: NAME='{"json":"object"}'. Repeatable.
+        #[arg(long = "tool-args", value_name = "NAME=JSON", value_parser = parse_tool_args)]
+        tool_args: Vec<(String, String)>,
+        /// Print the report as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+const CHECK_HELP: &str = "\
+Checks, each a row of the report:
+  describe      answers; non-empty name; known events; tool names
+  health        grpc.health.v1 Check(\"\") and Check(hookwire.v1.HookService) are SERVING (SKIP if not served)
+  tool NAME     schema is a valid JSON Schema for an object; arguments derived from it (its `examples`
+                first) are valid; CallTool with them answers a non-error result in time
+  per event     a blocking event gets exactly one verdict with its seq, within the deadline it was sent,
+                of the event's kind and valid (the same rules hookwire applies); an observe-only event
+                (text_delta, run_end, session_end) gets none
+  per stream    opens the way hookwire opens it; no verdict for a seq never sent; the server ends its
+                side with OK once hookwire half-closes it
+
+Exit status: 0 when no check failed, 1 otherwise (2 for a usage error).";
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime_serde::re::humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 500ms, 5s)"))
+}
+
+fn parse_tool_args(s: &str) -> Result<(String, String), String> {
+    let (name, json) = s
+        .split_once('=')
+        .ok_or_else(|| "expected NAME=JSON, e.g. get_weather='{\"city\":\"Paris\"}'".to_string())?;
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(serde_json::Value::Object(_)) => Ok((name.trim().to_string(), json.to_string())),
+        Ok(_) => Err(format!("the arguments for `{name}` must be a JSON object")),
+        Err(e) => Err(format!(
+            "the arguments for `{name}` are not valid JSON: {e}"
+        )),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -164,7 +239,40 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             prompt,
         } => client::run(&addr, &agent, session, hooks, json, prompt).await,
         Command::Sessions { addr, action } => client::sessions(&addr, action).await,
-        Command::Hooks { addr } => client::hooks(&addr).await,
+        Command::Hooks {
+            action: HooksAction::List { addr },
+        } => client::hooks(&addr).await,
+        Command::Hooks {
+            action:
+                HooksAction::Check {
+                    endpoint,
+                    events,
+                    timeout,
+                    tool_args,
+                    json,
+                },
+        } => {
+            let opts = crate::conformance::Options {
+                endpoint,
+                events,
+                timeout,
+                tool_args: tool_args.into_iter().collect(),
+            };
+            let report = crate::conformance::check(&opts).await?;
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.table());
+            }
+            if !report.passed() {
+                anyhow::bail!(
+                    "{} of {} checks failed",
+                    report.count(crate::conformance::Status::Fail),
+                    report.rows.len()
+                );
+            }
+            Ok(())
+        }
         Command::Config {
             action: ConfigAction::Check { file },
         } => {

@@ -65,24 +65,35 @@ const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(300);
 
+/// How hookwire connects to a hook server (also used by `hookwire hooks
+/// check`, so the checker connects exactly like the engine).
+pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String> {
+    let mut endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| format!("bad endpoint `{url}`: {e}"))?
+        .connect_timeout(connect_timeout)
+        .tcp_nodelay(true)
+        // grpc-go and grpcio servers by default answer pings more frequent
+        // than every 5 minutes with GOAWAY ("too many pings"), which would
+        // reset runs mid-stream; ping no faster than that, and only while
+        // streams are open.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(false);
+    if url.starts_with("https://") {
+        endpoint = endpoint
+            .tls_config(ClientTlsConfig::new().with_webpki_roots())
+            .map_err(|e| format!("TLS setup for `{url}`: {e}"))?;
+    }
+    Ok(endpoint)
+}
+
 impl HookClient {
     pub fn new(config: HookConfig) -> Result<Arc<HookClient>, String> {
-        let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
-            .map_err(|e| format!("hook `{}`: bad endpoint: {e}", config.name))?
-            .connect_timeout(config.timeout.min(Duration::from_secs(10)))
-            .tcp_nodelay(true)
-            // grpc-go and grpcio servers by default answer pings more frequent
-            // than every 5 minutes with GOAWAY ("too many pings"), which would
-            // reset runs mid-stream; ping no faster than that, and only while
-            // streams are open.
-            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(Duration::from_secs(20))
-            .keep_alive_while_idle(false);
-        if config.endpoint.starts_with("https://") {
-            endpoint = endpoint
-                .tls_config(ClientTlsConfig::new().with_webpki_roots())
-                .map_err(|e| format!("hook `{}`: TLS setup: {e}", config.name))?;
-        }
+        let endpoint = endpoint(
+            &config.endpoint,
+            config.timeout.min(Duration::from_secs(10)),
+        )
+        .map_err(|e| format!("hook `{}`: {e}", config.name))?;
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
         Ok(Arc::new(HookClient {
             channel: endpoint.connect_lazy(),

@@ -216,14 +216,13 @@ impl RunHooks {
     }
 
     /// One blocking call under its `hook {hook} {event}` span: send, wait,
-    /// convert, `check` (kind and validity). Every failure is a `Fault`.
+    /// then [`accept_verdict`]. Every failure is a `Fault`.
     async fn call(
         &self,
         hook: &RunHook,
         turn: u32,
         payload: &Payload,
         event_deadline: Instant,
-        check: impl Fn(&Verdict) -> Result<(), Fault>,
     ) -> (Result<Verdict, Fault>, Span) {
         let kind = payload.kind();
         let name = hook.client.name();
@@ -251,10 +250,11 @@ impl RunHooks {
             let event = self.wire_event(turn, payload, deadline, &trace);
             let pending = stream.send_blocking(event, deadline).await?;
             let v = stream.wait(pending, deadline).await?;
-            let v = Verdict::try_from(v)
-                .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))?;
-            check(&v)?;
-            Ok(v)
+            let baseline = match payload {
+                Payload::ModelRequest(r) => Some(r),
+                _ => None,
+            };
+            accept_verdict(kind, v, baseline)
         }
         .instrument(span.clone())
         .await;
@@ -400,9 +400,7 @@ impl RunHooks {
                 }
             }
             let (result, span) = self
-                .call(hook, turn, &to_wire(&payload), event_deadline, |v| {
-                    wrong_kind(v, kind)
-                })
+                .call(hook, turn, &to_wire(&payload), event_deadline)
                 .await;
             let verdict = match result {
                 Ok(v) => v,
@@ -472,15 +470,8 @@ impl RunHooks {
                 if hook.client.is_observe() {
                     return None;
                 }
-                let check = |v: &Verdict| match &v.action {
-                    Action::ModelRequest(ModelRequestAction::Patch(p)) => {
-                        compose::validate_patch(baseline, p)
-                            .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e))
-                    }
-                    _ => wrong_kind(v, kind),
-                };
                 match self.participates(hook, kind, event_deadline).await {
-                    Ok(true) => Some(self.call(hook, turn, payload, event_deadline, check).await),
+                    Ok(true) => Some(self.call(hook, turn, payload, event_deadline).await),
                     Ok(false) => None,
                     Err(f) => Some((Err(f), Span::current())),
                 }
@@ -602,14 +593,28 @@ impl RunHooks {
     }
 }
 
-fn wrong_kind(v: &Verdict, kind: EventKind) -> Result<(), Fault> {
+/// How hookwire judges one wire verdict for a `kind` event: it must convert
+/// (`wire`: an action set, valid JSON, sizes), be of the event's kind, and a
+/// `model_request` patch must fit the request it patches (`baseline`). The
+/// one rule book for the engine and for `hookwire hooks check`.
+pub fn accept_verdict(
+    kind: EventKind,
+    verdict: pb::HookVerdict,
+    baseline: Option<&ModelRequest>,
+) -> Result<Verdict, Fault> {
+    let v = Verdict::try_from(verdict)
+        .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))?;
     let got = v.action.event();
-    if got == kind {
-        Ok(())
-    } else {
-        Err(Fault::new(
+    if got != kind {
+        return Err(Fault::new(
             FailureClass::WrongKind,
             format!("answered a {got} verdict to a {kind} event"),
-        ))
+        ));
     }
+    if let (Action::ModelRequest(ModelRequestAction::Patch(p)), Some(base)) = (&v.action, baseline)
+    {
+        compose::validate_patch(base, p)
+            .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e))?;
+    }
+    Ok(v)
 }

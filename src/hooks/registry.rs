@@ -90,10 +90,7 @@ impl HookRegistry {
         cache
             .entry(spec.parameters_json_schema.clone())
             .or_insert_with(|| {
-                let compiled = serde_json::from_str::<serde_json::Value>(&spec.parameters_json_schema)
-                    .map_err(|e| e.to_string())
-                    .and_then(|v| jsonschema::validator_for(&v).map_err(|e| e.to_string()));
-                match compiled {
+                match compile_schema(&spec.parameters_json_schema) {
                     Ok(v) => Some(Arc::new(v)),
                     Err(e) => {
                         tracing::warn!(tool = %spec.name, error = %e, "tool declares an unusable argument schema; only checking for a JSON object");
@@ -120,6 +117,14 @@ impl HookRegistry {
         }
         Ok(())
     }
+}
+
+/// Compiles a tool's argument schema (JSON text). Fails when the text is not
+/// JSON or not a valid JSON Schema (checked against its meta-schema).
+pub fn compile_schema(text: &str) -> Result<jsonschema::Validator, String> {
+    let value = serde_json::from_str::<serde_json::Value>(text)
+        .map_err(|e| format!("not valid JSON: {e}"))?;
+    jsonschema::validator_for(&value).map_err(|e| format!("not a valid JSON Schema: {e}"))
 }
 
 impl Drop for HookRegistry {

@@ -35,6 +35,9 @@ pub enum Misbehave {
     /// Opens Process, then never reads an event nor answers, with a small
     /// HTTP/2 window so unread events back up into hookwire quickly.
     Deaf,
+    /// Answers an observe-only event (`on` is text_delta, run_end or
+    /// session_end), which expects no verdict.
+    AnswerObserve,
 }
 
 impl Misbehave {
@@ -46,7 +49,7 @@ impl Misbehave {
             Misbehave::WrongKind => "wrong_kind",
             Misbehave::Invalid => "invalid_verdict",
             Misbehave::Duplicate => "duplicate",
-            Misbehave::Spurious => "spurious",
+            Misbehave::Spurious | Misbehave::AnswerObserve => "spurious",
             Misbehave::RefuseStream => "stream_refused",
         }
     }
@@ -186,6 +189,15 @@ impl pb::hook_service_server::HookService for FaultHook {
         tokio::spawn(async move {
             while let Ok(Some(ev)) = inbound.message().await {
                 if !ev.expects_verdict {
+                    if this.how == Misbehave::AnswerObserve && ev.kind == this.on as i32 {
+                        let _ = tx
+                            .send(Ok(pb::HookVerdict {
+                                seq: ev.seq,
+                                verdict: Some(proceed(pb::EventKind::TurnEnd)),
+                                ..Default::default()
+                            }))
+                            .await;
+                    }
                     continue;
                 }
                 this.received.fetch_add(1, Ordering::SeqCst);
@@ -200,7 +212,10 @@ impl pb::hook_service_server::HookService for FaultHook {
                     continue;
                 }
                 match this.how {
-                    Misbehave::Hang | Misbehave::RefuseStream | Misbehave::Deaf => {}
+                    Misbehave::Hang
+                    | Misbehave::RefuseStream
+                    | Misbehave::Deaf
+                    | Misbehave::AnswerObserve => {}
                     Misbehave::Late(d) => {
                         let tx = tx.clone();
                         tokio::spawn(async move {
@@ -246,8 +261,9 @@ impl pb::hook_service_server::HookService for FaultHook {
                     }
                 }
             }
-            // Keep the stream open until hookwire closes its side.
-            std::future::pending::<()>().await;
+            // hookwire half-closed the stream: end ours (after any late
+            // verdict still pending, whose task holds a sender).
+            drop(tx);
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),

@@ -5,6 +5,7 @@
 
 pub mod fakellm;
 pub mod fault;
+pub mod go;
 pub mod python;
 
 use std::future::Future;

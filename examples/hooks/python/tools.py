@@ -20,10 +20,14 @@ import zlib
 from hookproto import common, pb
 from hooklib import Feature
 
+# `examples` are standard JSON Schema: models read them, and `hookwire hooks
+# check` calls each tool with them (it cannot invent a string matching a
+# `pattern`).
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {
-        "city": {"type": "string", "minLength": 1, "description": "City name, e.g. Paris"},
+        "city": {"type": "string", "minLength": 1, "description": "City name, e.g. Paris",
+                 "examples": ["Paris"]},
         "unit": {"type": "string", "enum": ["C", "F"], "description": "Temperature unit"},
     },
     "required": ["city"],
@@ -33,7 +37,8 @@ WEATHER_SCHEMA = {
 CUSTOMER_SCHEMA = {
     "type": "object",
     "properties": {
-        "id": {"type": "string", "pattern": "^C-[0-9]{4}$", "description": "Customer id, e.g. C-1001"},
+        "id": {"type": "string", "pattern": "^C-[0-9]{4}$", "description": "Customer id, e.g. C-1001",
+               "examples": ["C-1001"]},
     },
     "required": ["id"],
     "additionalProperties": False,

@@ -1,0 +1,347 @@
+//! `hookwire hooks check`: the example hook servers (Python and Go, as real
+//! processes) pass; deliberately broken in-process servers fail with the
+//! precise reason, and nothing else fails.
+
+mod support;
+
+use std::time::Duration;
+
+use hookwire::conformance::{self, Options, Report, Status};
+use hookwire::pb;
+use hookwire::pb::EventKind as K;
+use support::fault::{FaultHook, Misbehave};
+use support::go::GoHook;
+use support::python::PythonHook;
+use support::*;
+
+async fn check(endpoint: &str, timeout: Duration) -> Report {
+    let mut opts = Options::new(endpoint);
+    opts.timeout = timeout;
+    conformance::check(&opts).await.expect("valid options")
+}
+
+fn failures(r: &Report) -> Vec<(String, String, String)> {
+    r.failures()
+        .map(|f| (f.subject.clone(), f.check.clone(), f.reason.clone()))
+        .collect()
+}
+
+/// Exactly one check failed: `subject`/`check`, with a reason starting so.
+fn fails_only(r: &Report, subject: &str, check: &str, reason: &str) {
+    let f = failures(r);
+    assert_eq!(f.len(), 1, "{}", r.table());
+    assert_eq!(
+        (f[0].0.as_str(), f[0].1.as_str()),
+        (subject, check),
+        "{}",
+        r.table()
+    );
+    assert!(f[0].2.starts_with(reason), "{}", r.table());
+}
+
+/// Runs the real binary, as a hook author would.
+async fn cli(args: &[&str]) -> (bool, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"))
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_python_example_passes() {
+    let py = PythonHook::start(&[]).await;
+    let r = check(&py.addr, Duration::from_secs(5)).await;
+    assert!(r.passed(), "{}", r.table());
+    assert_eq!(r.count(Status::Skip), 0, "{}", r.table());
+    // Its redactor acted on the scripted input and on the customer record,
+    // and both owned tools were called with arguments from their schemas.
+    assert!(r
+        .row("run_start", "verdict")
+        .unwrap()
+        .reason
+        .starts_with("rewrite_input"));
+    assert!(r
+        .row("tool_result lookup_customer", "verdict")
+        .unwrap()
+        .reason
+        .starts_with("rewrite_result"));
+    assert!(r
+        .row("tool lookup_customer", "arguments")
+        .unwrap()
+        .reason
+        .contains("C-1001"));
+    assert!(r
+        .row("tool get_weather", "CallTool")
+        .unwrap()
+        .reason
+        .contains("in Paris"));
+    assert_eq!(
+        r.row("run stream", "closes cleanly").unwrap().status,
+        Status::Pass
+    );
+
+    // The command line: a table, exit status 0; --json for scripts.
+    let (ok, out, err) = cli(&["hooks", "check", &py.addr]).await;
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("hookwire-example-python"), "{out}");
+    assert!(out.contains(" 0 failed"), "{out}");
+    let (ok, out, _) = cli(&[
+        "hooks",
+        "check",
+        &py.addr,
+        "--json",
+        "--events",
+        "run_start",
+    ])
+    .await;
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["server"]["events"], serde_json::json!(["run_start"]));
+}
+
+#[tokio::test]
+async fn the_go_example_passes_every_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let go = GoHook::start(&["--audit-log", audit.to_str().unwrap()]).await;
+    let r = check(&go.addr, Duration::from_secs(5)).await;
+    assert!(r.passed(), "{}", r.table());
+    let server = r.server.as_ref().unwrap();
+    assert_eq!(server.events.len(), 11, "it audits all eleven events");
+    assert_eq!(server.tools, ["word_count"]);
+    for subject in ["session_start stream", "run stream", "session_end stream"] {
+        assert_eq!(
+            r.row(subject, "closes cleanly").map(|r| r.status),
+            Some(Status::Pass),
+            "{}",
+            r.table()
+        );
+    }
+    assert_eq!(
+        r.row("text_delta #1", "no verdict").unwrap().status,
+        Status::Pass
+    );
+    assert_eq!(
+        r.row("invalid_tool_call no_such_tool", "verdict")
+            .unwrap()
+            .status,
+        Status::Pass
+    );
+    // The audit log saw the scripted run: one line per event sent.
+    let lines = std::fs::read_to_string(&audit).unwrap();
+    for kind in [
+        "\"session_start\"",
+        "\"text_delta\"",
+        "\"run_end\"",
+        "\"session_end\"",
+    ] {
+        assert!(
+            lines.contains(kind),
+            "{kind} missing from the audit log:\n{lines}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_go_example_without_events_only_owns_a_tool() {
+    let go = GoHook::start(&[]).await;
+    let r = check(&go.addr, Duration::from_secs(5)).await;
+    assert!(r.passed(), "{}", r.table());
+    assert_eq!(
+        r.row("tool word_count", "CallTool").unwrap().status,
+        Status::Pass
+    );
+    assert_eq!(r.row("run stream", "opens").unwrap().status, Status::Skip);
+}
+
+async fn fault(on: K, how: Misbehave, also: &[K]) -> String {
+    FaultHook::new(on, how, also).start().await.0
+}
+
+const QUICK: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn a_wrong_kind_verdict_fails() {
+    let addr = fault(K::ToolCall, Misbehave::WrongKind, &[K::RunStart]).await;
+    let r = check(&addr, QUICK).await;
+    fails_only(
+        &r,
+        "tool_call lookup_order",
+        "verdict",
+        "wrong_kind: answered a run_start verdict to a tool_call event",
+    );
+}
+
+#[tokio::test]
+async fn a_late_verdict_fails() {
+    // Answers after 800 ms; the deadline sent is 300 ms. The checker waits
+    // past the deadline (300 ms + 1 s grace) so it sees the verdict arrive.
+    let addr = fault(
+        K::RunStart,
+        Misbehave::Late(Duration::from_millis(800)),
+        &[],
+    )
+    .await;
+    let r = check(&addr, Duration::from_millis(300)).await;
+    fails_only(
+        &r,
+        "run_start",
+        "answered in time",
+        "deadline: verdict for seq 1 came after",
+    );
+    assert!(r
+        .row("run_start", "answered in time")
+        .unwrap()
+        .reason
+        .contains("past the 300 ms deadline"));
+}
+
+#[tokio::test]
+async fn no_verdict_fails_within_a_bounded_wait() {
+    let addr = fault(K::TurnEnd, Misbehave::Hang, &[K::RunStart]).await;
+    let started = std::time::Instant::now();
+    let r = check(&addr, Duration::from_millis(300)).await;
+    fails_only(
+        &r,
+        "turn_end",
+        "answered in time",
+        "deadline: no verdict for seq 2",
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn a_duplicate_verdict_fails() {
+    // It answers every model_request twice; turn 1's is seq 1 on the run
+    // stream, turn 2's seq 2.
+    let addr = fault(K::ModelRequest, Misbehave::Duplicate, &[]).await;
+    let r = check(&addr, QUICK).await;
+    assert_eq!(
+        failures(&r),
+        [1, 2].map(|seq| (
+            format!("model_request (turn {seq})"),
+            "one verdict".to_string(),
+            format!("duplicate: 2 verdicts for seq {seq}")
+        )),
+        "{}",
+        r.table()
+    );
+}
+
+#[tokio::test]
+async fn a_verdict_for_a_seq_never_sent_fails() {
+    let addr = fault(K::RunStart, Misbehave::Spurious, &[]).await;
+    let r = check(&addr, QUICK).await;
+    fails_only(
+        &r,
+        "run stream",
+        "verdict seqs",
+        "spurious: verdict for seq 1001, which was never sent",
+    );
+}
+
+#[tokio::test]
+async fn invalid_json_arguments_fail() {
+    let addr = fault(K::ToolCall, Misbehave::Invalid, &[]).await;
+    let r = check(&addr, QUICK).await;
+    fails_only(
+        &r,
+        "tool_call lookup_order",
+        "verdict",
+        "invalid_verdict: rewrite_args.arguments_json is not valid JSON",
+    );
+}
+
+#[tokio::test]
+async fn answering_an_observe_only_event_fails() {
+    let addr = fault(K::RunEnd, Misbehave::AnswerObserve, &[K::RunStart]).await;
+    let r = check(&addr, QUICK).await;
+    fails_only(
+        &r,
+        "run_end",
+        "no verdict",
+        "spurious: answered run_end (seq 2), which expects no verdict",
+    );
+}
+
+#[tokio::test]
+async fn a_refused_stream_fails() {
+    let addr = fault(K::RunStart, Misbehave::RefuseStream, &[]).await;
+    let r = check(&addr, QUICK).await;
+    fails_only(&r, "run stream", "opens", "stream_refused: Unimplemented");
+}
+
+#[tokio::test]
+async fn a_tool_that_errors_on_valid_arguments_fails() {
+    let hook = FnHook::new("broken-tool", &[])
+        .with_tool(weather_tool(), |_, _| async {
+            pb::CallToolResponse {
+                content: "weather service unavailable".into(),
+                is_error: true,
+            }
+        })
+        .start()
+        .await;
+    let r = check(&hook.addr, QUICK).await;
+    fails_only(
+        &r,
+        "tool get_weather",
+        "CallTool",
+        r#"is_error result for valid arguments {"city":"hookwire conformance check"}: weather service unavailable"#,
+    );
+    // The tool got exactly those arguments.
+    let calls = hook.hook.tool_calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        calls[0].arguments_json,
+        r#"{"city":"hookwire conformance check"}"#
+    );
+
+    // --tool-args replaces the derived arguments.
+    let mut opts = Options::new(hook.addr.as_str());
+    opts.tool_args
+        .insert("get_weather".into(), r#"{"city":"Oslo"}"#.into());
+    let r = conformance::check(&opts).await.unwrap();
+    assert!(r
+        .row("tool get_weather", "arguments")
+        .unwrap()
+        .reason
+        .contains("Oslo"));
+}
+
+#[tokio::test]
+async fn the_cli_exits_non_zero_and_says_why() {
+    let addr = fault(K::ToolCall, Misbehave::WrongKind, &[]).await;
+    let (ok, out, err) = cli(&["hooks", "check", &addr, "--timeout", "1s"]).await;
+    assert!(!ok);
+    assert!(
+        out.lines().any(|l| l.contains("FAIL")
+            && l.contains("wrong_kind: answered a run_start verdict to a tool_call event")),
+        "{out}"
+    );
+    assert!(err.contains("error: 1 of"), "{err}");
+
+    // An endpoint nobody listens on: one clear row naming it, no hang.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (ok, out, _) = cli(&["hooks", "check", &format!("127.0.0.1:{port}")]).await;
+    assert!(!ok);
+    assert!(
+        out.contains(&format!("http://127.0.0.1:{port}: connect:")),
+        "{out}"
+    );
+
+    // Bad flags are usage errors with the nearest event name.
+    let (ok, _, err) = cli(&["hooks", "check", &addr, "--events", "tool_cal"]).await;
+    assert!(!ok);
+    assert!(err.contains("did you mean `tool_call`"), "{err}");
+}
