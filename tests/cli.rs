@@ -95,28 +95,10 @@ async fn a_run_terminated_before_it_started_still_gets_a_header_and_exits_1() {
 
 #[tokio::test]
 async fn without_a_terminal_an_approval_is_denied_at_once() {
-    let owner = FnHook::new("owner", &[])
-        .with_tool(weather_tool(), |_, _| async {
-            pb::CallToolResponse {
-                content: "sunny".into(),
-                is_error: false,
-            }
-        })
-        .start()
-        .await;
-    let asker = FnHook::new("asker", &[K::ToolCall])
-        .on_tool_call(|_, _| async {
-            Reply::new(pb::ToolCallVerdict {
-                action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
-                    question: "check the weather?".into(),
-                    // Far longer than the test may take: only an immediate
-                    // answer from the CLI lets the run end in time.
-                    timeout_ms: 600_000,
-                })),
-            })
-        })
-        .start()
-        .await;
+    let owner = weather_owner().start().await;
+    // Far longer than the test may take: only an immediate answer from the
+    // CLI lets the run end in time.
+    let asker = asker("check the weather?", 600_000).start().await;
     let server = TestServer::start(&config(
         &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
         "tools: [get_weather]",

@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::process::Stdio;
+use support::command_output;
 
 #[tokio::test]
 async fn python_selftest_passes() {
@@ -13,19 +13,9 @@ async fn python_selftest_passes() {
         env!("CARGO_MANIFEST_DIR"),
         "/examples/hooks/python/selftest.py"
     );
-    let out = tokio::process::Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .expect("python3 must be installed");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, text) = command_output(tokio::process::Command::new("python3").arg(script)).await;
     assert!(
-        out.status.success(),
+        ok,
         "selftest.py failed (deps: bash examples/hooks/install-deps.sh python):\n{text}"
     );
     assert!(text.contains(" 0 failed"), "{text}");

@@ -12,20 +12,6 @@ use pb::EventKind as K;
 use support::*;
 use tokio::sync::Notify;
 
-fn city(call: &pb::ToolCall) -> String {
-    let v: serde_json::Value = serde_json::from_str(&call.arguments_json).unwrap();
-    v["city"].as_str().unwrap_or("?").to_string()
-}
-
-fn weather_owner() -> FnHook {
-    FnHook::new("owner", &[]).with_tool(weather_tool(), |_, call| async move {
-        pb::CallToolResponse {
-            content: format!("sunny in {}", city(&call)),
-            is_error: false,
-        }
-    })
-}
-
 fn results_in_events(events: &[pb::RunEvent]) -> Vec<(u32, String)> {
     events
         .iter()
@@ -210,17 +196,7 @@ async fn approval_run(
     ask_timeout_ms: u64,
 ) -> (pb::RunResult, Vec<pb::RunEvent>, usize) {
     let owner = weather_owner().start().await;
-    let asker = FnHook::new("asker", &[K::ToolCall])
-        .on_tool_call(move |_, _| async move {
-            Reply::new(pb::ToolCallVerdict {
-                action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
-                    question: "check the weather?".into(),
-                    timeout_ms: ask_timeout_ms,
-                })),
-            })
-        })
-        .start()
-        .await;
+    let asker = asker("check the weather?", ask_timeout_ms).start().await;
     let server = TestServer::start(&config(
         &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
         "tools: [get_weather]",
@@ -292,17 +268,7 @@ async fn approval_approve_deny_and_timeout() {
 #[tokio::test]
 async fn invoke_cannot_answer_approvals_and_says_so() {
     let owner = weather_owner().start().await;
-    let asker = FnHook::new("asker", &[K::ToolCall])
-        .on_tool_call(|_, _| async {
-            Reply::new(pb::ToolCallVerdict {
-                action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
-                    question: "ok?".into(),
-                    timeout_ms: 0,
-                })),
-            })
-        })
-        .start()
-        .await;
+    let asker = asker("ok?", 0).start().await;
     let server = TestServer::start(&config(
         &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
         "tools: [get_weather]",

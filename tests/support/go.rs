@@ -11,19 +11,9 @@ pub const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hooks/go");
 /// (never skips) when Go or the packages are missing, because CI installs
 /// them.
 pub async fn make(target: &str) -> String {
-    let out = Command::new("make")
-        .args(["-C", DIR, target])
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .expect("make must be installed");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, text) = super::command_output(Command::new("make").args(["-C", DIR, target])).await;
     assert!(
-        out.status.success(),
+        ok,
         "`make -C examples/hooks/go {target}` failed; install the Go toolchain and packages with `bash examples/hooks/install-deps.sh go`:\n{text}"
     );
     text

@@ -548,6 +548,54 @@ impl Drop for TestHook {
     }
 }
 
+/// The `city` argument of a get_weather call.
+#[allow(dead_code)]
+pub fn city(call: &pb::ToolCall) -> String {
+    let v: serde_json::Value = serde_json::from_str(&call.arguments_json).unwrap();
+    v["city"].as_str().unwrap_or("?").to_string()
+}
+
+/// A hook server named `owner` that owns get_weather: "sunny in CITY".
+#[allow(dead_code)]
+pub fn weather_owner() -> FnHook {
+    FnHook::new("owner", &[]).with_tool(weather_tool(), |_, call| async move {
+        pb::CallToolResponse {
+            content: format!("sunny in {}", city(&call)),
+            is_error: false,
+        }
+    })
+}
+
+/// A hook named `asker` that answers every tool_call with `ask(question)`
+/// (`timeout_ms` 0: the agent's approval_timeout).
+#[allow(dead_code)]
+pub fn asker(question: &'static str, timeout_ms: u64) -> FnHook {
+    FnHook::new("asker", &[pb::EventKind::ToolCall]).on_tool_call(move |_, _| async move {
+        Reply::new(pb::ToolCallVerdict {
+            action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
+                question: question.into(),
+                timeout_ms,
+            })),
+        })
+    })
+}
+
+/// Runs `cmd` to completion: whether it succeeded, and stdout then stderr.
+#[allow(dead_code)]
+pub async fn command_output(cmd: &mut tokio::process::Command) -> (bool, String) {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 pub fn weather_tool() -> pb::ToolSpec {
     pb::ToolSpec {
         name: "get_weather".into(),
