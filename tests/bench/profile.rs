@@ -1,0 +1,43 @@
+//! A fixed amount of one kind of work, for `valgrind --tool=callgrind`:
+//! instruction counts are repeatable where wall time is not. Run it twice
+//! with different counts; the difference divided by the difference in
+//! count is the cost of one unit, with set-up cancelled out.
+//!
+//! ```sh
+//! valgrind --tool=callgrind target/release/deps/hookwire-HASH --profile hooked-tools 200
+//! ```
+
+use crate::floor::Floor;
+use crate::rig::{self, Rig, Variant};
+use crate::service;
+
+fn variant(name: &str) -> Option<Variant> {
+    Some(match name {
+        "bare-chat" => rig::BARE_CHAT,
+        "bare-tools" => rig::BARE_TOOLS,
+        "hooked-chat" => rig::HOOKED_CHAT,
+        "hooked-tools" => rig::HOOKED_TOOLS,
+        "mr1" => rig::merged(1),
+        "mr8" => rig::merged(8),
+        "tr1" => rig::chained(1),
+        "tr8" => rig::chained(8),
+        _ => return None,
+    })
+}
+
+pub async fn run(what: &str, count: usize) {
+    let mut rig = Rig::start().await;
+    if what == "floor" {
+        let floor = Floor::start(rig.typical_event.clone()).await;
+        floor.round_trips(count).await;
+        return;
+    }
+    let v = variant(what).unwrap_or_else(|| {
+        panic!("--profile takes floor, bare-chat, bare-tools, hooked-chat, hooked-tools, mr1, mr8, tr1 or tr8")
+    });
+    let sessions = service::sessions(&rig.client, v.agent, count).await;
+    for s in &sessions {
+        let (_, r) = service::invoke(&mut rig.client, s, v.input).await;
+        service::assert_completed(&r, v.agent);
+    }
+}
