@@ -241,14 +241,17 @@ fn finish<V>(
     }
 }
 
-async fn handle<H: Hook>(hook: &H, ev: pb::HookEvent) -> Option<pb::HookVerdict> {
+async fn handle<H: Hook>(hook: &H, mut ev: pb::HookEvent) -> Option<pb::HookVerdict> {
     use pb::hook_event::Payload as P;
     use pb::hook_verdict::Verdict as V;
-    let ctx = ev.context.clone().unwrap_or_default();
     if !ev.expects_verdict {
+        let ctx = ev.context.clone().unwrap_or_default();
         hook.observe(&ctx, ev).await;
         return None;
     }
+    // The event is taken apart below, so its context moves rather than
+    // being copied.
+    let ctx = ev.context.take().unwrap_or_default();
     let seq = ev.seq;
     Some(match ev.payload? {
         P::SessionStart(e) => finish(seq, hook.session_start(&ctx, e).await, V::SessionStart),

@@ -43,7 +43,11 @@ impl Steady {
     }
 
     fn count(&self, ctx: &Ctx, kind: pb::EventKind, payload: pb::hook_event::Payload) {
-        self.answered.fetch_add(1, Ordering::Relaxed);
+        // Samples come from the first (calibration) run; after that, only
+        // the count, so the bench hook costs next to nothing.
+        if self.answered.fetch_add(1, Ordering::Relaxed) >= 64 {
+            return;
+        }
         let mut s = self.sample.lock().unwrap();
         if s.len() < BLOCKING.len() && !s.iter().any(|e| e.kind == kind as i32) {
             s.push(pb::HookEvent {
