@@ -127,6 +127,17 @@ impl Floor {
         }
     }
 
+    /// Opens `n` streams one after another, one round trip each: what a
+    /// run pays per hook before its first verdict, without hookwire.
+    pub async fn open_streams(&self, n: usize) {
+        for _ in 0..n {
+            let s = self.open().await;
+            drop(s.tx);
+            let mut inbound = s.inbound;
+            while inbound.message().await.ok().flatten().is_some() {}
+        }
+    }
+
     /// Round-trip times of `n` sequential pings on one stream.
     pub async fn round_trips(&self, n: usize) -> Vec<Duration> {
         let mut s = self.open().await;
@@ -140,6 +151,23 @@ impl Floor {
             out.push(t.elapsed());
         }
         out
+    }
+
+    /// `pings` round trips spread over `streams` streams ping-ponging at once
+    /// (a fixed amount of work, for instruction counts).
+    pub async fn concurrent_pings(&self, streams: usize, pings: usize) {
+        let mut tasks = Vec::new();
+        for _ in 0..streams {
+            let mut s = self.open().await;
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..pings / streams {
+                    s.ping().await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
     }
 
     /// Round trips per second with `streams` streams ping-ponging at once on
@@ -176,10 +204,35 @@ impl Floor {
 /// fifth of it.
 pub async fn window_rate(count: &AtomicU64, window: Duration) -> f64 {
     tokio::time::sleep(window / 5).await;
-    let (c0, t0) = (count.load(Ordering::Relaxed), Instant::now());
+    let (c0, t0, cpu0) = (count.load(Ordering::Relaxed), Instant::now(), cpu_seconds());
     tokio::time::sleep(window).await;
-    let (c1, t1) = (count.load(Ordering::Relaxed), Instant::now());
-    (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
+    let (c1, t1, cpu1) = (count.load(Ordering::Relaxed), Instant::now(), cpu_seconds());
+    let secs = (t1 - t0).as_secs_f64();
+    if std::env::args().any(|a| a == "--verbose") {
+        eprintln!(
+            "    (process CPU over the window: {:.0}%)",
+            (cpu1 - cpu0) / secs * 100.0
+        );
+    }
+    (c1 - c0) as f64 / secs
+}
+
+/// User plus system CPU time of this process so far (/proc/self/stat, in
+/// clock ticks of 1/100 s).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the command name: state is field 0, utime 11, stime 12.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 struct PingStream {

@@ -69,7 +69,7 @@ impl Plan {
             window_ms: 1000,
             concurrency: vec![64, 512],
             floor_streams: 64,
-            throughput_sessions: 4000,
+            throughput_sessions: 8000,
             memory_rounds: 3,
             idle_sessions: 10_000,
             inflight_runs: 1_000,

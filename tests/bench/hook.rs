@@ -20,14 +20,13 @@ pub const BLOCKING: [pb::EventKind; 8] = [
     pb::EventKind::TurnEnd,
 ];
 
-/// Always continues (the trait's defaults) and, when asked to, owns the
-/// `get_weather` tool. Counts the events it answered, so throughput is
-/// read where the work is done.
+/// Always continues and, when asked to, owns the `get_weather` tool. Keeps
+/// one event of each kind from its first run.
 #[derive(Clone)]
 pub struct Steady {
     name: String,
     owns_tool: bool,
-    pub answered: Arc<AtomicU64>,
+    answered: Arc<AtomicU64>,
     /// One event of each kind seen, kept for the floor's message.
     pub sample: Arc<std::sync::Mutex<Vec<pb::HookEvent>>>,
 }

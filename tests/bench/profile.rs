@@ -27,13 +27,39 @@ fn variant(name: &str) -> Option<Variant> {
 
 pub async fn run(what: &str, count: usize) {
     let mut rig = Rig::start().await;
-    if what == "floor" {
+    if what.starts_with("floor") {
         let floor = Floor::start(rig.typical_event.clone()).await;
-        floor.round_trips(count).await;
+        match what {
+            "floor-open" => floor.open_streams(count).await,
+            "floor-64" => floor.concurrent_pings(64, count).await,
+            _ => {
+                floor.round_trips(count).await;
+            }
+        }
+        return;
+    }
+    // 64 clients at once, `count` runs in all.
+    if let Some(v) = what.strip_prefix("concurrent-").and_then(variant) {
+        let sessions = service::sessions(&rig.client, v.agent, count).await;
+        let tasks: Vec<_> = sessions
+            .chunks(count.div_ceil(64))
+            .map(|chunk| {
+                let (mut client, chunk) = (rig.client.clone(), chunk.to_vec());
+                tokio::spawn(async move {
+                    for s in chunk {
+                        let (_, r) = service::invoke(&mut client, &s, v.input).await;
+                        service::assert_completed(&r, v.agent);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
         return;
     }
     let v = variant(what).unwrap_or_else(|| {
-        panic!("--profile takes floor, bare-chat, bare-tools, hooked-chat, hooked-tools, mr1, mr8, tr1 or tr8")
+        panic!("--profile takes floor, floor-open, floor-64, [concurrent-]bare-chat, bare-tools, hooked-chat, hooked-tools, mr1, mr8, tr1 or tr8")
     });
     let sessions = service::sessions(&rig.client, v.agent, count).await;
     for s in &sessions {

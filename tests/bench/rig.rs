@@ -28,9 +28,6 @@ pub const FAN: [usize; 4] = [1, 2, 4, 8];
 pub struct Rig {
     pub service: Service,
     pub client: AgentServiceClient<Channel>,
-    /// The hook of the per-event and throughput figures; it also owns the
-    /// `get_weather` tool of every agent.
-    pub steady: Steady,
     /// Why the Python figure is missing, when it is.
     pub python_missing: Option<String>,
     /// The hook event the floor pings with.
@@ -87,6 +84,8 @@ fn names(prefix: &str, k: usize) -> Vec<String> {
 
 impl Rig {
     pub async fn start() -> Rig {
+        // The hook of the per-event and throughput figures; it also owns the
+        // `get_weather` tool of every agent.
         let steady = Steady::new("steady", true);
         let mut hooks = vec![hook::start(steady.clone()).await];
         let mut yaml = Yaml::new();
@@ -127,7 +126,6 @@ impl Rig {
         Rig {
             service,
             client,
-            steady,
             python_missing,
             typical_event,
             _hooks: hooks,
