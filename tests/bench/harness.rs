@@ -31,6 +31,8 @@ pub struct Plan {
     pub full: bool,
     /// Per-round details on stderr (`-- --verbose`).
     pub verbose: bool,
+    /// Whether hookwire's default log layer was installed.
+    pub telemetry: bool,
     /// Only these figures (`-- --only per-event,fanout,throughput,
     /// orchestrator,memory`); all when empty.
     pub only: Vec<String>,
@@ -60,6 +62,7 @@ impl Plan {
         Plan {
             full: true,
             verbose: false,
+            telemetry: true,
             only: Vec::new(),
             rounds: 5,
             runs: 200,
@@ -80,6 +83,7 @@ impl Plan {
         Plan {
             full: false,
             verbose: false,
+            telemetry: true,
             only: Vec::new(),
             rounds: 1,
             runs: 3,
@@ -113,6 +117,21 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
+    // What `hookwire serve` installs with no OTLP endpoint: the log layer at
+    // info (which makes hookwire's info spans real). Fixed here rather than
+    // read from RUST_LOG, so runs compare. `--no-telemetry` measures without
+    // any subscriber.
+    let telemetry = (!args.iter().any(|a| a == "--no-telemetry")).then(|| {
+        let opts = hookwire::telemetry::TelemetryOptions::new(hookwire::telemetry::LogFormat::Text);
+        let (dispatch, telemetry) = hookwire::telemetry::build(
+            &opts,
+            tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
+        )
+        .expect("telemetry");
+        tracing::dispatcher::set_global_default(dispatch).expect("one subscriber");
+        telemetry
+    });
+    plan.telemetry = telemetry.is_some();
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let what = args.get(i + 1).map(String::as_str).unwrap_or("");
         let count = args.get(i + 2).and_then(|n| n.parse().ok()).unwrap_or(100);
