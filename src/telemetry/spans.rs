@@ -79,6 +79,10 @@ pub fn execute_tool(tool: &str, call_id: &str) -> Span {
     )
 }
 
+/// The tracing name of [`hook_call`] spans (the exported name is
+/// `hook {hook} {event}`).
+pub const HOOK_SPAN: &str = "hook";
+
 /// `hook {hook} {event}` (CLIENT: it is a call to a remote hook server, whose
 /// own spans join the trace as this span's children through the propagated
 /// `traceparent`).
@@ -86,7 +90,7 @@ pub fn hook_call(hook: &str, event: &str) -> Span {
     // Named only when a subscriber takes the span: this runs at every hook
     // call, and formatting the name is most of its cost otherwise.
     let span = tracing::info_span!(
-        "hook",
+        HOOK_SPAN,
         otel.name = Empty,
         otel.kind = "client",
         { attrs::HOOKWIRE_HOOK_NAME } = hook,
