@@ -14,9 +14,15 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Vec<Row> {
     let mut variants: Vec<Variant> = vec![rig::BARE_TOOLS];
     variants.extend(FAN.map(rig::merged));
     variants.extend(FAN.map(rig::chained));
+    // Hooks that take a while to decide, as most real ones do: merging is
+    // concurrent when the cost is waiting rather than this machine's CPU.
+    // In a block of their own, since their idle milliseconds let the vCPUs
+    // halt and slow whatever runs next.
+    let slow_variants = [rig::BARE_TOOLS, rig::merged_slow(1), rig::merged_slow(8)];
     // Per round: p50 event cost with K merged / chained hooks.
     let mut merged = vec![Vec::new(); FAN.len()];
     let mut chained = vec![Vec::new(); FAN.len()];
+    let mut slow = [Vec::new(), Vec::new()];
     for _ in 0..plan.rounds {
         let mut lat = rig.latencies(&variants, plan.fan_runs).await;
         let mut p50: Vec<f64> = lat.iter_mut().map(|l| quantile(l, 0.5)).collect();
@@ -27,6 +33,15 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Vec<Row> {
         }
         if plan.verbose {
             eprintln!("  fan-out: bare {bare:.0} us; runs p50 {p50:.0?}");
+        }
+    }
+    for _ in 0..plan.rounds {
+        let mut lat = rig
+            .latencies(&slow_variants, (plan.fan_runs / 2).max(1))
+            .await;
+        let p50: Vec<f64> = lat.iter_mut().map(|l| quantile(l, 0.5)).collect();
+        for (j, s) in slow.iter_mut().enumerate() {
+            s.push((p50[j + 1] - p50[0]) / mr_events);
         }
     }
     let mut rows = Vec::new();
@@ -46,6 +61,26 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Vec<Row> {
         .against("1 hook", one, &ratios);
         if *k == 8 {
             row = row.target(Target::ratio_at_most(1.5));
+        }
+        rows.push(row);
+    }
+    let slow_ratio: Vec<f64> = slow[1]
+        .iter()
+        .zip(&slow[0])
+        .map(|(k, one)| k / one)
+        .collect();
+    for (j, k) in [1, 8].iter().enumerate() {
+        let mut row = Row::new(
+            3,
+            format!(
+                "model_request p50, {k} merged hook(s) sleeping {} ms each",
+                rig::SLOW.as_millis()
+            ),
+            "us",
+            Spread::of(&slow[j]),
+        );
+        if *k == 8 {
+            row = row.against("1 such hook", Spread::of(&slow[0]), &slow_ratio);
         }
         rows.push(row);
     }

@@ -17,6 +17,7 @@ mod profile;
 mod python;
 mod report;
 mod rig;
+mod runtime;
 mod service;
 mod stats;
 mod throughput;
@@ -33,7 +34,7 @@ pub struct Plan {
     pub verbose: bool,
     /// Whether hookwire's default log layer was installed.
     pub telemetry: bool,
-    /// Only these figures (`-- --only per-event,fanout,throughput,
+    /// Only these figures (`-- --only per-event,runtime,fanout,throughput,
     /// orchestrator,memory`); all when empty.
     pub only: Vec<String>,
     /// Rounds of every latency figure; each figure is the median of rounds.
@@ -135,7 +136,15 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let what = args.get(i + 1).map(String::as_str).unwrap_or("");
         let count = args.get(i + 2).and_then(|n| n.parse().ok()).unwrap_or(100);
-        runtime.block_on(profile::run(what, count));
+        if args.iter().any(|a| a == "--current-thread") {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime")
+                .block_on(profile::run(what, count));
+        } else {
+            runtime.block_on(profile::run(what, count));
+        }
         return;
     }
     runtime.block_on(run(plan));
@@ -143,7 +152,7 @@ fn main() {
 
 async fn run(plan: Plan) {
     let started = Instant::now();
-    let mut rig = rig::Rig::start().await;
+    let mut rig = rig::Rig::start(rig::Extent::Full).await;
     let floor = floor::Floor::start(rig.typical_event.clone()).await;
     let floor_message = serde_json::json!({
         "kind": hookwire::pb::EventKind::try_from(rig.typical_event.kind)
@@ -155,6 +164,9 @@ async fn run(plan: Plan) {
     let wanted = |name: &str| plan.only.is_empty() || plan.only.iter().any(|o| o == name);
     if wanted("per-event") {
         rows.extend(per_event::measure(&mut rig, &floor, &plan).await);
+    }
+    if wanted("runtime") {
+        rows.extend(runtime::measure(&plan).await);
     }
     if wanted("fanout") {
         rows.extend(fanout::measure(&mut rig, &plan).await);
@@ -177,15 +189,23 @@ async fn run(plan: Plan) {
     }
     let machine = machine::describe();
     println!(
-        "hookwire benchmarks ({}): {} CPUs ({}), load {}; floor message: {} of {} bytes",
+        "hookwire benchmarks, {}; {} CPUs ({}), load {}",
         if plan.full {
             "full run"
         } else {
-            "smoke pass, numbers meaningless"
+            "smoke pass (debug build, tiny counts: numbers meaningless)"
         },
         machine["cpus"],
         machine["cpu_model"].as_str().unwrap_or("?"),
         machine["load_average"].as_str().unwrap_or("?"),
+    );
+    println!(
+        "runtime: tokio multi-thread as hookwire serve; tracing: {}; floor message: {} of {} bytes",
+        if plan.telemetry {
+            "the log layer of hookwire serve (info, no exporter)"
+        } else {
+            "none"
+        },
         floor_message["kind"].as_str().unwrap_or("?"),
         floor_message["bytes"],
     );

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hookwire::hook_server::{self, Ctx, Hook, Reply};
 use hookwire::pb;
@@ -26,6 +27,8 @@ pub const BLOCKING: [pb::EventKind; 8] = [
 pub struct Steady {
     name: String,
     owns_tool: bool,
+    /// Time taken to decide each event.
+    thinking: Duration,
     answered: Arc<AtomicU64>,
     /// One event of each kind seen, kept for the floor's message.
     pub sample: Arc<std::sync::Mutex<Vec<pb::HookEvent>>>,
@@ -36,12 +39,22 @@ impl Steady {
         Steady {
             name: name.into(),
             owns_tool,
+            thinking: Duration::ZERO,
             answered: Arc::default(),
             sample: Arc::default(),
         }
     }
 
-    fn count(&self, ctx: &Ctx, kind: pb::EventKind, payload: pb::hook_event::Payload) {
+    /// Takes `d` to decide each event.
+    pub fn thinking(mut self, d: Duration) -> Steady {
+        self.thinking = d;
+        self
+    }
+
+    async fn decide(&self, ctx: &Ctx, kind: pb::EventKind, payload: pb::hook_event::Payload) {
+        if !self.thinking.is_zero() {
+            tokio::time::sleep(self.thinking).await;
+        }
         // Samples come from the first (calibration) run; after that, only
         // the count, so the bench hook costs next to nothing.
         if self.answered.fetch_add(1, Ordering::Relaxed) >= 64 {
@@ -84,11 +97,12 @@ impl Hook for Steady {
         d
     }
     async fn run_start(&self, ctx: &Ctx, e: pb::RunStartEvent) -> Reply<pb::RunStartVerdict> {
-        self.count(
+        self.decide(
             ctx,
             pb::EventKind::RunStart,
             pb::hook_event::Payload::RunStart(e),
-        );
+        )
+        .await;
         Reply::new(pb::RunStartVerdict {
             action: proceed().map(pb::run_start_verdict::Action::Proceed),
         })
@@ -98,11 +112,12 @@ impl Hook for Steady {
         ctx: &Ctx,
         e: pb::ModelRequestEvent,
     ) -> Reply<pb::ModelRequestVerdict> {
-        self.count(
+        self.decide(
             ctx,
             pb::EventKind::ModelRequest,
             pb::hook_event::Payload::ModelRequest(e),
-        );
+        )
+        .await;
         Reply::new(pb::ModelRequestVerdict {
             action: proceed().map(pb::model_request_verdict::Action::Proceed),
         })
@@ -112,41 +127,45 @@ impl Hook for Steady {
         ctx: &Ctx,
         e: pb::ModelResponseEvent,
     ) -> Reply<pb::ModelResponseVerdict> {
-        self.count(
+        self.decide(
             ctx,
             pb::EventKind::ModelResponse,
             pb::hook_event::Payload::ModelResponse(e),
-        );
+        )
+        .await;
         Reply::new(pb::ModelResponseVerdict {
             action: proceed().map(pb::model_response_verdict::Action::Proceed),
         })
     }
     async fn tool_call(&self, ctx: &Ctx, e: pb::ToolCallEvent) -> Reply<pb::ToolCallVerdict> {
-        self.count(
+        self.decide(
             ctx,
             pb::EventKind::ToolCall,
             pb::hook_event::Payload::ToolCall(e),
-        );
+        )
+        .await;
         Reply::new(pb::ToolCallVerdict {
             action: proceed().map(pb::tool_call_verdict::Action::Proceed),
         })
     }
     async fn tool_result(&self, ctx: &Ctx, e: pb::ToolResultEvent) -> Reply<pb::ToolResultVerdict> {
-        self.count(
+        self.decide(
             ctx,
             pb::EventKind::ToolResult,
             pb::hook_event::Payload::ToolResult(e),
-        );
+        )
+        .await;
         Reply::new(pb::ToolResultVerdict {
             action: proceed().map(pb::tool_result_verdict::Action::Proceed),
         })
     }
     async fn turn_end(&self, ctx: &Ctx, e: pb::TurnEndEvent) -> Reply<pb::TurnEndVerdict> {
-        self.count(
+        self.decide(
             ctx,
             pb::EventKind::TurnEnd,
             pb::hook_event::Payload::TurnEnd(e),
-        );
+        )
+        .await;
         Reply::new(pb::TurnEndVerdict {
             action: proceed().map(pb::turn_end_verdict::Action::Proceed),
         })

@@ -8,7 +8,7 @@
 //! ```
 
 use crate::floor::Floor;
-use crate::rig::{self, Rig, Variant};
+use crate::rig::{self, Extent, Rig, Variant};
 use crate::service;
 
 fn variant(name: &str) -> Option<Variant> {
@@ -26,7 +26,10 @@ fn variant(name: &str) -> Option<Variant> {
 }
 
 pub async fn run(what: &str, count: usize) {
-    let mut rig = Rig::start().await;
+    // The lean rig (no Python, no fan-out hooks) keeps start-up out of
+    // process-wide counters such as `perf stat` or `time`.
+    let lean = std::env::args().any(|a| a == "--lean");
+    let mut rig = Rig::start(if lean { Extent::Lean } else { Extent::Full }).await;
     if what.starts_with("floor") {
         let floor = Floor::start(rig.typical_event.clone()).await;
         match what {

@@ -37,7 +37,7 @@ pub struct Rig {
 }
 
 /// One kind of run: an agent and the input that shapes it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Variant {
     pub agent: &'static str,
     pub input: &'static str,
@@ -71,6 +71,17 @@ pub fn merged(k: usize) -> Variant {
     }
 }
 
+/// `k` merged `model_request` hooks that each take [`SLOW`] to decide.
+pub fn merged_slow(k: usize) -> Variant {
+    Variant {
+        agent: ["mrs1", "mrs2", "mrs4", "mrs8"][FAN.iter().position(|&f| f == k).unwrap()],
+        input: input::TOOLS,
+    }
+}
+
+/// How long a slow hook thinks: a policy lookup or a small model call.
+pub const SLOW: std::time::Duration = std::time::Duration::from_millis(2);
+
 pub fn chained(k: usize) -> Variant {
     Variant {
         agent: ["tr1", "tr2", "tr4", "tr8"][FAN.iter().position(|&f| f == k).unwrap()],
@@ -82,8 +93,17 @@ fn names(prefix: &str, k: usize) -> Vec<String> {
     (1..=k).map(|i| format!("{prefix}{i}")).collect()
 }
 
+/// What to start besides hookwire and the `steady` hook.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Extent {
+    /// Every hook of every figure, the Python one included.
+    Full,
+    /// Only `steady`, for the bare and hooked agents.
+    Lean,
+}
+
 impl Rig {
-    pub async fn start() -> Rig {
+    pub async fn start(extent: Extent) -> Rig {
         // The hook of the per-event and throughput figures; it also owns the
         // `get_weather` tool of every agent.
         let steady = Steady::new("steady", true);
@@ -92,30 +112,44 @@ impl Rig {
         // Every event of a run, not session_start: sessions are made
         // outside the timed part, and should stay cheap.
         yaml.hook("steady", &hooks[0].addr, &RUN_EVENTS);
+        yaml.agent("bare", &[], 8)
+            .agent("hooked", &["steady".into()], 8);
+        if extent == Extent::Lean {
+            return Rig::finish(yaml, steady, hooks, None, Some("lean rig".into())).await;
+        }
         for i in 1..=8 {
             let fan = hook::start(Steady::new(&format!("fan{i}"), false)).await;
             yaml.hook(&format!("mr_{i}"), &fan.addr, &["model_request"]);
             yaml.hook(&format!("tr_{i}"), &fan.addr, &["tool_result"]);
             hooks.push(fan);
+            let slow = hook::start(Steady::new(&format!("slow{i}"), false).thinking(SLOW)).await;
+            yaml.hook(&format!("mrs_{i}"), &slow.addr, &["model_request"]);
+            hooks.push(slow);
         }
+        for k in FAN {
+            yaml.agent(merged(k).agent, &names("mr_", k), 8);
+            yaml.agent(chained(k).agent, &names("tr_", k), 8);
+            yaml.agent(merged_slow(k).agent, &names("mrs_", k), 8);
+        }
+        yaml.agent("solo", &[], 8).agent("looping", &[], 10);
         let (python, python_missing) = match PythonHook::start().await {
             Ok(p) => (Some(p), None),
             Err(e) => (None, Some(e)),
         };
         if let Some(p) = &python {
             yaml.hook("py", &p.addr, &RUN_EVENTS);
-        }
-        yaml.agent("bare", &[], 8)
-            .agent("hooked", &["steady".into()], 8)
-            .agent("solo", &[], 8)
-            .agent("looping", &[], 10);
-        if python.is_some() {
             yaml.agent("python", &["py".into()], 8);
         }
-        for k in FAN {
-            yaml.agent(merged(k).agent, &names("mr_", k), 8);
-            yaml.agent(chained(k).agent, &names("tr_", k), 8);
-        }
+        Rig::finish(yaml, steady, hooks, python, python_missing).await
+    }
+
+    async fn finish(
+        yaml: Yaml,
+        steady: Steady,
+        hooks: Vec<hook::Running>,
+        python: Option<PythonHook>,
+        python_missing: Option<String>,
+    ) -> Rig {
         let service = Service::start(&yaml.build()).await;
         let mut client = service.client().await;
         // One hooked run fills the hook's samples of each event kind.
