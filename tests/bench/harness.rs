@@ -65,7 +65,7 @@ impl Plan {
             verbose: false,
             telemetry: true,
             only: Vec::new(),
-            rounds: 5,
+            rounds: 7,
             runs: 200,
             pings: 2000,
             fan_runs: 100,
