@@ -172,7 +172,7 @@ impl Floor {
 
     /// Round trips per second with `streams` streams ping-ponging at once on
     /// the one connection, over `window` after a short warm-up.
-    pub async fn throughput(&self, streams: usize, window: Duration) -> f64 {
+    pub async fn throughput(&self, streams: usize, window: Duration, verbose: bool) -> f64 {
         let count = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let mut opened = Vec::new();
@@ -191,7 +191,7 @@ impl Floor {
                 })
             })
             .collect();
-        let rate = window_rate(&count, window).await;
+        let rate = window_rate(&count, window, verbose).await;
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             let _ = t.await;
@@ -202,13 +202,13 @@ impl Floor {
 
 /// Counts `count`'s increase per second over `window`, after a warm-up of a
 /// fifth of it.
-pub async fn window_rate(count: &AtomicU64, window: Duration) -> f64 {
+pub async fn window_rate(count: &AtomicU64, window: Duration, verbose: bool) -> f64 {
     tokio::time::sleep(window / 5).await;
     let (c0, t0, cpu0) = (count.load(Ordering::Relaxed), Instant::now(), cpu_seconds());
     tokio::time::sleep(window).await;
     let (c1, t1, cpu1) = (count.load(Ordering::Relaxed), Instant::now(), cpu_seconds());
     let secs = (t1 - t0).as_secs_f64();
-    if std::env::args().any(|a| a == "--verbose") {
+    if verbose {
         eprintln!(
             "    (process CPU over the window: {:.0}%)",
             (cpu1 - cpu0) / secs * 100.0

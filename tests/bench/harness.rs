@@ -24,7 +24,9 @@ mod throughput;
 
 use std::time::Instant;
 
+use hookwire::telemetry::{LogFormat, Telemetry, TelemetryOptions};
 use serde::Serialize;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 /// How much of everything to do.
 #[derive(Clone, Debug, Serialize)]
@@ -102,36 +104,46 @@ impl Plan {
     }
 }
 
-fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
-    let mut plan = if full { Plan::full() } else { Plan::smoke() };
-    let args: Vec<String> = std::env::args().collect();
-    plan.verbose = args.iter().any(|a| a == "--verbose");
-    if let Some(i) = args.iter().position(|a| a == "--only") {
-        plan.only = args
-            .get(i + 1)
-            .map(|s| s.split(',').map(String::from).collect())
-            .unwrap_or_default();
+impl Plan {
+    /// `--bench` (passed by `cargo bench`) selects the full run.
+    fn from_args(args: &[String]) -> Plan {
+        let mut plan = if args.iter().any(|a| a == "--bench") {
+            Plan::full()
+        } else {
+            Plan::smoke()
+        };
+        plan.verbose = args.iter().any(|a| a == "--verbose");
+        if let Some(i) = args.iter().position(|a| a == "--only") {
+            plan.only = args
+                .get(i + 1)
+                .map(|s| s.split(',').map(String::from).collect())
+                .unwrap_or_default();
+        }
+        plan
     }
+}
+
+/// What `hookwire serve` installs with no OTLP endpoint: the log layer at
+/// info, which makes hookwire's info spans real. The filter is fixed here
+/// rather than read from RUST_LOG, so runs compare.
+fn install_telemetry() -> Telemetry {
+    let opts = TelemetryOptions::new(LogFormat::Text);
+    let (dispatch, telemetry) =
+        hookwire::telemetry::build(&opts, BoxMakeWriter::new(std::io::stderr))
+            .expect("telemetry pipeline");
+    tracing::dispatcher::set_global_default(dispatch).expect("one subscriber");
+    telemetry
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mut plan = Plan::from_args(&args);
     // hookwire's own runtime (src/main.rs): multi-thread, one worker per CPU.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    // What `hookwire serve` installs with no OTLP endpoint: the log layer at
-    // info (which makes hookwire's info spans real). Fixed here rather than
-    // read from RUST_LOG, so runs compare. `--no-telemetry` measures without
-    // any subscriber.
-    let telemetry = (!args.iter().any(|a| a == "--no-telemetry")).then(|| {
-        let opts = hookwire::telemetry::TelemetryOptions::new(hookwire::telemetry::LogFormat::Text);
-        let (dispatch, telemetry) = hookwire::telemetry::build(
-            &opts,
-            tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
-        )
-        .expect("telemetry");
-        tracing::dispatcher::set_global_default(dispatch).expect("one subscriber");
-        telemetry
-    });
+    let telemetry = (!args.iter().any(|a| a == "--no-telemetry")).then(install_telemetry);
     plan.telemetry = telemetry.is_some();
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let what = args.get(i + 1).map(String::as_str).unwrap_or("");

@@ -36,7 +36,11 @@ pub async fn measure(rig: &mut Rig, floor: &Floor, plan: &Plan) -> Vec<Row> {
     let n = plan.concurrency.len();
     let (mut hooked, mut bare) = (vec![Vec::new(); n], vec![Vec::new(); n]);
     for _ in 0..plan.throughput_rounds {
-        floors.push(floor.throughput(plan.floor_streams, window).await);
+        floors.push(
+            floor
+                .throughput(plan.floor_streams, window, plan.verbose)
+                .await,
+        );
         for (i, &c) in plan.concurrency.iter().enumerate() {
             hooked[i].push(runs_per_second(rig, &mut pools, HOOKED, c, window, plan).await);
             bare[i].push(runs_per_second(rig, &mut pools, BARE, c, window, plan).await);
@@ -146,7 +150,7 @@ async fn runs_per_second(
             })
         })
         .collect();
-    let rate = window_rate(&done, window).await;
+    let rate = window_rate(&done, window, plan.verbose).await;
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         w.await.expect("throughput worker");
