@@ -2,7 +2,7 @@
 CARGO ?= cargo
 LISTEN ?= 127.0.0.1:50051
 
-.PHONY: run test lint fmt build release clean demo
+.PHONY: run test lint bench fmt build release clean demo
 
 ## Serve the embedded default (agent `demo` on the scripted model, no hooks).
 run:
@@ -23,6 +23,11 @@ test: lint
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+
+## Benchmarks (release build, loopback, a few minutes): prints the table and
+## writes target/bench/results.json; see BENCHMARKS.md.
+bench:
+	$(CARGO) bench --bench hookwire
 
 fmt:
 	$(CARGO) fmt --all

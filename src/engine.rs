@@ -13,7 +13,7 @@ use crate::agent::approvals::{ApprovalError, Approvals, Decision};
 use crate::agent::events::{RunEvent, RunReport};
 use crate::agent::runner::{drive, AgentRuntime, Run};
 use crate::config::Config;
-use crate::event::nearest;
+use crate::event::{nearest, EventKind};
 use crate::hooks::client::{HookClient, HookSnapshot};
 use crate::hooks::compose::{firing_order, Ranked, SessionStartChain};
 use crate::hooks::dispatch::RunHooks;
@@ -90,6 +90,11 @@ impl Engine {
         inst: Instruments,
     ) -> Result<Engine, EngineSetupError> {
         let registry = Arc::new(HookRegistry::new(&config)?);
+        // Breaker gauges exist (closed) from the start; calls only touch
+        // them when a breaker opens or closes.
+        for c in registry.all() {
+            inst.metrics.breaker_state(c.name(), false);
+        }
         let mut agents = HashMap::new();
         for a in &config.agents {
             let model =
@@ -271,12 +276,9 @@ impl Engine {
                     agent.config.event_budget,
                     self.inst.clone(),
                 );
-                hooks.observe(
-                    0,
-                    &Payload::SessionEnd {
-                        reason: "deleted".into(),
-                    },
-                );
+                hooks.observe(0, EventKind::SessionEnd, || Payload::SessionEnd {
+                    reason: "deleted".into(),
+                });
                 hooks.close();
             }
         }

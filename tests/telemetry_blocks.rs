@@ -622,3 +622,26 @@ async fn admin_endpoints_answer_and_metrics_move() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn hook_call_spans_are_exported_but_not_formatted_into_logs() {
+    let p = pipeline(|_| {}).await;
+    with_default(&p.dispatch, || {
+        let run = spans::invoke_agent("a", "scripted", "s", "run-ctx");
+        run.in_scope(|| {
+            let hook = spans::hook_call("audit", "run_start");
+            hook.in_scope(|| {
+                tracing::warn!(target: "hookwire::hooks", "inside the hook call");
+            });
+        });
+    });
+    p.flush().await;
+    assert!(!p.only("hook audit run_start").parent_span_id.is_empty());
+    let logs = p.logs.contents();
+    // The run's context stays in the line; the per-event hook span, which
+    // the log layer would format at every hook call, does not.
+    assert!(logs.contains("inside the hook call"), "{logs}");
+    assert!(logs.contains("run-ctx"), "{logs}");
+    assert!(!logs.contains("hook{"), "{logs}");
+    p.telemetry.shutdown().await;
+}

@@ -361,8 +361,9 @@ async fn call_model(
     let sent = std::sync::atomic::AtomicBool::new(false);
     let held: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let on_delta = |chunk: &str| {
-        run.hooks
-            .observe(turn, &Payload::TextDelta(chunk.to_string()));
+        run.hooks.observe(turn, EventKind::TextDelta, || {
+            Payload::TextDelta(chunk.to_string())
+        });
         if hold {
             held.lock().unwrap().push(chunk.to_string());
         } else {
@@ -488,16 +489,14 @@ fn finish(run: &Run, mut ending: Ending) -> RunReport {
             ending.reason = f.to_string();
         }
     }
-    run.hooks.observe(
-        ending.turns,
-        &Payload::RunEnd {
+    run.hooks
+        .observe(ending.turns, EventKind::RunEnd, || Payload::RunEnd {
             outcome: ending.outcome,
             reason: ending.reason.clone(),
             final_text: ending.final_text.clone(),
             usage: ending.usage,
             turns: ending.turns,
-        },
-    );
+        });
     run.hooks.close();
     let report = RunReport {
         run_id: run.run_id.clone(),

@@ -219,6 +219,20 @@ impl HookClient {
         }
     }
 
+    /// Whether this hook receives `kind`, as `subscriptions` would say,
+    /// without copying the description (this is asked for every hook at
+    /// every event).
+    pub fn subscribes(&self, kind: EventKind) -> Option<bool> {
+        let configured = &self.config.events;
+        match &*self.described.read().unwrap() {
+            Some(d) => Some(
+                d.events.contains(&kind) && (configured.is_empty() || configured.contains(&kind)),
+            ),
+            None if configured.is_empty() => None,
+            None => Some(configured.contains(&kind)),
+        }
+    }
+
     pub fn is_observe(&self) -> bool {
         self.config.mode == HookMode::Observe
     }
@@ -230,11 +244,14 @@ impl HookClient {
             .admit(std::time::Instant::now())
     }
 
-    pub fn record(&self, ok: bool) {
-        self.breaker
-            .lock()
-            .unwrap()
-            .record(std::time::Instant::now(), ok);
+    /// Records a call's result; returns whether the breaker is now open
+    /// when that changed (so the gauge is only touched on changes).
+    pub fn record(&self, ok: bool) -> Option<bool> {
+        let mut b = self.breaker.lock().unwrap();
+        let was = b.is_open();
+        b.record(std::time::Instant::now(), ok);
+        let open = b.is_open();
+        (open != was).then_some(open)
     }
 
     pub fn breaker_open(&self) -> bool {

@@ -115,13 +115,9 @@ impl RunHooks {
     /// Whether any hook of this run may steer `kind` (used to decide whether
     /// text deltas must be held back).
     pub fn has_blocking(&self, kind: EventKind) -> bool {
-        self.hooks.iter().any(|h| {
-            !h.client.is_observe()
-                && h.client
-                    .subscriptions()
-                    .map(|s| s.contains(&kind))
-                    .unwrap_or(true)
-        })
+        self.hooks
+            .iter()
+            .any(|h| !h.client.is_observe() && h.client.subscribes(kind).unwrap_or(true))
     }
 
     fn event_deadline(&self) -> Instant {
@@ -140,17 +136,16 @@ impl RunHooks {
         if hook.detached.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        let subs = match hook.client.subscriptions() {
-            Some(s) => s,
+        match hook.client.subscribes(kind) {
+            Some(subscribed) => Ok(subscribed),
             None => {
                 let budget = deadline
                     .saturating_duration_since(Instant::now())
                     .min(hook.client.config.timeout);
                 hook.client.describe(budget).await?;
-                hook.client.subscriptions().unwrap_or_default()
+                Ok(hook.client.subscribes(kind).unwrap_or(false))
             }
-        };
-        Ok(subs.contains(&kind))
+        }
     }
 
     /// The hook's stream for this run, opened at its first event. A stream
@@ -197,19 +192,16 @@ impl RunHooks {
         deadline: Instant,
         trace: &(String, String),
     ) -> pb::HookEvent {
-        let mut ctx = self.ctx.clone();
-        ctx.turn = turn;
-        ctx.traceparent.clone_from(&trace.0);
-        ctx.tracestate.clone_from(&trace.1);
         let remaining = deadline.saturating_duration_since(Instant::now());
+        let mut context =
+            wire::context_to_wire(&self.ctx, &self.scratchpad.lock().unwrap(), remaining);
+        context.turn = turn;
+        context.traceparent.clone_from(&trace.0);
+        context.tracestate.clone_from(&trace.1);
         pb::HookEvent {
             seq: 0,
             kind: pb::EventKind::from(payload.kind()) as i32,
-            context: Some(wire::context_to_wire(
-                &ctx,
-                &self.scratchpad.lock().unwrap(),
-                remaining,
-            )),
+            context: Some(context),
             expects_verdict: false,
             payload: Some(wire::payload_to_wire(payload)),
         }
@@ -274,9 +266,10 @@ impl RunHooks {
             }
         }
         if !matches!(&result, Err(f) if f.class == FailureClass::CircuitOpen) {
-            hook.client.record(result.is_ok());
+            if let Some(open) = hook.client.record(result.is_ok()) {
+                m.breaker_state(name, open);
+            }
         }
-        m.breaker_state(name, hook.client.breaker_open());
         (result, span)
     }
 
@@ -342,10 +335,19 @@ impl RunHooks {
         }
     }
 
-    /// Sends `payload` to observe-mode hooks subscribed to it, without waiting.
-    fn notify_observers(&self, turn: u32, payload: &Payload, only_observe_mode: bool) {
-        let kind = payload.kind();
-        let deadline = self.event_deadline();
+    /// Sends the payload `make` builds to the hooks subscribed to `kind`
+    /// (only observe-mode ones when asked), without waiting. The payload is
+    /// built only when some hook takes it: this runs after every event.
+    fn notify_observers(
+        &self,
+        turn: u32,
+        kind: EventKind,
+        make: impl FnOnce() -> Payload,
+        only_observe_mode: bool,
+    ) {
+        let mut make = Some(make);
+        let mut payload = None;
+        let mut deadline = None;
         for hook in &self.hooks {
             if only_observe_mode && !hook.client.is_observe() {
                 continue;
@@ -353,12 +355,9 @@ impl RunHooks {
             if hook.detached.load(Ordering::Relaxed) {
                 continue;
             }
-            let subscribed = hook
-                .client
-                .subscriptions()
-                .map(|s| s.contains(&kind))
-                .unwrap_or(false);
-            if subscribed {
+            if hook.client.subscribes(kind).unwrap_or(false) {
+                let payload: &Payload = payload.get_or_insert_with(|| (make.take().unwrap())());
+                let deadline = *deadline.get_or_insert_with(|| self.event_deadline());
                 let trace = propagation::current_trace_context(&Span::current());
                 let ev = self.wire_event(turn, payload, deadline, &trace);
                 if !self.stream(hook, &trace).send_observe(ev) {
@@ -371,9 +370,10 @@ impl RunHooks {
     }
 
     /// An observe event (text_delta, run_end, session_end): delivered to
-    /// subscribers without waiting; never fails the run.
-    pub fn observe(&self, turn: u32, payload: &Payload) {
-        self.notify_observers(turn, payload, false);
+    /// subscribers without waiting; never fails the run. `make` builds the
+    /// payload, only if some hook subscribes to `kind`.
+    pub fn observe(&self, turn: u32, kind: EventKind, make: impl FnOnce() -> Payload) {
+        self.notify_observers(turn, kind, make, false);
     }
 
     /// Runs a chain event through every subscribed blocking hook in order.
@@ -433,7 +433,7 @@ impl RunHooks {
                         }
                         Step::Stop(stop) => {
                             records.push(rec);
-                            self.notify_observers(turn, &to_wire(&payload), true);
+                            self.notify_observers(turn, kind, || to_wire(&payload), true);
                             return Ok(ChainOutcome {
                                 payload,
                                 stop: Some((name, stop)),
@@ -445,7 +445,7 @@ impl RunHooks {
                 }
             }
         }
-        self.notify_observers(turn, &to_wire(&payload), true);
+        self.notify_observers(turn, kind, || to_wire(&payload), true);
         Ok(ChainOutcome {
             payload,
             stop: None,
@@ -463,9 +463,11 @@ impl RunHooks {
     ) -> Result<MergeOutcome, HookFailure> {
         let kind = EventKind::ModelRequest;
         let event_deadline = self.event_deadline();
-        let payload = Payload::ModelRequest(baseline.clone());
+        // The event's payload, copied from the request only when some hook
+        // is there to see it.
+        let payload = (!self.hooks.is_empty()).then(|| Payload::ModelRequest(baseline.clone()));
         let calls = self.hooks.iter().map(|hook| {
-            let payload = &payload;
+            let payload = payload.as_ref().expect("built when there are hooks");
             async move {
                 if hook.client.is_observe() {
                     return None;
@@ -539,7 +541,12 @@ impl RunHooks {
             }
         }
         records.extend(failed_open);
-        self.notify_observers(turn, &payload, true);
+        self.notify_observers(
+            turn,
+            kind,
+            || payload.unwrap_or_else(|| Payload::ModelRequest(baseline.clone())),
+            true,
+        );
         Ok(MergeOutcome {
             merged,
             records,

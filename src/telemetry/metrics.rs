@@ -41,11 +41,13 @@ fn run_histogram() -> Histogram {
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
+/// Event and outcome come from fixed sets of names, so only the hook name
+/// is copied per call (this is recorded at every hook call).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HookCallLabels {
     hook: String,
-    event: String,
-    outcome: String,
+    event: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -218,11 +220,17 @@ impl Metrics {
 
     /// One hook call; `outcome` is `ok`, `timeout`, a failure class or
     /// `failed_open`.
-    pub fn hook_call(&self, hook: &str, event: &str, outcome: &str, latency: Duration) {
+    pub fn hook_call(
+        &self,
+        hook: &str,
+        event: &'static str,
+        outcome: &'static str,
+        latency: Duration,
+    ) {
         let labels = HookCallLabels {
             hook: hook.to_owned(),
-            event: event.to_owned(),
-            outcome: outcome.to_owned(),
+            event,
+            outcome,
         };
         self.hook_call_duration
             .get_or_create(&labels)

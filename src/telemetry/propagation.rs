@@ -23,6 +23,10 @@ pub const TRACESTATE: &str = "tracestate";
 /// by the sampler still has a valid context, with the sampled flag off, so
 /// the hook server does not sample either.
 pub fn current_trace_context(span: &Span) -> (String, String) {
+    // No subscriber took the span: there is no trace to propagate.
+    if span.is_disabled() {
+        return Default::default();
+    }
     let mut carrier = HashMap::new();
     TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
     (

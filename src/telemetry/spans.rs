@@ -79,14 +79,19 @@ pub fn execute_tool(tool: &str, call_id: &str) -> Span {
     )
 }
 
+/// The tracing name of [`hook_call`] spans (the exported name is
+/// `hook {hook} {event}`).
+pub const HOOK_SPAN: &str = "hook";
+
 /// `hook {hook} {event}` (CLIENT: it is a call to a remote hook server, whose
 /// own spans join the trace as this span's children through the propagated
 /// `traceparent`).
 pub fn hook_call(hook: &str, event: &str) -> Span {
-    let name = format!("hook {hook} {event}");
-    tracing::info_span!(
-        "hook",
-        otel.name = name.as_str(),
+    // Named only when a subscriber takes the span: this runs at every hook
+    // call, and formatting the name is most of its cost otherwise.
+    let span = tracing::info_span!(
+        HOOK_SPAN,
+        otel.name = Empty,
         otel.kind = "client",
         { attrs::HOOKWIRE_HOOK_NAME } = hook,
         { attrs::HOOKWIRE_HOOK_EVENT } = event,
@@ -94,7 +99,11 @@ pub fn hook_call(hook: &str, event: &str) -> Span {
         { attrs::HOOKWIRE_HOOK_OUTCOME } = Empty,
         { attrs::HOOKWIRE_HOOK_LATENCY_MS } = Empty,
         { attrs::ERROR_TYPE } = Empty,
-    )
+    );
+    if !span.is_disabled() {
+        span.record("otel.name", format!("hook {hook} {event}").as_str());
+    }
+    span
 }
 
 /// Records how the run ended; with `error_type`, also `error.type` and an

@@ -1,0 +1,111 @@
+//! Figure 3: several hooks on one event. `model_request` hooks are called
+//! concurrently and merged; `tool_result` hooks run as a chain. Each is the
+//! cost of one event with K hooks: tools runs (two model requests, three
+//! tool results) minus the same runs without hooks, per event.
+
+use crate::report::{Row, Target};
+use crate::rig::{self, Rig, Variant, FAN};
+use crate::stats::{quantile, Spread};
+use crate::Plan;
+
+pub async fn measure(rig: &mut Rig, plan: &Plan) -> Vec<Row> {
+    let mr_events = rig.events_per_run(rig::merged(1), "mr_1", 2).await;
+    let tr_events = rig.events_per_run(rig::chained(1), "tr_1", 2).await;
+    let mut variants: Vec<Variant> = vec![rig::BARE_TOOLS];
+    variants.extend(FAN.map(rig::merged));
+    variants.extend(FAN.map(rig::chained));
+    // Hooks that take a while to decide, as most real ones do: merging is
+    // concurrent when the cost is waiting rather than this machine's CPU.
+    // In a block of their own, since their idle milliseconds let the vCPUs
+    // halt and slow whatever runs next.
+    let slow_variants = [rig::BARE_TOOLS, rig::merged_slow(1), rig::merged_slow(8)];
+    // Per round: p50 event cost with K merged / chained hooks.
+    let mut merged = vec![Vec::new(); FAN.len()];
+    let mut chained = vec![Vec::new(); FAN.len()];
+    let mut slow = [Vec::new(), Vec::new()];
+    for _ in 0..plan.rounds {
+        let mut lat = rig.latencies(&variants, plan.fan_runs).await;
+        let mut p50: Vec<f64> = lat.iter_mut().map(|l| quantile(l, 0.5)).collect();
+        let bare = p50.remove(0);
+        for (i, _) in FAN.iter().enumerate() {
+            merged[i].push((p50[i] - bare) / mr_events);
+            chained[i].push((p50[FAN.len() + i] - bare) / tr_events);
+        }
+        if plan.verbose {
+            eprintln!("  fan-out: bare {bare:.0} us; runs p50 {p50:.0?}");
+        }
+    }
+    for _ in 0..plan.rounds {
+        let mut lat = rig
+            .latencies(&slow_variants, (plan.fan_runs / 2).max(1))
+            .await;
+        let p50: Vec<f64> = lat.iter_mut().map(|l| quantile(l, 0.5)).collect();
+        for (j, s) in slow.iter_mut().enumerate() {
+            s.push((p50[j + 1] - p50[0]) / mr_events);
+        }
+    }
+    let mut rows = Vec::new();
+    let one = Spread::of(&merged[0]);
+    for (i, k) in FAN.iter().enumerate() {
+        let ratios: Vec<f64> = merged[i]
+            .iter()
+            .zip(&merged[0])
+            .map(|(m, one)| m / one)
+            .collect();
+        let mut row = Row::new(
+            3,
+            format!("model_request p50, {k} merged hook(s)"),
+            "us",
+            Spread::of(&merged[i]),
+        )
+        .against("1 hook", one, &ratios);
+        if *k == 8 {
+            row = row.target(Target::ratio_at_most(1.5));
+        }
+        rows.push(row);
+    }
+    let slow_ratio: Vec<f64> = slow[1]
+        .iter()
+        .zip(&slow[0])
+        .map(|(k, one)| k / one)
+        .collect();
+    for (j, k) in [1, 8].iter().enumerate() {
+        let mut row = Row::new(
+            3,
+            format!(
+                "model_request p50, {k} merged hook(s) sleeping {} ms each",
+                rig::SLOW.as_millis()
+            ),
+            "us",
+            Spread::of(&slow[j]),
+        );
+        if *k == 8 {
+            row = row.against("1 such hook", Spread::of(&slow[0]), &slow_ratio);
+        }
+        rows.push(row);
+    }
+    let one = Spread::of(&chained[0]);
+    for (i, k) in FAN.iter().enumerate() {
+        // Against K times one hook: 1.0 is exactly linear.
+        let ratios: Vec<f64> = chained[i]
+            .iter()
+            .zip(&chained[0])
+            .map(|(c, one)| c / (one * *k as f64))
+            .collect();
+        let mut row = Row::new(
+            3,
+            format!("tool_result p50, chain of {k}"),
+            "us",
+            Spread::of(&chained[i]),
+        )
+        .against(format!("{k} x 1 hook"), one, &ratios);
+        if *k > 1 {
+            row = row.target(Target::ratio_at_most(LINEAR_SLACK));
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+/// "Linear and no worse", with room for the noise of a shared machine.
+const LINEAR_SLACK: f64 = 1.1;

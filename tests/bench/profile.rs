@@ -1,0 +1,72 @@
+//! A fixed amount of one kind of work, for `valgrind --tool=callgrind`:
+//! instruction counts are repeatable where wall time is not. Run it twice
+//! with different counts; the difference divided by the difference in
+//! count is the cost of one unit, with set-up cancelled out.
+//!
+//! ```sh
+//! valgrind --tool=callgrind target/release/deps/hookwire-HASH --profile hooked-tools 200
+//! ```
+
+use crate::floor::Floor;
+use crate::rig::{self, Extent, Rig, Variant};
+use crate::service;
+
+fn variant(name: &str) -> Option<Variant> {
+    Some(match name {
+        "bare-chat" => rig::BARE_CHAT,
+        "bare-tools" => rig::BARE_TOOLS,
+        "hooked-chat" => rig::HOOKED_CHAT,
+        "hooked-tools" => rig::HOOKED_TOOLS,
+        "mr1" => rig::merged(1),
+        "mr8" => rig::merged(8),
+        "tr1" => rig::chained(1),
+        "tr8" => rig::chained(8),
+        _ => return None,
+    })
+}
+
+pub async fn run(what: &str, count: usize) {
+    // The lean rig (no Python, no fan-out hooks) keeps start-up out of
+    // process-wide counters such as `perf stat` or `time`.
+    let lean = std::env::args().any(|a| a == "--lean");
+    let mut rig = Rig::start(if lean { Extent::Lean } else { Extent::Full }).await;
+    if what.starts_with("floor") {
+        let floor = Floor::start(rig.typical_event.clone()).await;
+        match what {
+            "floor-open" => floor.open_streams(count).await,
+            "floor-64" => floor.concurrent_pings(64, count).await,
+            _ => {
+                floor.round_trips(count).await;
+            }
+        }
+        return;
+    }
+    // 64 clients at once, `count` runs in all.
+    if let Some(v) = what.strip_prefix("concurrent-").and_then(variant) {
+        let sessions = service::sessions(&rig.client, v.agent, count).await;
+        let tasks: Vec<_> = sessions
+            .chunks(count.div_ceil(64))
+            .map(|chunk| {
+                let (mut client, chunk) = (rig.client.clone(), chunk.to_vec());
+                tokio::spawn(async move {
+                    for s in chunk {
+                        let (_, r) = service::invoke(&mut client, &s, v.input).await;
+                        service::assert_completed(&r, v.agent);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        return;
+    }
+    let v = variant(what).unwrap_or_else(|| {
+        panic!("--profile takes floor, floor-open, floor-64, [concurrent-]bare-chat, bare-tools, hooked-chat, hooked-tools, mr1, mr8, tr1 or tr8")
+    });
+    let sessions = service::sessions(&rig.client, v.agent, count).await;
+    for s in &sessions {
+        let (_, r) = service::invoke(&mut rig.client, s, v.input).await;
+        service::assert_completed(&r, v.agent);
+    }
+}
