@@ -59,8 +59,8 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
             &format!("127.0.0.1:{admin}"),
         ])
         .args(["--log-format", "json"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -151,7 +151,7 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
     assert!(started.elapsed() < Duration::from_secs(10));
     let mut logs = String::new();
     child
-        .stderr
+        .stdout
         .take()
         .unwrap()
         .read_to_string(&mut logs)

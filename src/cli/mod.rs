@@ -41,7 +41,7 @@ pub enum Command {
         /// (overrides `admin_listen:`).
         #[arg(long, env = "HOOKWIRE_ADMIN_LISTEN")]
         admin_listen: Option<SocketAddr>,
-        /// Log line format on stderr.
+        /// Log line format (logs go to stdout).
         #[arg(long, env = "HOOKWIRE_LOG_FORMAT", value_enum, default_value = "text")]
         log_format: LogFormat,
     },

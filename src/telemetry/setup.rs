@@ -1,4 +1,4 @@
-//! Installing the tracing pipeline: a log layer (text or JSON on stderr) and,
+//! Installing the tracing pipeline: a log layer (text or JSON on stdout) and,
 //! when an OTLP endpoint is configured, an OpenTelemetry layer exporting over
 //! gRPC with the batch span processor.
 //!
@@ -95,7 +95,7 @@ impl Sampling {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TelemetryOptions {
     pub format: LogFormat,
-    /// Colour in text logs (only when stderr is a terminal).
+    /// Colour in text logs (only when stdout is a terminal).
     pub ansi: bool,
     /// `RUST_LOG` directives. They filter the log layer only.
     pub log_filter: String,
@@ -381,13 +381,14 @@ impl Drop for Telemetry {
     }
 }
 
-/// Installs the global subscriber (logs to stderr; export when configured),
+/// Installs the global subscriber (logs to stdout, where container runtimes
+/// and log shippers expect a service's lines; export when configured),
 /// the W3C TraceContext propagator and the global tracer provider. Call once,
 /// from inside the Tokio runtime.
 pub fn init(cfg: &TelemetryConfig, format: LogFormat) -> Result<Telemetry, TelemetryError> {
     let mut opts = TelemetryOptions::from_env(cfg, format);
-    opts.ansi = format == LogFormat::Text && std::io::stderr().is_terminal();
-    let (subscriber, telemetry) = assemble(&opts, BoxMakeWriter::new(std::io::stderr))?;
+    opts.ansi = format == LogFormat::Text && std::io::stdout().is_terminal();
+    let (subscriber, telemetry) = assemble(&opts, BoxMakeWriter::new(std::io::stdout))?;
     // try_init also routes `log` records into tracing.
     subscriber
         .try_init()
