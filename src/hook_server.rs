@@ -23,8 +23,11 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each event is handled in its own task, so a slow verdict does not hold
-//! up the run's other events (tool calls may run concurrently).
+//! The events of one stream are decided concurrently on that stream's own
+//! task (no task per event), so a handler that awaits something slow does
+//! not hold up the run's other events (tool calls may run concurrently).
+//! Blocking or CPU-heavy work belongs in `tokio::task::spawn_blocking`: it
+//! would stall every event of the stream.
 
 use std::future::Future;
 use std::pin::Pin;
