@@ -8,12 +8,14 @@
 #   4. check the shipped hookwire configs with `hookwire config check`;
 #   5. lint every Dockerfile with hadolint.
 # Exits non-zero on the first failing step; prints what it checked.
-# Install the tools with deploy/ci-deps.sh.
+# The tools come from the project's virtualenv: install them with `make deps`.
 set -euo pipefail
 
 deploy=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$deploy")
 cd "$root"
+# Run by hand too, not only from make: the pinned tools win over the machine's.
+PATH=$root/.venv/bin:$PATH
 
 # 1.30 is the floor: preStop `sleep` (beta, on by default) first appears there.
 KUBE_VERSIONS=${KUBE_VERSIONS:-"1.30.0 1.37.0"}
@@ -21,7 +23,7 @@ KUBECTL=${KUBECTL:-kubectl}
 
 die() { printf 'deploy-check: FAIL: %s\n' "$*" >&2; exit 1; }
 for tool in "$KUBECTL" kubernetes-validate hadolint python3; do
-    command -v "$tool" >/dev/null || die "$tool not found: run deploy/ci-deps.sh"
+    command -v "$tool" >/dev/null || die "$tool not found: run make deps"
 done
 
 renders=$(mktemp -d)

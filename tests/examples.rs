@@ -1,7 +1,7 @@
 //! The example hook servers' own tests, so `make test` covers them: the
 //! Python self-test and the Go tests (`go vet` + `go test`). Both fail,
-//! rather than skip, when their toolchain is missing: CI installs them with
-//! examples/hooks/install-deps.sh.
+//! rather than skip, when their toolchain is missing: `make deps` installs
+//! them.
 
 mod support;
 
@@ -13,10 +13,12 @@ async fn python_selftest_passes() {
         env!("CARGO_MANIFEST_DIR"),
         "/examples/hooks/python/selftest.py"
     );
-    let (ok, text) = command_output(tokio::process::Command::new("python3").arg(script)).await;
+    let python = support::python::interpreter();
+    let (ok, text) = command_output(tokio::process::Command::new(python).arg(script)).await;
     assert!(
         ok,
-        "selftest.py failed (deps: bash examples/hooks/install-deps.sh python):\n{text}"
+        "selftest.py failed ({}):\n{text}",
+        support::python::DEPS_HINT
     );
     assert!(text.contains(" 0 failed"), "{text}");
 }
