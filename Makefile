@@ -9,7 +9,7 @@ VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHON := $(VENV)/bin/python
 
-.PHONY: run test deps lint bench fmt build release clean demo
+.PHONY: run test deps lint proto-check bench fmt build release clean demo
 
 ## Serve the embedded default (agent `demo` on the scripted model, no hooks).
 run:
@@ -32,10 +32,18 @@ test: deps lint
 deps:
 	deploy/deps.sh
 
-## Format check and clippy with warnings as errors.
-lint: deps
+## Format check, clippy with warnings as errors, and the proto checks.
+lint: deps proto-check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+
+## The contract: buf lint, and buf breaking against the last released
+## contract, a committed buf image (no network, no git tags). On a release,
+## add that version's image (see proto/released/README.md) and point this at it.
+PROTO_RELEASED := proto/released/hookwire-v0.1.0.binpb
+proto-check: deps
+	buf lint proto
+	buf breaking proto --against $(PROTO_RELEASED)
 
 ## Benchmarks (release build, loopback, a few minutes): prints the table and
 ## writes target/bench/results.json; see BENCHMARKS.md.
