@@ -26,6 +26,11 @@ for tool in "$KUBECTL" kubernetes-validate hadolint python3; do
     command -v "$tool" >/dev/null || die "$tool not found: run make deps"
 done
 
+# The version this tree builds: deploy/build-image.sh tags the image with it,
+# and every manifest must run exactly that release.
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+[ -n "$version" ] || die "no version in Cargo.toml"
+
 renders=$(mktemp -d)
 trap 'rm -rf "$renders"' EXIT
 
@@ -52,7 +57,9 @@ print(", ".join(f"{n} {k}" for k, n in sorted(c.items())))' "$out")
     done
     printf 'validate %-28s strict, Kubernetes %s\n' "$dir" "${KUBE_VERSIONS// /, }"
     python3 "$deploy/check_wiring.py" "$dir" <"$out" || die "wiring of $dir"
-    printf 'wiring   %-28s services, ports, config, probes, securityContext\n' "$dir"
+    stale=$(grep -E '^ *image: hookwire' "$out" | grep -vE ":$version\$" || true)
+    [ -z "$stale" ] || die "$dir runs images not tagged $version (Cargo.toml's version):"$'\n'"$stale"
+    printf 'wiring   %-28s services, ports, config, probes, securityContext, images :%s\n' "$dir" "$version"
 done
 
 # The configs are checked by hookwire's own loader (unknown fields, dangling

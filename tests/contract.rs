@@ -180,3 +180,31 @@ fn additions_pass_the_breaking_check_and_lint() {
     let (ok, text) = run_buf(&["lint", "."], copy.path());
     assert!(ok, "an additive change failed lint:\n{text}");
 }
+
+/// `hookwire --version` names the release and the commit it was built from,
+/// so a bug report or a running pod can be traced to its source.
+#[test]
+fn version_names_the_crate_version_and_the_git_commit() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hookwire"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    // The build script reran at the last commit, so HEAD is what was built
+    // (unless the commit was given to the build, as image builds do).
+    let head = std::env::var("HOOKWIRE_GIT_COMMIT").ok().or_else(|| {
+        Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .current_dir(ROOT)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    });
+    let head = head.unwrap_or_else(|| "unknown".into());
+    assert_eq!(
+        text.trim(),
+        format!("hookwire {} (commit {head})", env!("CARGO_PKG_VERSION"))
+    );
+}
