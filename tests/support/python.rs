@@ -44,6 +44,15 @@ impl PythonHook {
         Self::spawn(args, false).await
     }
 
+    /// Like `start`, for another script that takes server.py's flags (a
+    /// test fixture built on the example), with extra environment.
+    #[allow(dead_code)]
+    pub async fn start_script(script: &str, args: &[&str], env: &[(&str, &str)]) -> PythonHook {
+        let mut all = vec!["--port", "0"];
+        all.extend_from_slice(args);
+        Self::spawn_script(script, &all, env, false).await
+    }
+
     /// Like `start`, with its log lines delivered to `log` (and echoed to
     /// the test's stderr).
     #[allow(dead_code)] // not every test binary reads logs
@@ -60,11 +69,24 @@ impl PythonHook {
     }
 
     async fn spawn(args: &[&str], logged: bool) -> PythonHook {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hooks/python");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/hooks/python/server.py"
+        );
+        Self::spawn_script(script, args, &[], logged).await
+    }
+
+    async fn spawn_script(
+        script: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        logged: bool,
+    ) -> PythonHook {
         let python = interpreter();
         let mut child = Command::new(&python)
-            .arg(format!("{dir}/server.py"))
+            .arg(script)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(if logged {
                 Stdio::piped()
