@@ -105,19 +105,24 @@ fi
 
 # ---------------------------------------------------------------- npm
 # Extension point for Node examples: any examples/hooks/NAME/package.json.
+npm_stamp() {
+    local files=("$1/package.json")
+    [ -f "$1/package-lock.json" ] && files+=("$1/package-lock.json")
+    checksum "${files[@]}"
+}
 for dir in ${node_dirs[@]+"${node_dirs[@]}"}; do
-    files=("$dir/package.json")
-    [ -f "$dir/package-lock.json" ] && files+=("$dir/package-lock.json")
-    want=$(checksum "${files[@]}")
-    if [ "$(cat "$dir/node_modules/.deps-stamp" 2>/dev/null)" != "$want" ]; then
+    if [ "$(cat "$dir/node_modules/.deps-stamp" 2>/dev/null)" != "$(npm_stamp "$dir")" ]; then
         if [ -f "$dir/package-lock.json" ]; then
             say "npm ci in $dir"
-            (cd "$dir" && npm ci --prefer-offline --no-audit --no-fund --loglevel=error)
+            (cd "$dir" && npm ci --prefer-offline --no-audit --no-fund --loglevel=error >/dev/null)
         else
             say "npm install in $dir"
-            (cd "$dir" && npm install --prefer-offline --no-audit --no-fund --loglevel=error)
+            (cd "$dir" && npm install --prefer-offline --no-audit --no-fund --loglevel=error >/dev/null)
         fi
-        printf '%s\n' "$want" >"$dir/node_modules/.deps-stamp"
+        # After the install: `npm install` may have written the lock file.
+        # A package without dependencies gets no node_modules of its own.
+        mkdir -p "$dir/node_modules"
+        npm_stamp "$dir" >"$dir/node_modules/.deps-stamp"
     fi
 done
 
