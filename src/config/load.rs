@@ -165,11 +165,14 @@ impl Config {
                     }
                 }
                 ProviderKind::Openai => {
-                    if m.rules.is_some() {
-                        errs.push((
-                            format!("{p}.rules"),
-                            "only valid for provider: scripted".into(),
-                        ));
+                    for (field, set) in [("rules", m.rules.is_some()), ("delay", m.delay.is_some())]
+                    {
+                        if set {
+                            errs.push((
+                                format!("{p}.{field}"),
+                                "only valid for provider: scripted".into(),
+                            ));
+                        }
                     }
                     match &m.base_url {
                         None => errs.push((
@@ -376,6 +379,27 @@ mod tests {
         let e = err("models: [{name: m, provider: scripted, base_url: 'http://x'}]\nagents: [{name: a, model: m}]\n");
         assert_eq!(e.path(), Some("models[0].base_url"));
         assert!(e.to_string().contains("only valid for provider: openai"));
+    }
+
+    #[test]
+    fn scripted_delay_parses_and_is_scripted_only() {
+        let c = Config::parse("models: [{name: m, provider: scripted, delay: 2s, rules: [{text: hi, delay: 150ms}]}]\nagents: [{name: a, model: m}]\n", "t").unwrap();
+        let m = c.model("m").unwrap();
+        assert_eq!(m.delay, Some(std::time::Duration::from_secs(2)));
+        assert_eq!(
+            m.rules.as_ref().unwrap()[0].delay,
+            Some(std::time::Duration::from_millis(150))
+        );
+        let e = err("models: [{name: m, provider: openai, base_url: 'http://x:1/v1', model: x, delay: 2s}]\nagents: [{name: a, model: m}]\n");
+        assert_eq!(e.path(), Some("models[0].delay"));
+        assert!(
+            e.to_string().contains("only valid for provider: scripted"),
+            "{e}"
+        );
+        let e = err(
+            "models: [{name: m, provider: scripted, delay: soon}]\nagents: [{name: a, model: m}]\n",
+        );
+        assert_eq!(e.path(), Some("models[0].delay"));
     }
 
     #[test]

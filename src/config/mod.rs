@@ -65,6 +65,10 @@ pub struct ModelConfig {
     // scripted
     #[serde(default)]
     pub rules: Option<Vec<Rule>>,
+    /// How long every answer takes (a rule's own `delay` wins); lets load
+    /// tests keep runs in flight as a real model would.
+    #[serde(default, with = "humantime_serde")]
+    pub delay: Option<Duration>,
     // openai
     pub base_url: Option<String>,
     pub model: Option<String>,
