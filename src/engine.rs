@@ -94,6 +94,7 @@ impl Engine {
         // them when a breaker opens or closes.
         for c in registry.all() {
             inst.metrics.breaker_state(c.name(), false);
+            c.pool().attach_metrics(inst.metrics.hook_pool(c.name()));
         }
         let mut agents = HashMap::new();
         for a in &config.agents {

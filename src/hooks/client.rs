@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -14,6 +15,8 @@ use crate::config::{HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
 use crate::hooks::failure::{FailureClass, Fault};
+use crate::hooks::peer_settings::SettingsWatch;
+use crate::hooks::pool::{Lease, Pool};
 use crate::hooks::stream::{classify_status, RunStream};
 use crate::hooks::wire::event_kind_from_wire;
 use crate::message::{ToolCall, ToolSpec};
@@ -44,7 +47,8 @@ struct Status {
 
 pub struct HookClient {
     pub config: HookConfig,
-    channel: Channel,
+    /// Connections to the hook server: every call and stream takes a slot.
+    pool: Pool,
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
@@ -87,6 +91,11 @@ pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String
     Ok(endpoint)
 }
 
+/// A HookService client on `channel`, as hookwire makes every one.
+pub fn client_on(channel: Channel) -> HookServiceClient<Channel> {
+    HookServiceClient::new(channel).max_decoding_message_size(16 * 1024 * 1024)
+}
+
 impl HookClient {
     pub fn new(config: HookConfig) -> Result<Arc<HookClient>, String> {
         let endpoint = endpoint(
@@ -95,8 +104,17 @@ impl HookClient {
         )
         .map_err(|e| format!("hook `{}`: {e}", config.name))?;
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
+        // Each connection of the pool reads the server's advertised stream
+        // limit off the wire (see peer_settings); TLS, when the endpoint is
+        // https, is layered above by tonic.
+        let connect = Box::new(move |report| {
+            let mut http = HttpConnector::new();
+            http.enforce_http(false);
+            http.set_nodelay(true);
+            endpoint.connect_with_connector_lazy(SettingsWatch::new(http, report))
+        });
         Ok(Arc::new(HookClient {
-            channel: endpoint.connect_lazy(),
+            pool: Pool::new(&config.name, &config.connections, connect),
             config,
             described: RwLock::new(None),
             status: Mutex::new(Status {
@@ -112,8 +130,13 @@ impl HookClient {
         &self.config.name
     }
 
-    fn client(&self) -> HookServiceClient<Channel> {
-        HookServiceClient::new(self.channel.clone()).max_decoding_message_size(16 * 1024 * 1024)
+    /// A client on the leased connection.
+    fn client(lease: &Lease) -> HookServiceClient<Channel> {
+        client_on(lease.channel())
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     pub fn description(&self) -> Option<Description> {
@@ -126,10 +149,15 @@ impl HookClient {
             hookwire_version: env!("CARGO_PKG_VERSION").into(),
         });
         req.set_timeout(timeout);
-        let result = tokio::time::timeout(timeout, self.client().describe(req)).await;
-        let result = match result {
+        let deadline = Instant::now() + timeout;
+        let call = async {
+            let lease = self.pool.acquire(deadline).await?;
+            let answer = Self::client(&lease).describe(req).await;
+            answer.map_err(|status| classify_status(&status, false))
+        };
+        let result = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Ok(Err(fault)) => Err(fault),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "Describe timed out")),
         };
         match result {
@@ -259,7 +287,14 @@ impl HookClient {
     }
 
     pub fn open_stream(&self, metadata: Vec<(&'static str, String)>) -> RunStream {
-        RunStream::open(self.client(), self.config.observe_queue, metadata)
+        // A stream waits for a free slot no longer than any of its events
+        // could wait for a verdict.
+        RunStream::open(
+            self.pool.clone(),
+            self.config.observe_queue,
+            metadata,
+            self.config.longest_timeout(),
+        )
     }
 
     pub async fn call_tool(
@@ -273,12 +308,17 @@ impl HookClient {
             call: Some(call.into()),
         });
         req.set_timeout(deadline.saturating_duration_since(Instant::now()));
-        match tokio::time::timeout_at(deadline, self.client().call_tool(req)).await {
+        let call = async {
+            let lease = self.pool.acquire(deadline).await?;
+            let answer = Self::client(&lease).call_tool(req).await;
+            answer.map_err(|status| classify_status(&status, false))
+        };
+        match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(r)) => {
                 let r = r.into_inner();
                 Ok((r.content, r.is_error))
             }
-            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Ok(Err(fault)) => Err(fault),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "CallTool timed out")),
         }
     }

@@ -105,6 +105,19 @@ pub struct Metrics {
     model_tokens: Family<TokenLabels, Counter>,
     active_runs: Gauge,
     active_hook_streams: Gauge,
+    hook_connections: Family<HookLabels, Gauge>,
+    hook_streams: Family<HookLabels, Gauge>,
+    hook_streams_refused: Family<HookLabels, Counter>,
+    hook_stream_waits: Family<HookLabels, Counter>,
+}
+
+/// One hook's connection-pool series (see `hooks::pool`).
+#[derive(Clone, Debug)]
+pub struct PoolMetrics {
+    pub connections: Gauge,
+    pub streams: Gauge,
+    pub refused: Counter,
+    pub waits: Counter,
 }
 
 impl Default for Metrics {
@@ -192,6 +205,30 @@ impl Metrics {
             "Open Process streams to hook servers",
             active_hook_streams.clone(),
         );
+        let hook_connections = Family::default();
+        registry.register(
+            "hookwire_hook_connections",
+            "HTTP/2 connections open to the hook server",
+            hook_connections.clone(),
+        );
+        let hook_streams = Family::default();
+        registry.register(
+            "hookwire_hook_streams",
+            "Streams and calls in flight to the hook server, over all its connections",
+            hook_streams.clone(),
+        );
+        let hook_streams_refused = Family::default();
+        registry.register(
+            "hookwire_hook_streams_refused",
+            "Streams the hook server refused (REFUSED_STREAM); each was retried on another connection",
+            hook_streams_refused.clone(),
+        );
+        let hook_stream_waits = Family::default();
+        registry.register(
+            "hookwire_hook_stream_waits",
+            "Streams that waited for a free slot: every connection at its limit, or one still connecting",
+            hook_stream_waits.clone(),
+        );
         Metrics {
             registry,
             hook_call_duration,
@@ -206,6 +243,22 @@ impl Metrics {
             model_tokens,
             active_runs,
             active_hook_streams,
+            hook_connections,
+            hook_streams,
+            hook_streams_refused,
+            hook_stream_waits,
+        }
+    }
+
+    /// The connection-pool series of `hook`, created now so they read 0
+    /// before its first call.
+    pub fn hook_pool(&self, hook: &str) -> PoolMetrics {
+        let l = hook_labels(hook);
+        PoolMetrics {
+            connections: self.hook_connections.get_or_create(&l).clone(),
+            streams: self.hook_streams.get_or_create(&l).clone(),
+            refused: self.hook_streams_refused.get_or_create(&l).clone(),
+            waits: self.hook_stream_waits.get_or_create(&l).clone(),
         }
     }
 
