@@ -2,6 +2,7 @@
 //! (list and conformance check) and config tools.
 
 mod client;
+mod fd_limit;
 pub mod load;
 
 use std::net::SocketAddr;
@@ -240,6 +241,13 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 None => Config::embedded_default(),
             };
             let telemetry = crate::telemetry::init(&cfg.telemetry, log_format)?;
+            match fd_limit::raise() {
+                Ok(Some((from, to))) => {
+                    tracing::info!(from, to, "raised the open-file limit (RLIMIT_NOFILE)")
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{e}"),
+            }
             if let Some(l) = listen {
                 cfg.listen = l;
             }

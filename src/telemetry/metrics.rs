@@ -109,6 +109,7 @@ pub struct Metrics {
     hook_streams: Family<HookLabels, Gauge>,
     hook_streams_refused: Family<HookLabels, Counter>,
     hook_stream_waits: Family<HookLabels, Counter>,
+    runtime_alive_tasks: Gauge,
 }
 
 /// One hook's connection-pool series (see `hooks::pool`).
@@ -229,6 +230,12 @@ impl Metrics {
             "Streams that waited for a free slot: every connection at its limit, or one still connecting",
             hook_stream_waits.clone(),
         );
+        let runtime_alive_tasks = Gauge::default();
+        registry.register(
+            "hookwire_runtime_alive_tasks",
+            "Tokio tasks alive in hookwire's runtime, read at each scrape (a run holds a few: its own, one per hook stream, the HTTP/2 streams')",
+            runtime_alive_tasks.clone(),
+        );
         Metrics {
             registry,
             hook_call_duration,
@@ -247,7 +254,14 @@ impl Metrics {
             hook_streams,
             hook_streams_refused,
             hook_stream_waits,
+            runtime_alive_tasks,
         }
+    }
+
+    /// Refreshes the runtime gauges (call before encoding a scrape).
+    pub fn runtime_tasks(&self, alive: usize) {
+        self.runtime_alive_tasks
+            .set(i64::try_from(alive).unwrap_or(i64::MAX));
     }
 
     /// The connection-pool series of `hook`, created now so they read 0

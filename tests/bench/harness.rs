@@ -8,7 +8,9 @@
 
 mod fanout;
 mod floor;
+mod go;
 mod hook;
+mod inflight;
 mod machine;
 mod memory;
 mod orchestrator;
@@ -37,7 +39,7 @@ pub struct Plan {
     /// Whether hookwire's default log layer was installed.
     pub telemetry: bool,
     /// Only these figures (`-- --only per-event,runtime,fanout,throughput,
-    /// orchestrator,memory`); all when empty.
+    /// orchestrator,memory,inflight`); all when empty.
     pub only: Vec<String>,
     /// Rounds of every latency figure; each figure is the median of rounds.
     pub rounds: usize,
@@ -58,6 +60,12 @@ pub struct Plan {
     pub memory_rounds: usize,
     pub idle_sessions: usize,
     pub inflight_runs: usize,
+    /// Figure 8: rounds, runs in flight at once, the model's delay, and
+    /// probe runs (each hooked and bare) measured while they are in flight.
+    pub many_rounds: usize,
+    pub many_runs: usize,
+    pub many_delay_ms: u64,
+    pub many_probes: usize,
 }
 
 impl Plan {
@@ -79,6 +87,10 @@ impl Plan {
             memory_rounds: 3,
             idle_sessions: 10_000,
             inflight_runs: 1_000,
+            many_rounds: 3,
+            many_runs: 10_000,
+            many_delay_ms: 2000,
+            many_probes: 300,
         }
     }
 
@@ -100,6 +112,10 @@ impl Plan {
             memory_rounds: 1,
             idle_sessions: 50,
             inflight_runs: 10,
+            many_rounds: 1,
+            many_runs: 20,
+            many_delay_ms: 300,
+            many_probes: 3,
         }
     }
 }
@@ -192,6 +208,13 @@ async fn run(plan: Plan) {
     if wanted("memory") {
         rows.extend(memory::measure(&plan).await);
     }
+    let mut skipped = Vec::new();
+    if wanted("inflight") {
+        match inflight::measure(&floor, &plan).await {
+            Ok(r) => rows.extend(r),
+            Err(why) => skipped.push(format!("figure 8 skipped: {why}")),
+        }
+    }
     rows.sort_by_key(|r| r.figure);
     if !plan.full {
         // Tiny counts in a debug build: nothing to judge.
@@ -223,6 +246,9 @@ async fn run(plan: Plan) {
     );
     if let Some(why) = &rig.python_missing {
         println!("figure 7 skipped: {why}");
+    }
+    for why in &skipped {
+        println!("{why}");
     }
     println!("{}", report::table(&rows));
     let results = report::Results {
