@@ -17,6 +17,7 @@ mod orchestrator;
 mod per_event;
 mod profile;
 mod python;
+mod remote;
 mod report;
 mod rig;
 mod runtime;
@@ -142,8 +143,9 @@ impl Plan {
 /// What `hookwire serve` installs with no OTLP endpoint: the log layer at
 /// info, which makes hookwire's info spans real. The filter is fixed here
 /// rather than read from RUST_LOG, so runs compare.
-fn install_telemetry() -> Telemetry {
-    let opts = TelemetryOptions::new(LogFormat::Text);
+fn install_telemetry(otlp: Option<String>) -> Telemetry {
+    let mut opts = TelemetryOptions::new(LogFormat::Text);
+    opts.otlp_endpoint = otlp;
     let (dispatch, telemetry) =
         hookwire::telemetry::build(&opts, BoxMakeWriter::new(std::io::stderr))
             .expect("telemetry pipeline");
@@ -159,19 +161,38 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let telemetry = (!args.iter().any(|a| a == "--no-telemetry")).then(install_telemetry);
+    if args.iter().any(|a| a == "--serve-remote") {
+        runtime.block_on(remote::serve());
+        return;
+    }
+    // `--profile W N --remote`: the hook and an OTLP collector in a child
+    // process, and the exporter on (see remote.rs).
+    let remote = args
+        .iter()
+        .any(|a| a == "--remote")
+        .then(|| runtime.block_on(remote::Remote::start()));
+    let telemetry = {
+        let _in_runtime = runtime.enter();
+        (!args.iter().any(|a| a == "--no-telemetry"))
+            .then(|| install_telemetry(remote.as_ref().map(|r| r.otlp.clone())))
+    };
     plan.telemetry = telemetry.is_some();
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let what = args.get(i + 1).map(String::as_str).unwrap_or("");
         let count = args.get(i + 2).and_then(|n| n.parse().ok()).unwrap_or(100);
+        let hook = remote.as_ref().map(|r| r.hook.as_str());
         if args.iter().any(|a| a == "--current-thread") {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("tokio runtime")
-                .block_on(profile::run(what, count));
+                .block_on(profile::run(what, count, hook));
         } else {
-            runtime.block_on(profile::run(what, count));
+            runtime.block_on(profile::run(what, count, hook));
+        }
+        if let Some(t) = telemetry {
+            // Export what is batched, so the exporter's work is counted.
+            runtime.block_on(t.shutdown());
         }
         return;
     }
