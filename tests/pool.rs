@@ -14,6 +14,7 @@ use std::time::Duration;
 use hookwire::hook_server::{self, Reply};
 use hookwire::pb;
 use pb::EventKind as K;
+use support::python::PythonHook;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -242,4 +243,49 @@ async fn streams_refused_by_a_server_that_hides_its_limit_are_opened_on_other_co
         gauge(&during, "hookwire_hook_connections") >= 4.0,
         "{during}"
     );
+}
+
+/// The case measured in issue 18 before the pool: the Python example with
+/// `grpc.max_concurrent_streams` 10 and 30 runs at once ended 20 runs
+/// `hook_failed` (refused streams and deadlines). Each of its decisions
+/// takes 500 ms here, so the runs overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_runs_through_the_python_example_capped_at_10_streams_all_complete() {
+    const RUNS: usize = 30;
+    let py = PythonHook::start(&[
+        "--features",
+        "redactor",
+        "--max-concurrent-streams",
+        "10",
+        "--simulate-latency-ms",
+        "500",
+    ])
+    .await;
+    let yaml = config(
+        &[("limited", &py.addr, "events: [run_start]\ntimeout: 60s")],
+        "event_budget: 60s",
+    );
+    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let client = server.client().await;
+    let mut sessions = Vec::new();
+    for _ in 0..RUNS {
+        sessions.push(session(&mut client.clone(), "a").await);
+    }
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .map(|s| {
+            let mut c = client.clone();
+            tokio::spawn(async move { invoke(&mut c, &s, "hello").await })
+        })
+        .collect();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    }
+    let metrics = http_get(admin, "/metrics").await;
+    assert!(
+        gauge(&metrics, "hookwire_hook_connections") >= 3.0,
+        "30 runs over connections of 10 streams:\n{metrics}"
+    );
+    server.stop().await;
 }
