@@ -13,10 +13,20 @@ use std::task::{ready, Context, Poll};
 use hyper::rt::{Read, ReadBuf, ReadBufCursor, Write};
 use hyper::Uri;
 
-/// Called once per connection with the advertised limit; `None` when the
-/// server advertised none or its first frame was not a SETTINGS frame (TLS
-/// bytes, when TLS is layered above this connector).
-pub type Report = Arc<dyn Fn(Option<usize>) + Send + Sync>;
+/// What a connection's first frame said about concurrent streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Advertised {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS.
+    Limit(usize),
+    /// A SETTINGS frame without it: no limit.
+    NoLimit,
+    /// Not a SETTINGS frame (TLS bytes, when TLS is layered above this
+    /// connector), or the connection ended first.
+    Unreadable,
+}
+
+/// Called once per connection.
+pub type Report = Arc<dyn Fn(Advertised) + Send + Sync>;
 
 const FRAME_HEADER: usize = 9;
 const SETTINGS: u8 = 0x4;
@@ -99,7 +109,7 @@ impl Preface {
         }
     }
 
-    fn finish(&mut self, limit: Option<usize>) -> Fed {
+    fn finish(&mut self, limit: Advertised) -> Fed {
         if let Some(report) = self.report.take() {
             report(limit);
         }
@@ -120,7 +130,7 @@ impl Preface {
             let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
             let settings = h[3] == SETTINGS && h[4] & ACK == 0 && stream == 0;
             if !settings || len % 6 != 0 || len > MAX_PAYLOAD {
-                return self.finish(None);
+                return self.finish(Advertised::Unreadable);
             }
             self.payload_len = Some(len);
         }
@@ -136,7 +146,8 @@ impl Preface {
             .filter(|s| u16::from_be_bytes([s[0], s[1]]) == MAX_CONCURRENT_STREAMS)
             .map(|s| u32::from_be_bytes([s[2], s[3], s[4], s[5]]))
             .last()
-            .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+            .map(|n| Advertised::Limit(usize::try_from(n).unwrap_or(usize::MAX)))
+            .unwrap_or(Advertised::NoLimit);
         self.finish(limit)
     }
 }
@@ -144,7 +155,7 @@ impl Preface {
 impl Drop for Preface {
     fn drop(&mut self) {
         // The connection ended before its SETTINGS: nothing to wait for.
-        self.finish(None);
+        self.finish(Advertised::Unreadable);
     }
 }
 
@@ -177,7 +188,7 @@ impl<T: Read + Unpin> Read for Watched<T> {
         buf.put_slice(got);
         let done = got.is_empty() || matches!(preface.feed(got), Fed::Done);
         if done {
-            // Dropping it reports "unknown" if it had not reported yet.
+            // Dropping it reports "unreadable" if it had not reported yet.
             this.preface = None;
         }
         Poll::Ready(Ok(()))
@@ -219,7 +230,7 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    fn preface() -> (Preface, Arc<Mutex<Vec<Option<usize>>>>) {
+    fn preface() -> (Preface, Arc<Mutex<Vec<Advertised>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
         (
@@ -259,11 +270,15 @@ mod tests {
             assert_eq!(matches!(fed, Fed::Done), i == frame.len() - 1);
         }
         drop(p);
-        assert_eq!(*seen.lock().unwrap(), vec![Some(100)], "reported once");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![Advertised::Limit(100)],
+            "reported once"
+        );
     }
 
     #[test]
-    fn no_limit_and_not_settings_report_none() {
+    fn no_limit_not_settings_and_nothing_are_told_apart() {
         let (mut p, seen) = preface();
         assert!(matches!(p.feed(&settings(&[(0x4, 65_535)])), Fed::Done));
         let (mut q, seen_q) = preface();
@@ -274,11 +289,11 @@ mod tests {
         ));
         let (r, seen_r) = preface();
         drop((p, q, r));
-        assert_eq!(*seen.lock().unwrap(), vec![None]);
-        assert_eq!(*seen_q.lock().unwrap(), vec![None]);
+        assert_eq!(*seen.lock().unwrap(), vec![Advertised::NoLimit]);
+        assert_eq!(*seen_q.lock().unwrap(), vec![Advertised::Unreadable]);
         assert_eq!(
             *seen_r.lock().unwrap(),
-            vec![None],
+            vec![Advertised::Unreadable],
             "closed before any frame"
         );
     }

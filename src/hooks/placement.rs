@@ -20,6 +20,15 @@
 
 use std::time::{Duration, Instant};
 
+use crate::hooks::peer_settings::Advertised;
+
+/// The limit assumed for a connection whose SETTINGS could not be read (TLS
+/// layered above the point where hookwire reads the connection): RFC 9113
+/// recommends servers allow no fewer than 100 streams, and common proxies
+/// allow 100-128. A server that allows fewer refuses the surplus, which
+/// lowers the limit.
+pub const ASSUMED_LIMIT: usize = 100;
+
 pub type ConnId = u64;
 
 /// What is known of a connection's concurrent-stream limit.
@@ -29,8 +38,7 @@ pub enum Limit {
     Unknown,
     /// SETTINGS_MAX_CONCURRENT_STREAMS, or learned from a refusal.
     Advertised(usize),
-    /// The server advertised none, or it could not be read (TLS done
-    /// below the point where hookwire reads the connection).
+    /// The server advertised none.
     Unlimited,
 }
 
@@ -140,22 +148,23 @@ impl Placement {
         self.rebalance();
     }
 
-    /// The server said its limit (`None`: none, or unreadable).
-    pub fn learned(&mut self, id: ConnId, advertised: Option<usize>) {
+    /// What the server's SETTINGS said.
+    pub fn learned(&mut self, id: ConnId, advertised: Advertised) {
         if let Some(c) = self.conn(id) {
             c.limit = match advertised {
-                Some(n) => Limit::Advertised(n),
-                None => Limit::Unlimited,
+                Advertised::Limit(n) => Limit::Advertised(n),
+                Advertised::NoLimit => Limit::Unlimited,
+                Advertised::Unreadable => Limit::Advertised(ASSUMED_LIMIT),
             };
         }
     }
 
-    /// A stream opened on `id` while its limit was still unknown: the
-    /// server's SETTINGS went unread, so it has no limit we can see.
+    /// A stream opened (or failed to) on `id` while its limit was still
+    /// unknown: the server's SETTINGS went unread.
     pub fn opened(&mut self, id: ConnId) {
         if let Some(c) = self.conn(id) {
             if c.limit == Limit::Unknown {
-                c.limit = Limit::Unlimited;
+                c.limit = Limit::Advertised(ASSUMED_LIMIT);
             }
         }
     }
@@ -247,7 +256,7 @@ mod tests {
         let first = p.place();
         assert!(matches!(first, Choice::Open(_)));
         assert_eq!(p.place(), Choice::Wait, "others wait for the limit");
-        p.learned(id(first), Some(100));
+        p.learned(id(first), Advertised::Limit(100));
         for _ in 1..100 {
             assert_eq!(p.place(), Choice::Use(id(first)));
         }
@@ -262,11 +271,11 @@ mod tests {
     fn streams_spread_over_connections_and_never_exceed_the_smaller_limit() {
         let mut p = Placement::new(8, Some(3), IDLE);
         let a = id(p.place());
-        p.learned(a, Some(100));
+        p.learned(a, Advertised::Limit(100));
         p.place();
         p.place();
         let b = id(p.place());
-        p.learned(b, None);
+        p.learned(b, Advertised::NoLimit);
         p.place();
         // Both full at the configured cap of 3.
         assert_eq!(p.loads(), vec![3, 2]);
@@ -277,12 +286,23 @@ mod tests {
     }
 
     #[test]
+    fn an_unreadable_limit_is_taken_as_100() {
+        let mut p = Placement::new(8, None, IDLE);
+        let a = id(p.place());
+        p.learned(a, Advertised::Unreadable);
+        for _ in 1..ASSUMED_LIMIT {
+            assert_eq!(p.place(), Choice::Use(a));
+        }
+        assert!(matches!(p.place(), Choice::Open(_)));
+    }
+
+    #[test]
     fn the_pool_is_bounded_and_then_streams_wait() {
         let mut p = Placement::new(2, None, IDLE);
         let a = id(p.place());
-        p.learned(a, Some(1));
+        p.learned(a, Advertised::Limit(1));
         let b = id(p.place());
-        p.learned(b, Some(1));
+        p.learned(b, Advertised::Limit(1));
         assert_eq!(p.place(), Choice::Wait);
         p.release(b, Instant::now());
         assert_eq!(p.place(), Choice::Use(b));
@@ -293,10 +313,10 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Placement::new(8, Some(2), IDLE);
         let a = id(p.place());
-        p.learned(a, None);
+        p.learned(a, Advertised::NoLimit);
         p.place();
         let b = id(p.place());
-        p.learned(b, None);
+        p.learned(b, Advertised::NoLimit);
         p.release(b, t0);
         assert_eq!(p.loads(), vec![2, 0]);
         p.release(a, t0);
@@ -312,7 +332,7 @@ mod tests {
         let a = id(p.place());
         p.opened(a);
         for _ in 0..9 {
-            assert_eq!(p.place(), Choice::Use(a), "unlimited as far as we know");
+            assert_eq!(p.place(), Choice::Use(a), "100 assumed while unread");
         }
         p.refused(a);
         p.release(a, Instant::now());
@@ -326,13 +346,13 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Placement::new(8, None, IDLE);
         let a = id(p.place());
-        p.learned(a, Some(2));
+        p.learned(a, Advertised::Limit(2));
         p.place();
         let b = id(p.place());
-        p.learned(b, Some(2));
+        p.learned(b, Advertised::Limit(2));
         p.place();
         let c = id(p.place());
-        p.learned(c, Some(2));
+        p.learned(c, Advertised::Limit(2));
         assert_eq!(p.loads(), vec![2, 2, 1]);
         // Load falls to 2 of 6: the newest drains.
         p.release(c, t0);

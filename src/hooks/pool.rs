@@ -74,8 +74,8 @@ impl Lease {
         self.inner.channel.clone()
     }
 
-    /// The stream opened: a connection whose SETTINGS went unread has no
-    /// limit we can see.
+    /// The stream opened: a connection whose SETTINGS went unread gets the
+    /// assumed limit (`placement::ASSUMED_LIMIT`).
     pub fn opened(&self) {
         self.inner.pool.update(|p| p.opened(self.inner.conn));
     }
