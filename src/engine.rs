@@ -90,10 +90,10 @@ impl Engine {
         inst: Instruments,
     ) -> Result<Engine, EngineSetupError> {
         let registry = Arc::new(HookRegistry::new(&config)?);
-        // Breaker gauges exist (closed) from the start; calls only touch
+        // Breaker gauges exist (closed) from the start; clients only touch
         // them when a breaker opens or closes.
         for c in registry.all() {
-            inst.metrics.breaker_state(c.name(), false);
+            c.attach_metrics(inst.metrics.clone());
         }
         let mut agents = HashMap::new();
         for a in &config.agents {
