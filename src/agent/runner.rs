@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -65,7 +65,8 @@ pub struct Run {
     pub deadline: Instant,
     pub cancel: CancellationToken,
     cancel_reason: Mutex<Option<String>>,
-    events: mpsc::UnboundedSender<RunEvent>,
+    /// Bounded (`server.run_event_buffer`): see [`Run::emit`].
+    events: mpsc::Sender<RunEvent>,
     records: Mutex<Vec<VerdictRecord>>,
     /// Text deltas held back until model_response hooks accept the turn.
     held: Mutex<Vec<String>>,
@@ -83,7 +84,7 @@ impl Run {
         streaming: bool,
         approvals: Arc<Approvals>,
         deadline: Instant,
-        events: mpsc::UnboundedSender<RunEvent>,
+        events: mpsc::Sender<RunEvent>,
         inst: Instruments,
     ) -> Run {
         Run {
@@ -112,11 +113,59 @@ impl Run {
         self.cancel.cancel();
     }
 
+    /// Queues an event for the client without waiting. The queue is
+    /// bounded, and the runner waits for it to be at most half full before
+    /// every step ([`Run::wait_for_room`]), so a slow reader slows the run
+    /// down; a reader that stops reading while one step produces more
+    /// events than the free half (a long stream of text deltas) ends the
+    /// run as cancelled, naming the limit, instead of buffering without end.
     pub fn emit(&self, ev: RunEvent) {
-        // A client that went away cannot see the result: stop spending
-        // model and hook time on it.
-        if self.events.send(ev).is_err() && !self.cancel.is_cancelled() {
-            self.cancel("client disconnected");
+        match self.events.try_send(ev) {
+            Ok(()) => {}
+            // A client that went away cannot see the result: stop spending
+            // model and hook time on it.
+            Err(TrySendError::Closed(_)) => {
+                if !self.cancel.is_cancelled() {
+                    self.cancel("client disconnected");
+                }
+            }
+            Err(TrySendError::Full(_)) => {
+                if !self.cancel.is_cancelled() {
+                    self.cancel(&format!(
+                        "the client did not read the run's events: {} unread (server.run_event_buffer)",
+                        self.events.max_capacity()
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Queues an event, waiting (until the run is cancelled or out of time)
+    /// for room if the client reads slowly.
+    pub async fn deliver(&self, ev: RunEvent) {
+        let permit = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => None,
+            _ = tokio::time::sleep_until(self.deadline) => None,
+            p = self.events.reserve() => p.ok(),
+        };
+        match permit {
+            Some(p) => p.send(ev),
+            None => self.emit(ev),
+        }
+    }
+
+    /// Waits until at least half of the client's event queue is free (or
+    /// the run is cancelled or out of time), so the events of the next step
+    /// fit without waiting: this is how a slow client slows the run down.
+    pub async fn wait_for_room(&self) {
+        let half = (self.events.max_capacity() / 2).max(1);
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => {}
+            _ = tokio::time::sleep_until(self.deadline) => {}
+            // The permits are given back at once: only the room matters.
+            _ = self.events.reserve_many(half) => {}
         }
     }
 
@@ -153,6 +202,7 @@ impl Run {
         }
         let timeout = ask.timeout.unwrap_or(self.agent.config.approval_timeout);
         let rx = self.approvals.register(&self.run_id, &call.id);
+        let _withdraw = self.approvals.withdraw_on_drop(&self.run_id, &call.id);
         self.emit(RunEvent::ApprovalRequested {
             turn,
             index,
@@ -163,7 +213,6 @@ impl Run {
         });
         let decision =
             tokio::time::timeout_at((Instant::now() + timeout).min(self.deadline), rx).await;
-        self.approvals.withdraw(&self.run_id, &call.id);
         match decision {
             Ok(Ok(Decision { approve: true, .. })) => None,
             Ok(Ok(Decision {
@@ -226,7 +275,10 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
     let mut chat_span: Option<Span> = None;
     let ending = loop {
         for ev in machine.drain_events() {
-            run.emit(ev);
+            run.deliver(ev).await;
+        }
+        if !matches!(step, Step::Finish(_)) {
+            run.wait_for_room().await;
         }
         let turn = machine.turn();
         let feed = match step {
@@ -322,7 +374,7 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
         step = machine.feed(feed);
     };
     for ev in machine.drain_events() {
-        run.emit(ev);
+        run.deliver(ev).await;
     }
     finish(&run, ending)
 }

@@ -1,0 +1,206 @@
+//! Every buffer is bounded and every size limit enforced: the run-event
+//! queue to a client, approvals of runs that ended, oversized client input,
+//! hook-supplied sizes, and the log under a hook outage.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookwire::agent::events::RunEvent;
+use hookwire::agent::outcome::RunOutcome;
+use hookwire::config::Config;
+use hookwire::engine::{Engine, RunHandle};
+use hookwire::telemetry::Instruments;
+use support::*;
+
+/// An engine on `yaml` with its hooks described, as `serve` builds it.
+async fn engine(yaml: &str) -> Arc<Engine> {
+    let config = Config::parse(yaml, "test config").expect("valid config");
+    let models = hookwire::server::build_models(&config).unwrap();
+    let inst = Instruments::new(&config.telemetry);
+    let e = Arc::new(Engine::new(config, models, inst).unwrap());
+    e.registry().describe_all(Duration::from_secs(5)).await;
+    e.registry().start();
+    e
+}
+
+async fn start(e: &Arc<Engine>, input: &str) -> RunHandle {
+    let s = e
+        .create_session("a", vec![], Default::default())
+        .await
+        .unwrap();
+    e.start_run(&s.id, input.into(), true, Default::default())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_ends_its_run_instead_of_growing_a_queue() {
+    let e = engine(&format!(
+        "{}server:\n  run_event_buffer: 16\n",
+        config(&[], "")
+    ))
+    .await;
+    // The scripted model echoes the input in 12-character deltas: one model
+    // call produces ~90 events, far more than the queue holds.
+    let mut h = start(&e, &"x".repeat(1000)).await;
+    let report = h.task.await.unwrap();
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert!(
+        report.reason.contains("did not read") && report.reason.contains("server.run_event_buffer"),
+        "{}",
+        report.reason
+    );
+    let mut queued = 0;
+    while h.events.recv().await.is_some() {
+        queued += 1;
+    }
+    assert!(
+        queued <= 16,
+        "the queue never held more than its bound: {queued}"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_client_slows_the_run_down_and_misses_nothing() {
+    let owner = weather_owner().start().await;
+    let e = engine(&format!(
+        "{}server:\n  run_event_buffer: 16\n",
+        config(&[("owner", &owner.addr, "")], "tools: [get_weather]")
+    ))
+    .await;
+    // Three tool calls and a final answer: more events than the queue holds,
+    // but no single step produces more than half of it.
+    let mut h = start(&e, "three tools please").await;
+    // Not reading at first: the run fills the queue past half and waits.
+    while h.events.len() <= 8 {
+        tokio::task::yield_now().await;
+    }
+    let mut events = Vec::new();
+    while let Some(ev) = h.events.recv().await {
+        let last = matches!(ev, RunEvent::Finished(_));
+        events.push(ev);
+        if last {
+            break;
+        }
+    }
+    let Some(RunEvent::Finished(report)) = events.last() else {
+        panic!("no Finished event: {events:?}")
+    };
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    assert!(
+        events.len() > 16,
+        "more events than the queue holds: {}",
+        events.len()
+    );
+    let results = events
+        .iter()
+        .filter(|e| matches!(e, RunEvent::ToolResult { .. }))
+        .count();
+    assert_eq!(results, 3);
+    assert_eq!(h.task.await.unwrap(), report.clone());
+}
+
+async fn approval_pending(h: &mut RunHandle) {
+    while let Some(ev) = h.events.recv().await {
+        if matches!(ev, RunEvent::ApprovalRequested { .. }) {
+            return;
+        }
+    }
+    panic!("the run ended without asking");
+}
+
+#[tokio::test]
+async fn approvals_are_withdrawn_when_their_run_is_cancelled_or_times_out() {
+    let owner = weather_owner().start().await;
+    let ask = asker("may I?", 0).start().await;
+    for (agent_extra, want) in [
+        ("tools: [get_weather]", RunOutcome::Cancelled),
+        (
+            "tools: [get_weather]\nrun_timeout: 500ms",
+            RunOutcome::TimedOut,
+        ),
+    ] {
+        let e = engine(&config(
+            &[("owner", &owner.addr, ""), ("asker", &ask.addr, "")],
+            agent_extra,
+        ))
+        .await;
+        let mut h = start(&e, "weather please").await;
+        approval_pending(&mut h).await;
+        assert_eq!(e.pending_approvals(), 1);
+        if want == RunOutcome::Cancelled {
+            e.cancel_run(&h.run_id).unwrap();
+        }
+        let report = h.task.await.unwrap();
+        assert_eq!(report.outcome, want, "{}", report.reason);
+        assert_eq!(e.pending_approvals(), 0, "withdrawn with its run ({want})");
+        let call_id = "call_1_0";
+        assert!(
+            e.resolve_approval(&h.run_id, call_id, true, String::new())
+                .is_err(),
+            "nothing left to answer"
+        );
+    }
+    drop((owner, ask));
+}
+
+#[tokio::test]
+async fn the_run_waits_for_room_before_a_step_until_the_client_reads() {
+    use futures::FutureExt;
+    use hookwire::agent::approvals::Approvals;
+    use hookwire::agent::runner::{AgentRuntime, Run};
+    use hookwire::hooks::dispatch::RunHooks;
+    use hookwire::hooks::registry::HookRegistry;
+
+    let config = Config::parse(&config(&[], ""), "test config").unwrap();
+    let models = hookwire::server::build_models(&config).unwrap();
+    let inst = Instruments::new(&config.telemetry);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let run = Run::new(
+        "r".into(),
+        "s".into(),
+        Arc::new(AgentRuntime {
+            config: config.agents[0].clone(),
+            model: models["m"].clone(),
+        }),
+        RunHooks::new(
+            vec![],
+            Default::default(),
+            deadline,
+            Duration::from_secs(1),
+            inst.clone(),
+        ),
+        Arc::new(HookRegistry::new(&config).unwrap()),
+        true,
+        Arc::new(Approvals::default()),
+        deadline,
+        tx,
+        inst,
+    );
+    for turn in 0..9 {
+        run.emit(RunEvent::TurnStarted { turn });
+    }
+    // 9 of 16 queued: less than half is free, so the next step waits.
+    assert!(run.wait_for_room().now_or_never().is_none(), "waits");
+    rx.recv().await.unwrap();
+    assert!(
+        run.wait_for_room().now_or_never().is_some(),
+        "half free again"
+    );
+    // `deliver` waits for a free slot instead of failing the run.
+    for turn in 0..8 {
+        run.emit(RunEvent::TurnStarted { turn });
+    }
+    assert_eq!(rx.len(), 16);
+    let mut delivering = Box::pin(run.deliver(RunEvent::TurnStarted { turn: 99 }));
+    assert!((&mut delivering).now_or_never().is_none(), "full: waits");
+    rx.recv().await.unwrap();
+    delivering.await;
+    assert!(!run.cancel.is_cancelled(), "nothing overflowed");
+    // A step that emits into a full queue ends the run, naming the limit.
+    assert_eq!(rx.len(), 16);
+    run.emit(RunEvent::TurnStarted { turn: 100 });
+    assert!(run.cancel.is_cancelled(), "overflow cancels the run");
+}
