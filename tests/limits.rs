@@ -204,3 +204,60 @@ async fn the_run_waits_for_room_before_a_step_until_the_client_reads() {
     run.emit(RunEvent::TurnStarted { turn: 100 });
     assert!(run.cancel.is_cancelled(), "overflow cancels the run");
 }
+
+#[tokio::test]
+async fn oversized_input_gets_invalid_argument_naming_the_limit() {
+    let server = TestServer::start(&config(&[], "")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    for size in [5 * 1024 * 1024, 300 * 1024] {
+        let req = || hookwire::pb::RunRequest {
+            session_id: s.clone(),
+            input: "x".repeat(size),
+        };
+        let invoked = c.invoke(req()).await.unwrap_err();
+        let ran = c.run(req()).await.map(|_| ()).unwrap_err();
+        for err in [invoked, ran] {
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{size}: {err:?}");
+            assert!(
+                err.message().contains("server.max_input_bytes")
+                    && err.message().contains("262144"),
+                "{size}: {}",
+                err.message()
+            );
+        }
+    }
+    // The session is still usable.
+    assert_eq!(
+        invoke(&mut c, &s, "hi").await.outcome,
+        hookwire::pb::RunOutcome::Completed as i32
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bytes_that_are_not_the_request_message_get_invalid_argument() {
+    let server = TestServer::start(&config(&[], "")).await;
+    server.client().await;
+    let channel = tonic::transport::Channel::from_shared(server.addr.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // Field 1 (session_id) as a varint-length string that runs off the end.
+    let garbage = vec![0x0a, 0xff, 0x01, b'x'];
+    let err = support::raw::unary(channel.clone(), "Invoke", garbage.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("not a valid message"),
+        "{}",
+        err.message()
+    );
+    let err = support::raw::streaming(channel, "Run", garbage)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    server.stop().await;
+}
