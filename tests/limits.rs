@@ -261,3 +261,57 @@ async fn bytes_that_are_not_the_request_message_get_invalid_argument() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_runs_scratchpad_has_a_total_cap() {
+    use hookwire::hook_server::Reply;
+    let proceed_start = || hookwire::pb::RunStartVerdict {
+        action: Some(hookwire::pb::run_start_verdict::Action::Proceed(
+            hookwire::pb::Continue {},
+        )),
+    };
+    let proceed_request = || hookwire::pb::ModelRequestVerdict {
+        action: Some(hookwire::pb::model_request_verdict::Action::Proceed(
+            hookwire::pb::Continue {},
+        )),
+    };
+    // Each value is under the cap; together they are over it.
+    let big = vec![7u8; 600 * 1024];
+    let (a, b) = (big.clone(), big);
+    let pad = FnHook::new(
+        "pad",
+        &[
+            hookwire::pb::EventKind::RunStart,
+            hookwire::pb::EventKind::ModelRequest,
+        ],
+    )
+    .on_run_start(move |_, _| {
+        let a = a.clone();
+        async move { Reply::new(proceed_start()).set("pad.a", a) }
+    })
+    .on_model_request(move |_, _| {
+        let b = b.clone();
+        async move { Reply::new(proceed_request()).set("pad.b", b) }
+    })
+    .start()
+    .await;
+    let server = TestServer::start(&config(&[("pad", &pad.addr, "")], "")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "hi").await;
+    assert_eq!(
+        outcome(&r),
+        hookwire::pb::RunOutcome::HookFailed,
+        "{}",
+        r.reason
+    );
+    assert!(
+        r.reason
+            .contains("failed on model_request: invalid_verdict")
+            && r.reason.contains("scratchpad")
+            && r.reason.contains("1048576"),
+        "{}",
+        r.reason
+    );
+    server.stop().await;
+}

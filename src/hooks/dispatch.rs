@@ -335,18 +335,39 @@ impl RunHooks {
         Ok(())
     }
 
-    fn apply_scratchpad(&self, ops: Vec<ScratchOp>) {
+    /// Applies a verdict's scratchpad updates, all or none: updates that
+    /// would make the run's scratchpad larger than
+    /// [`wire::MAX_SCRATCHPAD_BYTES`] make the verdict invalid.
+    fn apply_scratchpad(&self, ops: Vec<ScratchOp>) -> Result<(), Fault> {
+        if ops.is_empty() {
+            return Ok(());
+        }
         let mut pad = self.scratchpad.lock().unwrap();
+        let mut next = pad.clone();
         for op in ops {
             match op {
                 ScratchOp::Set(k, v) => {
-                    pad.insert(k, v);
+                    next.insert(k, v);
                 }
                 ScratchOp::Delete(k) => {
-                    pad.remove(&k);
+                    next.remove(&k);
                 }
             }
         }
+        let size = next
+            .iter()
+            .fold(0usize, |n, (k, v)| n.saturating_add(k.len() + v.len()));
+        if size > wire::MAX_SCRATCHPAD_BYTES {
+            return Err(Fault::new(
+                FailureClass::InvalidVerdict,
+                format!(
+                    "scratchpad updates would make the run's scratchpad {size} bytes, over the {} byte limit",
+                    wire::MAX_SCRATCHPAD_BYTES
+                ),
+            ));
+        }
+        *pad = next;
+        Ok(())
     }
 
     /// Sends the payload `make` builds to the hooks subscribed to `kind`
@@ -426,6 +447,10 @@ impl RunHooks {
             let name = hook.client.name().to_string();
             let verdict_name = verdict.action.kind_name();
             let Verdict { meta, action } = verdict;
+            if let Err(f) = self.apply_scratchpad(meta.scratchpad) {
+                self.policy(hook, kind, f, &mut records, &span)?;
+                continue;
+            }
             match E::apply(&mut payload, action) {
                 Err(wrong) => {
                     let f = Fault::new(
@@ -435,7 +460,6 @@ impl RunHooks {
                     self.policy(hook, kind, f, &mut records, &span)?;
                 }
                 Ok(step) => {
-                    self.apply_scratchpad(meta.scratchpad);
                     if meta.telemetry_redaction.is_some() {
                         redaction = meta.telemetry_redaction;
                     }
@@ -513,7 +537,10 @@ impl RunHooks {
             let Action::ModelRequest(action) = action else {
                 unreachable!("checked in call()")
             };
-            self.apply_scratchpad(meta.scratchpad);
+            if let Err(f) = self.apply_scratchpad(meta.scratchpad) {
+                self.policy(hook, kind, f, &mut failed_open, &span)?;
+                continue;
+            }
             if meta.telemetry_redaction.is_some() {
                 redaction = meta.telemetry_redaction;
             }
@@ -670,6 +697,62 @@ mod tests {
                 input: i.clone(),
             })
             .await
+    }
+
+    fn history_patch(history: &[crate::message::Message]) -> pb::HookVerdict {
+        pb::HookVerdict {
+            seq: 1,
+            verdict: Some(pb::hook_verdict::Verdict::ModelRequest(
+                pb::ModelRequestVerdict {
+                    action: Some(pb::model_request_verdict::Action::PatchRequest(
+                        pb::RequestPatch {
+                            history: Some(pb::MessageList {
+                                messages: history.iter().map(Into::into).collect(),
+                            }),
+                            ..Default::default()
+                        },
+                    )),
+                },
+            )),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_history_patch_is_judged_on_what_the_hook_changed() {
+        use crate::message::{Block, Message, Role, ToolCall};
+        // A model cut off by max_tokens left a malformed call in history.
+        let cut = ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments_json: r#"{"city": "Par"#.into(),
+        };
+        let assistant = |c: &ToolCall| Message {
+            role: Role::Assistant,
+            blocks: vec![Block::ToolCall(c.clone())],
+        };
+        let base = ModelRequest {
+            history: vec![Message::user("weather?"), assistant(&cut)],
+            ..Default::default()
+        };
+        // Sent back as received (a hook that trims or reorders history).
+        let same = accept_verdict(
+            EventKind::ModelRequest,
+            history_patch(&base.history),
+            Some(&base),
+        );
+        assert!(same.is_ok(), "{same:?}");
+        // A malformed call the hook wrote itself is the hook's fault.
+        let mut changed = cut.clone();
+        changed.arguments_json = r#"{"city": "Rom"#.into();
+        let f = accept_verdict(
+            EventKind::ModelRequest,
+            history_patch(&[Message::user("weather?"), assistant(&changed)]),
+            Some(&base),
+        )
+        .unwrap_err();
+        assert_eq!(f.class, FailureClass::InvalidVerdict);
+        assert!(f.detail.contains("not valid JSON"), "{}", f.detail);
     }
 
     #[tokio::test]
