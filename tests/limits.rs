@@ -315,3 +315,38 @@ async fn a_runs_scratchpad_has_a_total_cap() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_call_tool_timeout_is_classed_deadline_every_time() {
+    // The tool never answers: hookwire's timer and the channel's own timer
+    // for the call's grpc-timeout race for the same deadline.
+    let owner = FnHook::new("owner", &[])
+        .with_tool(weather_tool(), |_, _| async {
+            std::future::pending::<hookwire::pb::CallToolResponse>().await
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(
+        &[("owner", &owner.addr, "timeout: 100ms")],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    for _ in 0..5 {
+        let s = session(&mut c, "a").await;
+        let r = invoke(&mut c, &s, "weather please").await;
+        assert_eq!(
+            outcome(&r),
+            hookwire::pb::RunOutcome::Completed,
+            "{}",
+            r.reason
+        );
+        assert!(
+            r.final_text
+                .contains("tool `get_weather` failed to execute: deadline:"),
+            "{}",
+            r.final_text
+        );
+    }
+    server.stop().await;
+}
