@@ -2,7 +2,7 @@
 CARGO ?= cargo
 LISTEN ?= 127.0.0.1:50051
 
-.PHONY: run test lint bench fmt build release clean demo
+.PHONY: run test lint bench fuzz fmt build release clean demo
 
 ## Serve the embedded default (agent `demo` on the scripted model, no hooks).
 run:
@@ -23,6 +23,15 @@ test: lint
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+
+## Property-based fuzzing of the boundaries (hook verdicts, client requests,
+## the OpenAI stream parser and retry logic): the properties `make test` runs
+## a few hundred times, FUZZ_CASES times each (debug build, so integer
+## overflow panics too; ~10 min at the default).
+FUZZ_CASES ?= 20000
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test --lib fuzz_
+	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test --test fuzz
 
 ## Benchmarks (release build, loopback, a few minutes): prints the table and
 ## writes target/bench/results.json; see BENCHMARKS.md.
