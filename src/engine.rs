@@ -345,18 +345,21 @@ impl Engine {
         );
         let (tx, rx) = mpsc::channel(self.config.server.run_event_buffer);
         let agent_name = agent.config.name.clone();
-        let run = Arc::new(Run::new(
-            run_id.clone(),
-            session.id.clone(),
-            agent,
-            hooks,
-            self.registry.clone(),
-            streaming,
-            self.approvals.clone(),
-            deadline,
-            tx,
-            self.inst.clone(),
-        ));
+        let run = Arc::new(
+            Run::new(
+                run_id.clone(),
+                session.id.clone(),
+                agent,
+                hooks,
+                self.registry.clone(),
+                streaming,
+                self.approvals.clone(),
+                deadline,
+                tx,
+                self.inst.clone(),
+            )
+            .with_client_stall(self.config.server.client_stall_timeout),
+        );
         self.runs
             .lock()
             .unwrap()

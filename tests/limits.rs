@@ -37,17 +37,19 @@ async fn start(e: &Arc<Engine>, input: &str) -> RunHandle {
 #[tokio::test]
 async fn a_client_that_stops_reading_ends_its_run_instead_of_growing_a_queue() {
     let e = engine(&format!(
-        "{}server:\n  run_event_buffer: 16\n",
+        "{}server:\n  run_event_buffer: 16\n  client_stall_timeout: 200ms\n",
         config(&[], "")
     ))
     .await;
     // The scripted model echoes the input in 12-character deltas: one model
-    // call produces ~90 events, far more than the queue holds.
+    // call produces ~90 events, far more than the queue holds (they are
+    // merged), and the run then waits for a client that never reads.
     let mut h = start(&e, &"x".repeat(1000)).await;
     let report = h.task.await.unwrap();
     assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
     assert!(
-        report.reason.contains("did not read") && report.reason.contains("server.run_event_buffer"),
+        report.reason.contains("read none")
+            && report.reason.contains("server.client_stall_timeout"),
         "{}",
         report.reason
     );
@@ -198,10 +200,35 @@ async fn the_run_waits_for_room_before_a_step_until_the_client_reads() {
     assert!((&mut delivering).now_or_never().is_none(), "full: waits");
     rx.recv().await.unwrap();
     delivering.await;
-    assert!(!run.cancel.is_cancelled(), "nothing overflowed");
-    // A step that emits into a full queue ends the run, naming the limit.
     assert_eq!(rx.len(), 16);
-    run.emit(RunEvent::TurnStarted { turn: 100 });
+    // Deltas that find the queue full are merged, not dropped, and go first
+    // once there is room.
+    for text in ["a", "b", "c"] {
+        run.emit(RunEvent::TextDelta {
+            turn: 1,
+            text: text.into(),
+        });
+    }
+    assert!(!run.cancel.is_cancelled(), "deltas never overflow");
+    while !rx.is_empty() {
+        rx.recv().await.unwrap();
+    }
+    run.deliver(RunEvent::TurnStarted { turn: 100 }).await;
+    assert_eq!(
+        rx.recv().await,
+        Some(RunEvent::TextDelta {
+            turn: 1,
+            text: "abc".into()
+        })
+    );
+    assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 100 }));
+    // Any other event that finds the queue full ends the run, naming the
+    // limit.
+    for turn in 0..16 {
+        run.emit(RunEvent::TurnStarted { turn });
+    }
+    assert!(!run.cancel.is_cancelled());
+    run.emit(RunEvent::TurnStarted { turn: 101 });
     assert!(run.cancel.is_cancelled(), "overflow cancels the run");
 }
 
@@ -348,5 +375,35 @@ async fn a_call_tool_timeout_is_classed_deadline_every_time() {
             r.final_text
         );
     }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_burst_of_deltas_larger_than_the_queue_reaches_a_reading_client_whole() {
+    let server = TestServer::start(&format!(
+        "{}server:\n  run_event_buffer: 16\n",
+        config(&[], "")
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    // ~250 deltas produced in one go by the model, against a 16-event queue.
+    let input = "y".repeat(3000);
+    let events = run_events(&mut c, &s, &input).await;
+    let r = result_of(&events);
+    assert_eq!(
+        outcome(&r),
+        hookwire::pb::RunOutcome::Completed,
+        "{}",
+        r.reason
+    );
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(hookwire::pb::run_event::Event::TextDelta(d)) => Some(d.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streamed, r.final_text, "every delta's text, in order");
     server.stop().await;
 }

@@ -4,13 +4,15 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::batch::{run_batch, CallOutcome};
+use crate::agent::client_queue::{ClientQueue, Refused, Unwritable};
 use crate::agent::events::{RunEvent, RunReport};
 use crate::agent::machine::*;
 use crate::agent::outcome::RunOutcome;
@@ -66,7 +68,7 @@ pub struct Run {
     pub cancel: CancellationToken,
     cancel_reason: Mutex<Option<String>>,
     /// Bounded (`server.run_event_buffer`): see [`Run::emit`].
-    events: mpsc::Sender<RunEvent>,
+    events: ClientQueue,
     records: Mutex<Vec<VerdictRecord>>,
     /// Text deltas held back until model_response hooks accept the turn.
     held: Mutex<Vec<String>>,
@@ -98,11 +100,19 @@ impl Run {
             deadline,
             cancel: CancellationToken::new(),
             cancel_reason: Mutex::new(None),
-            events,
+            events: ClientQueue::new(events, crate::config::DEFAULT_CLIENT_STALL_TIMEOUT),
             records: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
             inst,
         }
+    }
+
+    /// How long the run waits for a client that reads none of its events
+    /// before it gives up (`server.client_stall_timeout`).
+    pub fn with_client_stall(mut self, stall: Duration) -> Run {
+        let tx = self.events.into_sender();
+        self.events = ClientQueue::new(tx, stall);
+        self
     }
 
     pub fn cancel(&self, reason: &str) {
@@ -114,59 +124,70 @@ impl Run {
     }
 
     /// Queues an event for the client without waiting. The queue is
-    /// bounded, and the runner waits for it to be at most half full before
-    /// every step ([`Run::wait_for_room`]), so a slow reader slows the run
-    /// down; a reader that stops reading while one step produces more
-    /// events than the free half (a long stream of text deltas) ends the
-    /// run as cancelled, naming the limit, instead of buffering without end.
+    /// bounded ([`ClientQueue`]), and the runner waits for it to be at most
+    /// half full before every step ([`Run::wait_for_room`]), so a slow
+    /// reader slows the run down. Text deltas that find it full are merged
+    /// and sent later; any other event that finds it full (a step with more
+    /// events than half the queue, for a client that is not reading) ends
+    /// the run as cancelled, naming the limit.
     pub fn emit(&self, ev: RunEvent) {
-        match self.events.try_send(ev) {
+        match self.events.push(ev) {
             Ok(()) => {}
             // A client that went away cannot see the result: stop spending
             // model and hook time on it.
-            Err(TrySendError::Closed(_)) => {
-                if !self.cancel.is_cancelled() {
-                    self.cancel("client disconnected");
-                }
+            Err(Refused::Closed) => self.cancel_once("client disconnected"),
+            Err(Refused::Full) => self.cancel_once(&format!(
+                "the client did not read the run's events: {} unread (server.run_event_buffer)",
+                self.events.capacity()
+            )),
+        }
+    }
+
+    fn cancel_once(&self, reason: &str) {
+        if !self.cancel.is_cancelled() {
+            self.cancel(reason);
+        }
+    }
+
+    /// Waits for room for `n` events, until the run is cancelled or out of
+    /// time; a client that reads nothing for the stall timeout ends the run.
+    async fn room(&self, n: usize) -> Option<tokio::sync::mpsc::PermitIterator<'_, RunEvent>> {
+        let r = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return None,
+            _ = tokio::time::sleep_until(self.deadline) => return None,
+            r = self.events.reserve(n) => r,
+        };
+        match r {
+            Ok(p) => Some(p),
+            Err(Unwritable::Closed) => {
+                self.cancel_once("client disconnected");
+                None
             }
-            Err(TrySendError::Full(_)) => {
-                if !self.cancel.is_cancelled() {
-                    self.cancel(&format!(
-                        "the client did not read the run's events: {} unread (server.run_event_buffer)",
-                        self.events.max_capacity()
-                    ));
-                }
+            Err(Unwritable::Stalled) => {
+                self.cancel_once(&format!(
+                    "the client read none of the run's events for {:?} (server.client_stall_timeout)",
+                    self.events.stall_timeout()
+                ));
+                None
             }
         }
     }
 
-    /// Queues an event, waiting (until the run is cancelled or out of time)
-    /// for room if the client reads slowly.
+    /// Queues an event, waiting for room if the client reads slowly.
     pub async fn deliver(&self, ev: RunEvent) {
-        let permit = tokio::select! {
-            biased;
-            _ = self.cancel.cancelled() => None,
-            _ = tokio::time::sleep_until(self.deadline) => None,
-            p = self.events.reserve() => p.ok(),
-        };
-        match permit {
+        match self.room(1).await.as_mut().and_then(|p| p.next()) {
             Some(p) => p.send(ev),
             None => self.emit(ev),
         }
     }
 
-    /// Waits until at least half of the client's event queue is free (or
-    /// the run is cancelled or out of time), so the events of the next step
-    /// fit without waiting: this is how a slow client slows the run down.
+    /// Waits until at least half of the client's event queue is free, so
+    /// the events of the next step fit without waiting: this is how a slow
+    /// client slows the run down.
     pub async fn wait_for_room(&self) {
-        let half = (self.events.max_capacity() / 2).max(1);
-        tokio::select! {
-            biased;
-            _ = self.cancel.cancelled() => {}
-            _ = tokio::time::sleep_until(self.deadline) => {}
-            // The permits are given back at once: only the room matters.
-            _ = self.events.reserve_many(half) => {}
-        }
+        // The permits are given back at once: only the room matters.
+        let _ = self.room(self.events.capacity() / 2).await;
     }
 
     pub fn emit_records(&self, records: &[VerdictRecord]) {

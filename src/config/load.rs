@@ -285,6 +285,12 @@ impl Config {
                 format!("must be at least {}", super::MIN_RUN_EVENT_BUFFER),
             ));
         }
+        if self.server.client_stall_timeout.is_zero() {
+            errs.push((
+                "server.client_stall_timeout".into(),
+                "must be greater than zero".into(),
+            ));
+        }
         if self.server.max_input_bytes == 0 {
             errs.push(("server.max_input_bytes".into(), "must be at least 1".into()));
         }

@@ -269,6 +269,7 @@ pub struct TelemetryConfig {
 pub const DEFAULT_MAX_INPUT_BYTES: usize = 256 * 1024;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
 pub const DEFAULT_RUN_EVENT_BUFFER: usize = 1024;
+pub const DEFAULT_CLIENT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Smallest `server.run_event_buffer`: one step's events must fit in half.
 pub const MIN_RUN_EVENT_BUFFER: usize = 16;
 
@@ -285,6 +286,10 @@ pub struct ServerConfig {
     /// the run down; one that stops reading ends it (cancelled).
     #[serde(default = "default_run_event_buffer")]
     pub run_event_buffer: usize,
+    /// How long a run waits for a `Run` client that reads none of its
+    /// events (its queue full) before it is cancelled.
+    #[serde(default = "default_client_stall", with = "humantime_serde")]
+    pub client_stall_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -293,12 +298,16 @@ impl Default for ServerConfig {
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             run_event_buffer: DEFAULT_RUN_EVENT_BUFFER,
+            client_stall_timeout: DEFAULT_CLIENT_STALL_TIMEOUT,
         }
     }
 }
 
 fn default_run_event_buffer() -> usize {
     DEFAULT_RUN_EVENT_BUFFER
+}
+fn default_client_stall() -> Duration {
+    DEFAULT_CLIENT_STALL_TIMEOUT
 }
 
 fn default_max_input() -> usize {
