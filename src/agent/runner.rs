@@ -390,6 +390,7 @@ async fn call_model(
             spans::record_chat_response(
                 &span,
                 &resp.model,
+                &resp.id,
                 &[resp.finish_reason.as_str()],
                 Some(resp.usage.input_tokens),
                 Some(resp.usage.output_tokens),

@@ -477,6 +477,10 @@ fn assemble(
                 .with_location(false)
                 .with_target(false)
                 .with_threads(false)
+                // busy_ns / idle_ns on every span: poll-time bookkeeping of
+                // the tracing span, which backends show as two meaningless
+                // attributes next to the span's real duration.
+                .with_tracked_inactivity(false)
                 .with_filter(export_filter)
                 .boxed(),
         );
