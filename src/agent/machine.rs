@@ -376,6 +376,7 @@ mod tests {
                 estimated: false,
             },
             model: "m".into(),
+            ..Default::default()
         }
     }
 

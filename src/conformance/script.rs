@@ -180,6 +180,7 @@ impl Scenario {
             finish_reason: "tool_calls".into(),
             usage: usage(120, 24),
             model: MODEL.into(),
+            id: String::new(),
         }
     }
 
@@ -252,6 +253,7 @@ impl Scenario {
             finish_reason: "stop".into(),
             usage: usage(240, 40),
             model: MODEL.into(),
+            id: String::new(),
         }
     }
 

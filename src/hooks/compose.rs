@@ -308,6 +308,7 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
                 finish_reason: finish.into(),
                 usage: Default::default(),
                 model: format!("hook:{hook}"),
+                id: String::new(),
             },
         };
     }

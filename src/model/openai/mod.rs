@@ -392,6 +392,7 @@ impl OpenAiModel {
             finish_reason: done.finish_reason,
             usage,
             model: done.model.unwrap_or_else(|| self.model.clone()),
+            id: done.id.unwrap_or_default(),
         }
     }
 }

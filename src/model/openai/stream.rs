@@ -55,6 +55,8 @@ pub(super) struct Assembled {
     pub usage: Option<Usage>,
     /// The model id the server reported.
     pub model: Option<String>,
+    /// The completion id the server reported.
+    pub id: Option<String>,
     /// Characters of generated output, for estimating usage.
     pub output_chars: usize,
 }
@@ -76,7 +78,12 @@ pub(super) struct Assembler {
     finish_reason: Option<String>,
     usage: Option<wire::WireUsage>,
     model: Option<String>,
+    id: Option<String>,
 }
+
+/// Longer "ids" are not ids: they are not kept (they would be exported as a
+/// span attribute).
+const MAX_RESPONSE_ID_BYTES: usize = 256;
 
 impl Assembler {
     /// Folds one `data:` payload in; returns the text to pass on, if any.
@@ -97,6 +104,11 @@ impl Assembler {
         }
         if let Some(m) = chunk.model.filter(|m| !m.is_empty()) {
             self.model = Some(m);
+        }
+        if self.id.is_none() {
+            self.id = chunk
+                .id
+                .filter(|id| !id.is_empty() && id.len() <= MAX_RESPONSE_ID_BYTES);
         }
         if let Some(u) = chunk.usage {
             self.usage = Some(u);
@@ -204,6 +216,7 @@ impl Assembler {
                 estimated: false,
             }),
             model: self.model,
+            id: self.id,
             output_chars,
         })
     }
@@ -398,6 +411,7 @@ mod tests {
         assert_eq!(deltas, vec!["Hello", ", wörld"]);
         assert_eq!(a.message, Message::assistant_text("Hello, wörld"));
         assert_eq!(a.finish_reason, "stop");
+        assert_eq!(a.id.as_deref(), Some("chatcmpl-1"));
         assert_eq!(
             a.usage,
             Some(Usage {
@@ -602,5 +616,24 @@ mod tests {
         let (r, deltas) = run(&body, 5, limits());
         assert_eq!(r.unwrap().message.text(), "hi");
         assert_eq!(deltas, vec!["hi"]);
+    }
+
+    #[test]
+    fn the_first_plausible_response_id_is_kept() {
+        let mut a = Assembler::default();
+        let with_id = |id: serde_json::Value| {
+            json!({"id": id, "choices": [{"index": 0, "delta": {"content": "x"}}]}).to_string()
+        };
+        a.push(&with_id(json!(""))).unwrap();
+        a.push(&with_id(json!("x".repeat(MAX_RESPONSE_ID_BYTES + 1))))
+            .unwrap();
+        a.push(&with_id(json!("resp-7"))).unwrap();
+        a.push(&with_id(json!("resp-8"))).unwrap();
+        assert_eq!(a.finish(true).unwrap().id.as_deref(), Some("resp-7"));
+
+        let mut none = Assembler::default();
+        none.push(&json!({"choices": [{"index": 0, "delta": {"content": "x"}}]}).to_string())
+            .unwrap();
+        assert_eq!(none.finish(true).unwrap().id, None);
     }
 }

@@ -188,6 +188,9 @@ pub(super) fn tokens_from_chars(chars: usize) -> u64 {
 /// One `data:` payload of a streamed chat completion.
 #[derive(Debug, Deserialize)]
 pub(super) struct Chunk {
+    /// The completion's id (`chatcmpl-…`), repeated in every chunk.
+    #[serde(default)]
+    pub id: Option<String>,
     /// Empty or null in the usage chunk and some servers' first chunk.
     #[serde(default)]
     pub choices: Option<Vec<ChunkChoice>>,
