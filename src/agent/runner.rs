@@ -175,9 +175,9 @@ impl Run {
                 format!("the user denied the call of tool `{}`: {note}", call.name)
             }),
             _ => denied(format!(
-                "approval for tool `{}` timed out after {}s and was denied",
+                "approval for tool `{}` timed out after {} and was denied",
                 call.name,
-                timeout.as_secs()
+                humantime_serde::re::humantime::format_duration(timeout)
             )),
         }
     }
@@ -508,6 +508,7 @@ fn finish(run: &Run, mut ending: Ending) -> RunReport {
         turns: ending.turns,
         messages: ending.messages,
         hook_verdicts: run.records.lock().unwrap().clone(),
+        finish_reason: ending.finish_reason,
     };
     run.emit(RunEvent::Finished(report.clone()));
     report

@@ -2,6 +2,7 @@
 //! (list and conformance check) and config tools.
 
 mod client;
+mod json;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,7 +60,8 @@ pub enum Command {
         /// Extra configured hooks to enable on a new session.
         #[arg(long = "hook")]
         hooks: Vec<String>,
-        /// Print one JSON object per run event per line.
+        /// Print each run event as one line of JSON, in the canonical
+        /// protobuf JSON mapping (as grpcurl and buf curl print it).
         #[arg(long)]
         json: bool,
         /// The user input.
