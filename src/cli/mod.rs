@@ -178,9 +178,21 @@ fn parse_tool_args(s: &str) -> Result<(String, String), String> {
 
 #[derive(Subcommand, Debug)]
 pub enum ConfigAction {
-    /// Validate a config file, with the environment's endpoint overrides
-    /// applied as `serve` would; exit 0 when valid, 1 with the error otherwise.
-    Check { file: PathBuf },
+    /// Check a config file as `serve` would before listening; exit 0 when it
+    /// would start, 1 with the error otherwise.
+    ///
+    /// The same checks, in the same order: the file (with the environment's
+    /// endpoint overrides), the trace exporter, every model (URLs, headers,
+    /// API key variables), every hook endpoint, then the hook servers that
+    /// answer Describe within 3 s, whose tools must not be owned twice. An
+    /// unreachable hook server is reported but, as for `serve`, not an
+    /// error.
+    Check {
+        file: PathBuf,
+        /// Do not contact hook servers (so tool ownership is not checked).
+        #[arg(long)]
+        offline: bool,
+    },
 }
 
 /// Entry point of the binary; errors surface as a message and exit 1.
@@ -276,19 +288,56 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Config {
-            action: ConfigAction::Check { file },
-        } => {
-            let cfg = Config::load(&file)?;
-            println!(
-                "{}: ok ({} models, {} hooks, {} agents)",
-                file.display(),
-                cfg.models.len(),
-                cfg.hooks.len(),
-                cfg.agents.len()
-            );
-            Ok(())
-        }
+            action: ConfigAction::Check { file, offline },
+        } => check_config(&file, offline).await,
     }
+}
+
+/// `hookwire config check`: `serve`'s start-up checks, without listening.
+async fn check_config(file: &std::path::Path, offline: bool) -> anyhow::Result<()> {
+    let cfg = Config::load(file)?;
+    // The exporter `serve` would install, built and dropped.
+    let (_, telemetry) = crate::telemetry::build(
+        &crate::telemetry::TelemetryOptions::from_env(&cfg.telemetry, LogFormat::Text),
+        tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::sink),
+    )?;
+    telemetry.shutdown().await;
+    let describe = (!offline).then_some(crate::server::preflight::STARTUP_DESCRIBE);
+    let inst = crate::telemetry::Instruments::new(&cfg.telemetry);
+    let engine = crate::server::preflight::engine(&cfg, inst, describe).await?;
+    println!(
+        "{}: ok ({} models, {} hooks, {} agents)",
+        file.display(),
+        cfg.models.len(),
+        cfg.hooks.len(),
+        cfg.agents.len()
+    );
+    for h in engine.hooks() {
+        let line = match (&h.description, offline) {
+            (_, true) => "not contacted (--offline): its tools are not checked".to_string(),
+            (Some(d), false) => format!(
+                "answered Describe: {} {}, tools: {}",
+                d.name,
+                d.version,
+                if d.tools.is_empty() {
+                    "none".to_string()
+                } else {
+                    d.tools
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+            (None, false) => format!(
+                "not reachable now ({}); serve would start and keep retrying, its tools are not checked",
+                h.last_error.as_deref().unwrap_or("no answer within 3s")
+            ),
+        };
+        println!("  hook {} at {}: {line}", h.config.name, h.config.endpoint);
+    }
+    engine.registry().stop();
+    Ok(())
 }
 
 async fn shutdown_signal() {
