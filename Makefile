@@ -4,7 +4,8 @@ LISTEN ?= 127.0.0.1:50051
 
 .PHONY: run test lint bench fmt build release clean demo
 
-## Serve the embedded default (agent `demo` on the scripted model, no hooks).
+## Serve the embedded demo: agent `demo` on the scripted model, with the
+## built-in demo hook server (redaction, a tool, a denied tool).
 run:
 	$(CARGO) run --release --bin hookwire -- serve --listen $(LISTEN)
 

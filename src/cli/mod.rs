@@ -30,11 +30,16 @@ pub struct Cli {
 pub enum Command {
     /// Serve AgentService, gRPC health and reflection.
     Serve {
-        /// YAML config file; without it the embedded default runs (agent
-        /// `demo` on the scripted model, no hooks). HOOKWIRE_HOOK_<NAME>_ENDPOINT
-        /// and HOOKWIRE_MODEL_<NAME>_BASE_URL override endpoints in it.
+        /// YAML config file; without it the embedded demo runs: agent `demo`
+        /// on the scripted model with a built-in demo hook server (redacts
+        /// sk-… keys at run_start, owns get_weather, denies delete_* tools).
+        /// HOOKWIRE_HOOK_<NAME>_ENDPOINT and HOOKWIRE_MODEL_<NAME>_BASE_URL
+        /// override endpoints in it.
         #[arg(long, env = "HOOKWIRE_CONFIG")]
         config: Option<PathBuf>,
+        /// Without --config: serve the demo agent with no hooks at all.
+        #[arg(long)]
+        no_demo_hooks: bool,
         /// gRPC listen address (overrides `listen:` in the config).
         #[arg(long, env = "HOOKWIRE_LISTEN")]
         listen: Option<SocketAddr>,
@@ -200,15 +205,34 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve {
             config,
+            no_demo_hooks,
             listen,
             admin_listen,
             log_format,
         } => {
-            let mut cfg = match &config {
-                Some(path) => Config::load(path)?,
-                None => Config::embedded_default(),
+            // Without a config, the demo hook server runs beside hookwire
+            // (its own loopback port) and is called over gRPC like any hook.
+            let demo = match &config {
+                None if !no_demo_hooks => Some(
+                    crate::demo::DemoHooks::start()
+                        .await
+                        .context("cannot start the demo hook server (use --no-demo-hooks)")?,
+                ),
+                _ => None,
+            };
+            let mut cfg = match (&config, &demo) {
+                (Some(path), _) => Config::load(path)?,
+                (None, Some(demo)) => demo.config()?,
+                (None, None) => Config::embedded_default(),
             };
             let telemetry = crate::telemetry::init(&cfg.telemetry, log_format)?;
+            if let Some(demo) = &demo {
+                tracing::info!(
+                    hook = crate::demo::guard::NAME,
+                    endpoint = demo.endpoint(),
+                    "demo hook server started (--no-demo-hooks or a --config leaves it out)"
+                );
+            }
             if let Some(l) = listen {
                 cfg.listen = l;
             }
@@ -241,6 +265,9 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     .await;
             // Flush spans even when serving failed.
             telemetry.shutdown().await;
+            if let Some(demo) = demo {
+                demo.stop().await;
+            }
             served?;
             Ok(())
         }

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use super::{env, Config, ProviderKind};
 use crate::event::nearest;
 
-/// The configuration `hookwire serve` runs without `--config`: one agent
-/// `demo` on the embedded scripted model, no hooks.
+/// The configuration `hookwire serve --no-demo-hooks` runs without
+/// `--config`: one agent `demo` on the embedded scripted model, no hooks
+/// (without the flag, `crate::demo` adds its hook server).
 pub const EMBEDDED_DEFAULT: &str = r#"
 models:
   - name: scripted
