@@ -158,9 +158,12 @@ Checks, each a row of the report:
                 first) are valid; CallTool with them answers a non-error result in time
   per event     a blocking event gets exactly one verdict with its seq, within the deadline it was sent,
                 of the event's kind and valid (the same rules hookwire applies); an observe-only event
-                (text_delta, run_end, session_end) gets none
-  per stream    opens the way hookwire opens it; no verdict for a seq never sent; the server ends its
-                side with OK once hookwire half-closes it
+                (text_delta, run_end, session_end) gets none. Turn 1 calls the owned tools and three
+                stand-ins the server does not own (lookup_order, delete_file, send_email), so a policy's
+                skip and ask are exercised; an ask is approved, as a client would
+  per stream    opens the way hookwire opens it; the turn's tool_call (then tool_result) events are sent
+                all at once, as with tool_concurrency > 1, and each must be answered by its own seq; no
+                verdict for a seq never sent; the server ends its side with OK once hookwire half-closes it
 
 Exit status: 0 when no check failed, 1 otherwise (2 for a usage error).";
 
