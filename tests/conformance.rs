@@ -11,6 +11,7 @@ use hookwire::pb;
 use hookwire::pb::EventKind as K;
 use support::fault::{FaultHook, Misbehave};
 use support::go::GoHook;
+use support::node::NodeHook;
 use support::python::PythonHook;
 use support::*;
 
@@ -483,4 +484,43 @@ async fn tool_call_events_are_in_flight_together_as_with_tool_concurrency() {
         r.row("run stream", "concurrent events").unwrap().reason,
         "3 tool_call events in flight at once, each answered once by its own seq"
     );
+}
+
+#[tokio::test]
+async fn the_node_example_passes() {
+    let node = NodeHook::start().await;
+    let r = check(&node.addr, Duration::from_secs(5)).await;
+    assert!(r.passed(), "{}", r.table());
+    assert_eq!(r.count(Status::Skip), 0, "health is served: {}", r.table());
+    let reason = |subject: &str, check: &str| r.row(subject, check).unwrap().reason.clone();
+    assert!(reason("run_start", "verdict").starts_with("rewrite_input — redacted 1 email"));
+    assert!(reason("tool convert_temperature", "CallTool").contains("21°C is 69.8°F"));
+    assert!(reason("tool_call delete_file", "verdict").starts_with("skip"));
+    assert!(reason("tool_call send_email", "verdict").starts_with("ask"));
+    assert!(reason("run stream", "concurrent events").starts_with("4 tool_call events"));
+    assert_eq!(
+        r.row("run stream", "closes cleanly").unwrap().status,
+        Status::Pass
+    );
+}
+
+#[tokio::test]
+async fn a_node_server_loading_the_proto_with_default_options_is_told_why() {
+    // proto-loader's defaults turn field names into camelCase, so a verdict
+    // written with the proto's names arrives empty.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/node/default_options.js"
+    );
+    let node = NodeHook::script(script, &[]).await;
+    let r = check(&node.addr, QUICK).await;
+    fails_only(
+        &r,
+        "run_start",
+        "verdict",
+        "invalid_verdict: verdict has no typed verdict field set (expected `run_start`)",
+    );
+    let reason = &r.row("run_start", "verdict").unwrap().reason;
+    assert!(reason.contains("keepCase: true"), "{reason}");
+    assert!(reason.contains("docs/writing-hooks.md"), "{reason}");
 }

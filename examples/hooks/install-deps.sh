@@ -3,19 +3,22 @@
 # Idempotent: anything already there is left alone (a second run takes about
 # a second), so CI can call it every time.
 #
-#   examples/hooks/install-deps.sh            # both examples
+#   examples/hooks/install-deps.sh            # every example
 #   examples/hooks/install-deps.sh python     # only the Python one
 #   examples/hooks/install-deps.sh go         # only the Go one
+#   examples/hooks/install-deps.sh node       # only the Node.js one
 #
 # Python: grpcio, grpcio-tools (bundles protoc for the Python stubs) and
 #   grpcio-health-checking from PyPI, into the python3 on PATH (or $PYTHON).
 # Go: Debian's Go toolchain and grpc-go packages (built in GOPATH mode,
 #   offline) plus protoc and its Go plugins to generate the stubs.
+# Node: Debian's nodejs and npm when there is no npm, then `npm ci` of the
+#   locked packages in node/, again only when package-lock.json changed.
 set -eu
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${PYTHON:-python3}
-WHAT=${*:-python go}
+WHAT=${*:-python go node}
 
 # golang-github-golang-protobuf-1-5-dev is named explicitly: grpc-go accepts
 # the 1.3 API package too, and apt would pick that one, which cannot encode
@@ -49,8 +52,25 @@ for part in $WHAT; do
                 apt-get install -y -qq --no-install-recommends $missing >/dev/null
         fi
         ;;
+    node)
+        if ! command -v npm >/dev/null 2>&1; then
+            echo "install-deps: apt-get install nodejs npm"
+            as_root apt-get update -qq
+            as_root env DEBIAN_FRONTEND=noninteractive \
+                apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+        fi
+        dir="$HERE/node"
+        stamp="$dir/node_modules/.lock-stamp"
+        if [ -f "$stamp" ] && cmp -s "$dir/package-lock.json" "$stamp"; then
+            echo "install-deps: node packages already installed"
+        else
+            echo "install-deps: npm ci in $dir"
+            (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+            cp "$dir/package-lock.json" "$stamp"
+        fi
+        ;;
     *)
-        echo "install-deps: unknown part '$part' (python, go)" >&2
+        echo "install-deps: unknown part '$part' (python, go, node)" >&2
         exit 2
         ;;
     esac

@@ -609,6 +609,10 @@ pub fn accept_verdict(
     verdict: pb::HookVerdict,
     baseline: Option<&ModelRequest>,
 ) -> Result<Verdict, Fault> {
+    if verdict.verdict.is_none() {
+        let e = wire::InvalidVerdict::MissingVerdict { expected: kind };
+        return Err(Fault::new(FailureClass::InvalidVerdict, e.to_string()));
+    }
     let v = Verdict::try_from(verdict)
         .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))?;
     let got = v.action.event();
