@@ -400,6 +400,7 @@ async fn call_model(
                 started.elapsed(),
                 Some(resp.usage.input_tokens),
                 Some(resp.usage.output_tokens),
+                resp.usage.estimated,
             );
         }
         Err(_) => {
@@ -410,6 +411,7 @@ async fn call_model(
                 started.elapsed(),
                 None,
                 None,
+                false,
             );
         }
     }

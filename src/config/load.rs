@@ -157,6 +157,7 @@ impl Config {
                         ("headers", !m.headers.is_empty()),
                         ("max_retries", m.max_retries.is_some()),
                         ("timeout", m.timeout.is_some()),
+                        ("stream", m.stream.is_some()),
                     ] {
                         if set {
                             errs.push((

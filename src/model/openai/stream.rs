@@ -105,7 +105,7 @@ impl Assembler {
         // One completion is requested (no `n`); other choices are ignored.
         let choices = chunk.choices.unwrap_or_default();
         for choice in choices.into_iter().filter(|c| c.index.unwrap_or(0) == 0) {
-            if let Some(delta) = choice.delta {
+            for delta in [choice.delta, choice.message].into_iter().flatten() {
                 for piece in [delta.content, delta.refusal].into_iter().flatten() {
                     out.push_str(&piece);
                 }
@@ -207,6 +207,29 @@ impl Assembler {
             output_chars,
         })
     }
+}
+
+/// A whole, non-streamed chat completion (`stream: false`), assembled the
+/// same way as a stream; also returns its text, to pass on as one delta.
+pub(super) fn whole(body: &[u8]) -> Result<(Assembled, Option<String>), (FailureKind, String)> {
+    let text = std::str::from_utf8(body).map_err(|e| {
+        (
+            FailureKind::Malformed,
+            format!("the response is not UTF-8: {e}"),
+        )
+    })?;
+    let mut asm = Assembler::default();
+    let delta = asm.push(text.trim()).map_err(|(kind, message)| {
+        let message = message.replace("chunk in the response stream", "response body");
+        (kind, message)
+    })?;
+    if asm.finish_reason.is_none() && asm.text.is_empty() && asm.calls.is_empty() {
+        return Err((
+            FailureKind::Malformed,
+            "the response has no choices[0].message".into(),
+        ));
+    }
+    Ok((asm.finish(true)?, delta))
 }
 
 /// Bounds on reading one response stream.
