@@ -356,6 +356,26 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn a_whole_answer_assembles_like_a_stream() {
+        let body = json!({"model": "m1", "choices": [{"index": 0, "finish_reason": "length",
+            "message": {"role": "assistant", "content": "Half an ans", "reasoning_content": "hmm",
+                "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "t", "arguments": "{}"}}]}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+        .to_string();
+        let (done, text) = whole(body.as_bytes()).unwrap();
+        assert_eq!(text.as_deref(), Some("Half an ans"));
+        assert_eq!(done.finish_reason, "length");
+        assert_eq!(done.model.as_deref(), Some("m1"));
+        assert_eq!(done.usage.map(|u| u.output_tokens), Some(2));
+        assert_eq!(done.message.blocks.len(), 3, "reasoning, text, call");
+        let (kind, message) = whole(br#"{"object": "error"}"#).unwrap_err();
+        assert_eq!(kind, FailureKind::Malformed);
+        assert!(message.contains("no choices[0].message"), "{message}");
+        assert!(whole(b"<html>").is_err());
+    }
+
     fn chunk(delta: serde_json::Value, finish: Option<&str>) -> String {
         json!({
             "id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-test",
