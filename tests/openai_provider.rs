@@ -5,7 +5,7 @@
 //! streaming (status errors, Retry-After, broken and malformed streams,
 //! cancellation).
 //!
-//! fakellm is required, not optional: `pip install fakellm==0.3.5`.
+//! fakellm is required, not optional: `make deps` installs it.
 
 mod support;
 

@@ -15,10 +15,19 @@ use crate::config::Config;
 use crate::event::EventKind;
 use crate::telemetry::LogFormat;
 
+/// `hookwire --version`: the crate version and the git commit it was built
+/// from ("unknown" without git; see build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("HOOKWIRE_COMMIT"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "hookwire",
-    version,
+    version = VERSION,
     about = "Run LLM agent sessions with remote gRPC hook servers at every lifecycle event."
 )]
 pub struct Cli {

@@ -11,7 +11,7 @@ pub const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hooks/node"
 
 /// What to run when Node.js or the example's packages are missing.
 pub const DEPS_HINT: &str =
-    "install Node.js and the example's packages: bash examples/hooks/install-deps.sh node (npm ci in examples/hooks/node)";
+    "install Node.js and the example's packages: run `make deps` (npm ci in examples/hooks/node)";
 
 pub struct NodeHook {
     pub addr: String,
