@@ -11,7 +11,8 @@ export PYTHON := $(VENV)/bin/python
 
 .PHONY: run test deps lint proto-check bench fmt build release clean demo
 
-## Serve the embedded default (agent `demo` on the scripted model, no hooks).
+## Serve the embedded demo: agent `demo` on the scripted model, with the
+## built-in demo hook server (redaction, a tool, a denied tool).
 run:
 	$(CARGO) run --release --bin hookwire -- serve --listen $(LISTEN)
 

@@ -178,9 +178,9 @@ impl Run {
                 format!("the user denied the call of tool `{}`: {note}", call.name)
             }),
             _ => denied(format!(
-                "approval for tool `{}` timed out after {}s and was denied",
+                "approval for tool `{}` timed out after {} and was denied",
                 call.name,
-                timeout.as_secs()
+                humantime_serde::re::humantime::format_duration(timeout)
             )),
         }
     }
@@ -397,6 +397,7 @@ async fn call_model(
                 started.elapsed(),
                 Some(resp.usage.input_tokens),
                 Some(resp.usage.output_tokens),
+                resp.usage.estimated,
             );
         }
         Err(_) => {
@@ -407,6 +408,7 @@ async fn call_model(
                 started.elapsed(),
                 None,
                 None,
+                false,
             );
         }
     }
@@ -505,6 +507,7 @@ fn finish(run: &Run, mut ending: Ending) -> RunReport {
         turns: ending.turns,
         messages: ending.messages,
         hook_verdicts: run.records.lock().unwrap().clone(),
+        finish_reason: ending.finish_reason,
     };
     run.emit(RunEvent::Finished(report.clone()));
     report

@@ -117,7 +117,7 @@ impl Assembler {
         // One completion is requested (no `n`); other choices are ignored.
         let choices = chunk.choices.unwrap_or_default();
         for choice in choices.into_iter().filter(|c| c.index.unwrap_or(0) == 0) {
-            if let Some(delta) = choice.delta {
+            for delta in [choice.delta, choice.message].into_iter().flatten() {
                 for piece in [delta.content, delta.refusal].into_iter().flatten() {
                     out.push_str(&piece);
                 }
@@ -220,6 +220,29 @@ impl Assembler {
             output_chars,
         })
     }
+}
+
+/// A whole, non-streamed chat completion (`stream: false`), assembled the
+/// same way as a stream; also returns its text, to pass on as one delta.
+pub(super) fn whole(body: &[u8]) -> Result<(Assembled, Option<String>), (FailureKind, String)> {
+    let text = std::str::from_utf8(body).map_err(|e| {
+        (
+            FailureKind::Malformed,
+            format!("the response is not UTF-8: {e}"),
+        )
+    })?;
+    let mut asm = Assembler::default();
+    let delta = asm.push(text.trim()).map_err(|(kind, message)| {
+        let message = message.replace("chunk in the response stream", "response body");
+        (kind, message)
+    })?;
+    if asm.finish_reason.is_none() && asm.text.is_empty() && asm.calls.is_empty() {
+        return Err((
+            FailureKind::Malformed,
+            "the response has no choices[0].message".into(),
+        ));
+    }
+    Ok((asm.finish(true)?, delta))
 }
 
 /// Bounds on reading one response stream.
@@ -345,6 +368,26 @@ mod tests {
 
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_whole_answer_assembles_like_a_stream() {
+        let body = json!({"model": "m1", "choices": [{"index": 0, "finish_reason": "length",
+            "message": {"role": "assistant", "content": "Half an ans", "reasoning_content": "hmm",
+                "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "t", "arguments": "{}"}}]}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+        .to_string();
+        let (done, text) = whole(body.as_bytes()).unwrap();
+        assert_eq!(text.as_deref(), Some("Half an ans"));
+        assert_eq!(done.finish_reason, "length");
+        assert_eq!(done.model.as_deref(), Some("m1"));
+        assert_eq!(done.usage.map(|u| u.output_tokens), Some(2));
+        assert_eq!(done.message.blocks.len(), 3, "reasoning, text, call");
+        let (kind, message) = whole(br#"{"object": "error"}"#).unwrap_err();
+        assert_eq!(kind, FailureKind::Malformed);
+        assert!(message.contains("no choices[0].message"), "{message}");
+        assert!(whole(b"<html>").is_err());
+    }
 
     fn chunk(delta: serde_json::Value, finish: Option<&str>) -> String {
         json!({
