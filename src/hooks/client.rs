@@ -445,7 +445,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_background_probe_closes_the_breaker_when_the_server_answers() {
+    async fn the_background_probe_keeps_an_unreachable_servers_breaker_open() {
         // Nothing listens on the endpoint: probes fail and back off, and the
         // breaker stays open.
         let c = client("{failures: 1, cooldown: 1h}");
