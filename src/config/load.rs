@@ -283,6 +283,22 @@ impl Config {
             }
         }
 
+        if self.server.run_event_buffer < super::MIN_RUN_EVENT_BUFFER {
+            errs.push((
+                "server.run_event_buffer".into(),
+                format!("must be at least {}", super::MIN_RUN_EVENT_BUFFER),
+            ));
+        }
+        if self.server.client_stall_timeout.is_zero() {
+            errs.push((
+                "server.client_stall_timeout".into(),
+                "must be greater than zero".into(),
+            ));
+        }
+        if self.server.max_input_bytes == 0 {
+            errs.push(("server.max_input_bytes".into(), "must be at least 1".into()));
+        }
+
         if let Some(r) = self.telemetry.sampling_ratio {
             if !(0.0..=1.0).contains(&r) {
                 errs.push((

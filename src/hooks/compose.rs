@@ -298,6 +298,28 @@ pub fn validate_patch(baseline: &ModelRequest, patch: &RequestPatch) -> Result<(
             return Err(format!("temperature {t} is outside 0.0..=2.0"));
         }
     }
+    if let Some(history) = &patch.history {
+        // Only what the hook changed is judged: the request's own history
+        // may hold a model's malformed call, and sending it back as it came
+        // is no fault of the hook's.
+        let ours: std::collections::HashSet<(&str, &str, &str)> = baseline
+            .history
+            .iter()
+            .flat_map(Message::tool_calls)
+            .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments_json.as_str()))
+            .collect();
+        for c in history.iter().flat_map(Message::tool_calls) {
+            if ours.contains(&(c.id.as_str(), c.name.as_str(), c.arguments_json.as_str())) {
+                continue;
+            }
+            if let Err(e) = serde_json::from_str::<serde_json::Value>(&c.arguments_json) {
+                return Err(format!(
+                    "history: tool call `{}` ({}) the hook added or changed has arguments_json that is not valid JSON: {e}",
+                    c.id, c.name
+                ));
+            }
+        }
+    }
     Ok(())
 }
 

@@ -297,6 +297,7 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict) {
 struct TransportCause {
     tls: bool,
     refused: bool,
+    timeout: bool,
     text: String,
 }
 
@@ -307,6 +308,11 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
     while let Some(e) = src {
         if e.downcast_ref::<rustls::Error>().is_some() {
             cause.tls = true;
+        }
+        // The channel's own timer for the call's `grpc-timeout`: the same
+        // deadline hookwire waits for, so the same class.
+        if e.downcast_ref::<tonic::TimeoutExpired>().is_some() {
+            cause.timeout = true;
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             if io
@@ -337,6 +343,7 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
 pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
     let cause = transport_cause(status);
     let class = match &cause {
+        Some(c) if c.timeout => FailureClass::Deadline,
         Some(c) if c.tls || c.text.contains("certificate") || c.text.contains("handshake") => {
             FailureClass::Tls
         }
@@ -355,11 +362,23 @@ pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
         None if status.code() == tonic::Code::DeadlineExceeded => FailureClass::Deadline,
         None => FailureClass::Status,
     };
-    let detail = match &cause {
-        None => format!("{:?}: {}", status.code(), status.message()),
-        Some(_) => format!("{:?}: {}", status.code(), error_chain(status)),
-    };
-    Fault::new(class, detail)
+    match &cause {
+        // The hook's own answer: its message is the hook server's text.
+        None if status.message().is_empty() => Fault::new(class, format!("{:?}", status.code())),
+        None => Fault::quoting_hook(
+            class,
+            format!("{:?}: {}", status.code(), status.message()),
+            format!(
+                "{:?} (the hook's {}-byte status message is logged at debug only)",
+                status.code(),
+                status.message().len()
+            ),
+        ),
+        Some(_) => Fault::new(
+            class,
+            format!("{:?}: {}", status.code(), error_chain(status)),
+        ),
+    }
 }
 
 /// Wrappers that add no words of their own to the error they carry.
@@ -430,5 +449,34 @@ mod tests {
             f.detail
         );
         assert!(!f.detail.contains("transport error"), "{}", f.detail);
+    }
+
+    #[test]
+    fn the_channels_own_timeout_is_a_deadline_not_a_reset() {
+        // What tonic's channel answers when a call's `grpc-timeout` expires
+        // before the response: it races hookwire's own timer for the same
+        // deadline, and must land in the same class.
+        let status = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert_eq!(status.code(), tonic::Code::Cancelled);
+        assert_eq!(
+            classify_status(&status, false).class,
+            FailureClass::Deadline
+        );
+    }
+
+    #[test]
+    fn a_hooks_status_message_stays_out_of_the_quiet_detail() {
+        let status = tonic::Status::internal("cannot parse the SSN 078-05-1120");
+        let f = classify_status(&status, false);
+        assert_eq!(f.class, FailureClass::Status);
+        assert!(f.detail.contains("078-05-1120"), "the client still sees it");
+        assert!(
+            !f.log_detail().contains("078-05-1120"),
+            "{}",
+            f.log_detail()
+        );
+        assert!(f.log_detail().starts_with("Internal"), "{}", f.log_detail());
+        let bare = classify_status(&tonic::Status::internal(""), false);
+        assert_eq!(bare.log_detail(), "Internal");
     }
 }

@@ -3,6 +3,7 @@
 
 mod convert;
 mod grpc;
+mod limits;
 pub mod preflight;
 mod status;
 
@@ -138,9 +139,13 @@ pub async fn serve_with_admin(
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(AgentServiceServer::new(grpc::AgentApi {
-            engine: engine.clone(),
-        }))
+        .add_service(limits::CheckedRequests::new(
+            AgentServiceServer::new(grpc::AgentApi {
+                engine: engine.clone(),
+            })
+            .max_decoding_message_size(limits::decode_limit(config.server.max_input_bytes)),
+            config.server.max_input_bytes,
+        ))
         .serve_with_incoming_shutdown(incoming, signal);
     // After the drain, tonic still waits for every open stream to end, and
     // some never do (a health Watch, an idle client's stream): give the last

@@ -8,6 +8,7 @@ pub mod fault;
 pub mod go;
 pub mod node;
 pub mod python;
+pub mod raw;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -25,6 +25,8 @@
 //!
 //! Logs never carry prompts, answers or tool arguments above debug level.
 
+#[cfg(test)]
+mod fuzz;
 mod retry;
 mod stream;
 mod wire;

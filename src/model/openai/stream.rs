@@ -125,11 +125,20 @@ impl Assembler {
                     self.reasoning.push_str(&r);
                 }
                 for (pos, call) in delta.tool_calls.into_iter().flatten().enumerate() {
-                    let index = call.index.unwrap_or_else(|| {
+                    let index = match call.index {
+                        Some(i) => i,
                         // A server that sends whole calls without an index:
-                        // each one is a new call.
-                        self.calls.keys().next_back().map_or(pos as u32, |k| k + 1)
-                    });
+                        // each one is a new call, after the last one.
+                        None => match self.calls.keys().next_back() {
+                            None => u32::try_from(pos).unwrap_or(u32::MAX),
+                            Some(last) => last.checked_add(1).ok_or_else(|| {
+                                (
+                                    FailureKind::Malformed,
+                                    format!("a tool call without an index follows one at index {last}, the largest there is"),
+                                )
+                            })?,
+                        },
+                    };
                     let slot = self.calls.entry(index).or_default();
                     if let Some(id) = call.id.filter(|s| !s.is_empty()) {
                         if slot.id.is_empty() {
