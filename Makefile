@@ -9,9 +9,10 @@ VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHON := $(VENV)/bin/python
 
-.PHONY: run test deps lint proto-check bench fmt build release clean demo
+.PHONY: run test deps lint proto-check bench fuzz fmt build release clean demo
 
-## Serve the embedded default (agent `demo` on the scripted model, no hooks).
+## Serve the embedded demo: agent `demo` on the scripted model, with the
+## built-in demo hook server (redaction, a tool, a denied tool).
 run:
 	$(CARGO) run --release --bin hookwire -- serve --listen $(LISTEN)
 
@@ -44,6 +45,15 @@ PROTO_RELEASED := proto/released/hookwire-v0.1.0.binpb
 proto-check: deps
 	buf lint proto
 	buf breaking proto --against $(PROTO_RELEASED)
+
+## Property-based fuzzing of the boundaries (hook verdicts, client requests,
+## the OpenAI stream parser and retry logic): the properties `make test` runs
+## a few hundred times, FUZZ_CASES times each (debug build, so integer
+## overflow panics too; ~10 min at the default).
+FUZZ_CASES ?= 20000
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test --lib fuzz_
+	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test --test fuzz
 
 ## Benchmarks (release build, loopback, a few minutes): prints the table and
 ## writes target/bench/results.json; see BENCHMARKS.md.

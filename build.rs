@@ -25,9 +25,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        // The CLI's `--json` output prints run events as JSON.
-        .type_attribute(".hookwire", "#[derive(serde::Serialize)]")
-        .type_attribute(".hookwire", "#[serde(rename_all = \"snake_case\")]")
         .compile_fds(fds)?;
     Ok(())
 }

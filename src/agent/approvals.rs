@@ -40,6 +40,22 @@ impl Approvals {
             .remove(&(run_id.to_string(), call_id.to_string()));
     }
 
+    /// A guard that withdraws the approval when dropped, however the wait
+    /// for it ends: answered, timed out, or abandoned because the run was
+    /// cancelled or ran out of time (its future is then dropped mid-wait).
+    pub fn withdraw_on_drop<'a>(&'a self, run_id: &'a str, call_id: &'a str) -> Withdraw<'a> {
+        Withdraw {
+            approvals: self,
+            run_id,
+            call_id,
+        }
+    }
+
+    /// Approvals waiting for an answer, over all runs.
+    pub fn pending(&self) -> usize {
+        self.pending.lock().unwrap().len()
+    }
+
     pub fn resolve(&self, run_id: &str, call_id: &str, d: Decision) -> Result<(), ApprovalError> {
         let tx = self
             .pending
@@ -53,5 +69,18 @@ impl Approvals {
                 call_id: call_id.into(),
             }),
         }
+    }
+}
+
+/// See [`Approvals::withdraw_on_drop`].
+pub struct Withdraw<'a> {
+    approvals: &'a Approvals,
+    run_id: &'a str,
+    call_id: &'a str,
+}
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        self.approvals.withdraw(self.run_id, self.call_id);
     }
 }

@@ -6,7 +6,9 @@
 pub mod fakellm;
 pub mod fault;
 pub mod go;
+pub mod node;
 pub mod python;
+pub mod raw;
 
 use std::future::Future;
 use std::pin::Pin;
