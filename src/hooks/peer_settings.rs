@@ -143,9 +143,9 @@ impl Preface {
         let limit = self
             .payload
             .chunks_exact(6)
-            .filter(|s| u16::from_be_bytes([s[0], s[1]]) == MAX_CONCURRENT_STREAMS)
+            // The last value of a setting is the one that counts.
+            .rfind(|s| u16::from_be_bytes([s[0], s[1]]) == MAX_CONCURRENT_STREAMS)
             .map(|s| u32::from_be_bytes([s[2], s[3], s[4], s[5]]))
-            .last()
             .map(|n| Advertised::Limit(usize::try_from(n).unwrap_or(usize::MAX)))
             .unwrap_or(Advertised::NoLimit);
         self.finish(limit)
@@ -265,7 +265,7 @@ mod tests {
         // SETTINGS_INITIAL_WINDOW_SIZE, then the limit.
         let frame = settings(&[(0x4, 65_535), (MAX_CONCURRENT_STREAMS, 100)]);
         for (i, b) in frame.iter().enumerate() {
-            assert_eq!(p.wanted() > 0, true);
+            assert!(p.wanted() > 0);
             let fed = p.feed(std::slice::from_ref(b));
             assert_eq!(matches!(fed, Fed::Done), i == frame.len() - 1);
         }
