@@ -165,10 +165,11 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
         gauge(server.admin, "hookwire_runtime_alive_tasks").await,
     );
     let per = |a: f64, b: f64| (b - a) / peak.max(1.0);
-    // Probes while the runs wait on the model, hooked and bare in turn.
+    // Probes while the runs are in flight (waiting on the model, then
+    // finishing), hooked and bare in turn.
     let (mut hooked, mut bare) = (Vec::new(), Vec::new());
     for (h, b) in probe_hooked.iter().zip(&probe_bare) {
-        if finished.load(Ordering::SeqCst) > 0 {
+        if finished.load(Ordering::SeqCst) >= plan.many_runs {
             break;
         }
         let (t, r) = service::invoke(&mut c0.clone(), h, "hi").await;
