@@ -130,6 +130,15 @@ impl Plan {
             Plan::smoke()
         };
         plan.verbose = args.iter().any(|a| a == "--verbose");
+        // `--many-runs N`: figure 8 with N runs in flight instead.
+        if let Some(n) = args
+            .iter()
+            .position(|a| a == "--many-runs")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|n| n.parse().ok())
+        {
+            plan.many_runs = n;
+        }
         if let Some(i) = args.iter().position(|a| a == "--only") {
             plan.only = args
                 .get(i + 1)

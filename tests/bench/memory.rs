@@ -70,7 +70,10 @@ pub async fn spawn_with(yaml: &str) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hookwire"))
         .args(["serve", "--log-format", "json", "--config"])
         .arg(config.path())
-        .env("RUST_LOG", "info")
+        .env(
+            "RUST_LOG",
+            std::env::var("HOOKWIRE_BENCH_SERVE_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .env_remove("HOOKWIRE_LISTEN")
@@ -95,7 +98,17 @@ pub async fn spawn_with(yaml: &str) -> Server {
     })
     .await
     .expect("hookwire serve listens within 30 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // hookwire's warnings and errors are worth seeing next to the figures.
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let wanted = line.contains(r#""level":"WARN""#)
+                || line.contains(r#""level":"ERROR""#)
+                || (line.contains(r#""level":"DEBUG""#) && line.to_lowercase().contains("goaway"));
+            if wanted {
+                eprintln!("hookwire serve: {line}");
+            }
+        }
+    });
     Server {
         child,
         addr: format!("http://{grpc}"),
