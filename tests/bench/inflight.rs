@@ -77,6 +77,7 @@ struct Round {
     /// Added latency per hook call (µs), p50 and p99, and the floor's.
     added50: f64,
     added99: f64,
+    probe_failures: f64,
     floor50: f64,
     floor99: f64,
     probes: usize,
@@ -167,17 +168,34 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
     let per = |a: f64, b: f64| (b - a) / peak.max(1.0);
     // Probes while the runs are in flight (waiting on the model, then
     // finishing), hooked and bare in turn.
+    // A probe that does not complete is counted (and its reason shown),
+    // not fatal: the figure must still report what happened.
     let (mut hooked, mut bare) = (Vec::new(), Vec::new());
+    let mut probe_failures = 0.0;
+    let completed = |r: &hookwire::pb::RunResult| {
+        matches!(
+            hookwire::pb::RunOutcome::try_from(r.outcome),
+            Ok(hookwire::pb::RunOutcome::Completed)
+        )
+    };
     for (h, b) in probe_hooked.iter().zip(&probe_bare) {
         if finished.load(Ordering::SeqCst) >= plan.many_runs {
             break;
         }
-        let (t, r) = service::invoke(&mut c0.clone(), h, "hi").await;
-        service::assert_completed(&r, "hooked probe");
-        hooked.push(micros(t));
-        let (t, r) = service::invoke(&mut c0.clone(), b, "hi").await;
-        service::assert_completed(&r, "bare probe");
-        bare.push(micros(t));
+        let (th, rh) = service::invoke(&mut c0.clone(), h, "hi").await;
+        let (tb, rb) = service::invoke(&mut c0.clone(), b, "hi").await;
+        if completed(&rh) && completed(&rb) {
+            hooked.push(micros(th));
+            bare.push(micros(tb));
+        } else {
+            if probe_failures == 0.0 {
+                eprintln!(
+                    "  in-flight: a probe run did not complete: {} / {}",
+                    rh.reason, rb.reason
+                );
+            }
+            probe_failures += 1.0;
+        }
     }
     let probes = hooked.len();
     let added = |q: f64, h: &mut Vec<f64>, b: &mut Vec<f64>| {
@@ -188,18 +206,24 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
     };
     let added50 = added(0.5, &mut hooked, &mut bare);
     let added99 = added(0.99, &mut hooked, &mut bare);
-    let mut completed = 0.0;
+    let mut done = 0.0;
+    let mut first_failure = None;
     for r in runs {
         let r = r.await.expect("run task");
-        if matches!(
-            hookwire::pb::RunOutcome::try_from(r.outcome),
-            Ok(hookwire::pb::RunOutcome::Completed)
-        ) {
-            completed += 1.0;
-        } else if plan.verbose {
-            eprintln!("  in-flight: a run ended {}: {}", r.outcome, r.reason);
+        if completed(&r) {
+            done += 1.0;
+        } else {
+            first_failure.get_or_insert(r.reason);
         }
     }
+    if let Some(why) = first_failure {
+        eprintln!(
+            "  in-flight: {} of {} runs did not complete; the first: {why}",
+            plan.many_runs as f64 - done,
+            plan.many_runs
+        );
+    }
+    let completed = done;
     if plan.verbose {
         eprintln!(
             "  in-flight: peak {peak}, completed {completed}; RSS {:.1} -> {:.1} MiB, fds {fds0} -> {fds1}, tasks {tasks0} -> {tasks1}; {probes} probes ({calls_per_run} hook calls each), floor p50 {floor50:.1} p99 {floor99:.1} us",
@@ -218,6 +242,7 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
         tasks: per(tasks0, tasks1),
         added50,
         added99,
+        probe_failures,
         floor50,
         floor99,
         probes,
@@ -261,6 +286,13 @@ pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
         )
         .against("runs started", runs, &fixed(&completed, n as f64))
         .target(Target::ratio_at_least(1.0)),
+        Row::new(
+            8,
+            format!("{what}: probe runs that did not complete"),
+            "runs",
+            Spread::of(&col(|r| r.probe_failures)),
+        )
+        .target(Target::value_at_most(0.0)),
         Row::new(
             8,
             format!("{what}: peak in flight (hookwire_active_runs)"),
