@@ -279,6 +279,8 @@ impl Config {
             }
         }
 
+        errs.extend(self.validate_security());
+
         if let Some(r) = self.telemetry.sampling_ratio {
             if !(0.0..=1.0).contains(&r) {
                 errs.push((

@@ -14,6 +14,8 @@ use crate::hooks::payload::{CallProblem, EventContext, Payload};
 use crate::message::{Block, Message, Role, ToolCall, ToolResult, ToolSpec, Usage};
 use crate::model::{ModelRequest, ModelResponse, ToolChoice};
 
+/// The principal the checker sends unless `--principal` names another.
+pub const DEFAULT_PRINCIPAL: &str = "hookwire-check";
 pub const AGENT: &str = "conformance-check";
 pub const MODEL: &str = "scripted";
 pub const SYSTEM_PROMPT: &str =
@@ -39,6 +41,9 @@ pub struct Scenario {
     trace_id: String,
     events: Vec<EventKind>,
     calls: Vec<PlannedCall>,
+    /// Who the checker says is calling (EventContext.principal).
+    pub principal: String,
+    pub principal_claims: BTreeMap<String, String>,
 }
 
 /// Stands in for the agent's own tools when the server owns none, so
@@ -83,6 +88,8 @@ impl Scenario {
             trace_id: uuid::Uuid::new_v4().simple().to_string(),
             events,
             calls,
+            principal: DEFAULT_PRINCIPAL.into(),
+            principal_claims: BTreeMap::from([("roles".to_string(), String::new())]),
         }
     }
 
@@ -103,6 +110,8 @@ impl Scenario {
             session_id: self.session_id.clone(),
             agent: AGENT.into(),
             traceparent: self.traceparent(),
+            principal: self.principal.clone(),
+            principal_claims: self.principal_claims.clone(),
             ..Default::default()
         }
     }
@@ -116,6 +125,8 @@ impl Scenario {
             streaming: true,
             traceparent: self.traceparent(),
             tracestate: String::new(),
+            principal: self.principal.clone(),
+            principal_claims: self.principal_claims.clone(),
         }
     }
 

@@ -6,9 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::hooks::client::HookChannel;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::pb;
@@ -62,7 +62,7 @@ impl RunStream {
     /// send headers with their first reply) and so opening never blocks a
     /// run past its deadline. Open failures surface on the first wait.
     pub fn open(
-        mut client: HookServiceClient<Channel>,
+        mut client: HookServiceClient<HookChannel>,
         capacity: usize,
         metadata: Vec<(&'static str, String)>,
     ) -> RunStream {
