@@ -3,6 +3,7 @@
 //! helpers. No mocks: every call crosses a real gRPC connection.
 #![allow(dead_code)]
 
+pub mod auth;
 pub mod fakellm;
 pub mod fault;
 pub mod go;
