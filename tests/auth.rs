@@ -418,3 +418,106 @@ async fn auth_none_is_refused_off_loopback() {
         "{msg}"
     );
 }
+
+#[tokio::test]
+async fn quotas_are_hit_per_principal_and_recover() {
+    let tokens = Tokens::write();
+    let asker = asker("may I?", 0).start().await;
+    let owner = weather_owner().start().await;
+    let mut yaml = config(
+        &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
+        "tools: [get_weather]",
+    );
+    yaml.push_str(&tokens.auth_yaml());
+    yaml.push_str("quotas: {max_sessions: 2, max_concurrent_runs: 1, runs_per_minute: 3}\n");
+    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let mut alice = sa::client(&server.addr, Some(ALICE)).await;
+    let mut bob = sa::client(&server.addr, Some(BOB)).await;
+
+    // max_sessions
+    let s1 = sa::new_session(&mut alice, "a").await.unwrap();
+    let s2 = sa::new_session(&mut alice, "a").await.unwrap();
+    let e = sa::new_session(&mut alice, "a").await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(
+        e.message()
+            .starts_with("quota `max_sessions` reached (2) for principal `alice`"),
+        "{e:?}"
+    );
+    let b1 = sa::new_session(&mut bob, "a")
+        .await
+        .expect("bob has his own quota");
+    alice
+        .delete_session(pb::DeleteSessionRequest { session_id: s2 })
+        .await
+        .unwrap();
+    let s2 = sa::new_session(&mut alice, "a")
+        .await
+        .expect("a slot was freed");
+
+    // max_concurrent_runs: alice's first run waits for approval.
+    let (run_id, _, mut stream) = paused_run(&mut alice, &s1).await;
+    let e = alice
+        .invoke(pb::RunRequest {
+            session_id: s2.clone(),
+            input: "hi".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(
+        e.message()
+            .contains("quota `max_concurrent_runs` reached (1)"),
+        "{e:?}"
+    );
+    bob.invoke(pb::RunRequest {
+        session_id: b1,
+        input: "hi".into(),
+    })
+    .await
+    .expect("bob's runs are counted apart");
+    alice
+        .cancel_run(pb::CancelRunRequest { run_id })
+        .await
+        .unwrap();
+    while stream.message().await.unwrap().is_some() {}
+    alice
+        .invoke(pb::RunRequest {
+            session_id: s2.clone(),
+            input: "hi".into(),
+        })
+        .await
+        .expect("the run slot is free again");
+
+    // runs_per_minute: two runs so far; the third starts, the fourth not.
+    alice
+        .invoke(pb::RunRequest {
+            session_id: s2.clone(),
+            input: "hi".into(),
+        })
+        .await
+        .unwrap();
+    let e = alice
+        .invoke(pb::RunRequest {
+            session_id: s2,
+            input: "hi".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(
+        e.message().contains("quota `runs_per_minute` reached (3)"),
+        "{e:?}"
+    );
+
+    let metrics = http_get(admin, "/metrics").await;
+    for line in [
+        r#"hookwire_quota_rejections_total{limit="max_sessions",class="user"} 1"#,
+        r#"hookwire_quota_rejections_total{limit="max_concurrent_runs",class="user"} 1"#,
+        r#"hookwire_quota_rejections_total{limit="runs_per_minute",class="user"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(!metrics.contains("alice"), "metrics never name a principal");
+    server.stop().await;
+}

@@ -5,7 +5,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, so the per-minute window can be tested with a paused clock.
+use tokio::time::Instant;
 
 use crate::config::Quotas;
 
@@ -162,8 +165,8 @@ impl Drop for RunSlot {
 mod tests {
     use super::*;
 
-    #[test]
-    fn limits_are_per_principal_and_released() {
+    #[tokio::test(start_paused = true)]
+    async fn limits_are_per_principal_and_released() {
         let l = Arc::new(QuotaLedger::new(Quotas {
             max_sessions: Some(1),
             max_concurrent_runs: Some(1),
@@ -189,5 +192,7 @@ mod tests {
             "{e}"
         );
         assert!(l.begin_run(&b).is_ok());
+        tokio::time::advance(WINDOW).await;
+        assert!(l.begin_run(&a).is_ok(), "the window moved on");
     }
 }
