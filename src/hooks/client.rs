@@ -51,6 +51,7 @@ pub type HookChannel = InterceptedService<Channel, Credentials>;
 pub struct HookClient {
     pub config: HookConfig,
     channel: HookChannel,
+    tls: Option<HookTls>,
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
@@ -178,6 +179,7 @@ impl HookClient {
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
         Ok(Arc::new(HookClient {
             channel: InterceptedService::new(channel, credentials),
+            tls,
             config,
             described: RwLock::new(None),
             status: Mutex::new(Status {
@@ -210,7 +212,7 @@ impl HookClient {
         let result = tokio::time::timeout(timeout, self.client().describe(req)).await;
         let result = match result {
             Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Ok(Err(status)) => Err(self.refine(classify_status(&status, false))),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "Describe timed out")),
         };
         match result {
@@ -264,6 +266,23 @@ impl HookClient {
                     }
                 } => {}
             }
+        }
+    }
+
+    /// A connection that died because the server refused us in TLS (after
+    /// our side of a TLS 1.3 handshake, e.g. a missing or untrusted client
+    /// certificate) is reported as class `tls` with the server's reason,
+    /// not as a reset.
+    pub fn refine(&self, fault: Fault) -> Fault {
+        if !matches!(
+            fault.class,
+            FailureClass::StreamReset | FailureClass::Connect
+        ) {
+            return fault;
+        }
+        match self.tls.as_ref().and_then(HookTls::late_error) {
+            Some(why) => Fault::new(FailureClass::Tls, why),
+            None => fault,
         }
     }
 
@@ -359,7 +378,7 @@ impl HookClient {
                 let r = r.into_inner();
                 Ok((r.content, r.is_error))
             }
-            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Ok(Err(status)) => Err(self.refine(classify_status(&status, false))),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "CallTool timed out")),
         }
     }

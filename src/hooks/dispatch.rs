@@ -249,7 +249,8 @@ impl RunHooks {
             accept_verdict(kind, v, baseline)
         }
         .instrument(span.clone())
-        .await;
+        .await
+        .map_err(|f| hook.client.refine(f));
         let latency = started.elapsed();
         let m = &self.inst.metrics;
         match &result {

@@ -296,6 +296,8 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict) {
 #[derive(Default)]
 struct TransportCause {
     tls: bool,
+    /// What did not match, when a TLS error says (expired, unknown CA...).
+    tls_detail: Option<String>,
     refused: bool,
     text: String,
 }
@@ -305,15 +307,25 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
     src?;
     let mut cause = TransportCause::default();
     while let Some(e) = src {
-        if e.downcast_ref::<rustls::Error>().is_some() {
+        if let Some(t) = e.downcast_ref::<crate::tls::HookTlsError>() {
             cause.tls = true;
+            cause.tls_detail.get_or_insert_with(|| t.message.clone());
+        }
+        if let Some(r) = e.downcast_ref::<rustls::Error>() {
+            cause.tls = true;
+            cause
+                .tls_detail
+                .get_or_insert_with(|| crate::tls::describe_tls_error(r));
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if io
+            if let Some(r) = io
                 .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
             {
                 cause.tls = true;
+                cause
+                    .tls_detail
+                    .get_or_insert_with(|| crate::tls::describe_tls_error(r));
             }
             if matches!(
                 io.kind(),
@@ -357,6 +369,11 @@ pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
     };
     let detail = match &cause {
         None => format!("{:?}: {}", status.code(), status.message()),
+        // Say what did not match first; the transport's words follow.
+        Some(TransportCause {
+            tls_detail: Some(d),
+            ..
+        }) => d.clone(),
         Some(c) => format!(
             "{:?}: {} ({})",
             status.code(),

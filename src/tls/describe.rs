@@ -34,6 +34,14 @@ pub fn describe_tls_error(e: &Error) -> String {
     }
 }
 
+/// `DnsName("a.example")` (rustls' debug form) as `a.example`.
+fn bare(presented: &str) -> &str {
+    match (presented.find("(\""), presented.rfind("\")")) {
+        (Some(a), Some(b)) if a + 2 <= b => &presented[a + 2..b],
+        _ => presented,
+    }
+}
+
 fn describe_certificate(c: &CertificateError) -> String {
     match c {
         CertificateError::Expired => "certificate expired".into(),
@@ -54,7 +62,7 @@ fn describe_certificate(c: &CertificateError) -> String {
             if presented.is_empty() {
                 "no names".to_string()
             } else {
-                presented.join(", ")
+                presented.iter().map(|p| bare(p)).collect::<Vec<_>>().join(", ")
             }
         ),
         CertificateError::Revoked => "certificate revoked".into(),

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod auth;
+pub mod certs;
 pub mod fakellm;
 pub mod fault;
 pub mod go;
