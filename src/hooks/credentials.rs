@@ -80,6 +80,13 @@ impl Credentials {
         })
     }
 
+    /// A fixed token (the `hooks check` command line).
+    pub fn bearer(token: &str) -> Result<Credentials, String> {
+        Ok(Credentials {
+            source: Some(Arc::new(Source::Static(header(token)?))),
+        })
+    }
+
     pub fn is_set(&self) -> bool {
         self.source.is_some()
     }
