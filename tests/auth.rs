@@ -521,3 +521,145 @@ async fn quotas_are_hit_per_principal_and_recover() {
     assert!(!metrics.contains("alice"), "metrics never name a principal");
     server.stop().await;
 }
+
+mod jwt_mode {
+    use super::*;
+    use support::certs::write_atomic;
+    use support::jwt::{self, Signer};
+
+    #[tokio::test]
+    async fn jwts_are_verified_against_the_jwks_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let k1 = Signer::new("k1");
+        let k2 = Signer::new("k2");
+        let jwks_file = dir.path().join("jwks.json");
+        write_atomic(&jwks_file, &jwt::jwks(&[&k1]));
+        let hook = FnHook::new("who", &[pb::EventKind::RunStart]).start().await;
+        let mut yaml = config(&[("who", &hook.addr, "")], "");
+        yaml.push_str(&jwt::auth_yaml(&jwks_file));
+        let server = TestServer::start(&yaml).await;
+
+        let call = |token: String| {
+            let addr = server.addr.clone();
+            async move {
+                let mut c = sa::client(&addr, Some(&token)).await;
+                c.list_sessions(pb::ListSessionsRequest {})
+                    .await
+                    .map(|_| ())
+            }
+        };
+        let good = k1.token("alice", &["user"], true, |_| {});
+        assert!(call(good.clone()).await.is_ok());
+        // One key in the JWKS: a token without kid is fine.
+        assert!(call(k1.token("alice", &[], false, |_| {})).await.is_ok());
+        let refused = [
+            (
+                "expired",
+                k1.token("alice", &[], true, |c| {
+                    c["exp"] = serde_json::json!(1_000_000)
+                }),
+                "JWT expired",
+            ),
+            (
+                "other audience",
+                k1.token("alice", &[], true, |c| c["aud"] = "someone-else".into()),
+                "JWT audience not accepted",
+            ),
+            (
+                "other issuer",
+                k1.token("alice", &[], true, |c| {
+                    c["iss"] = "https://evil.test".into()
+                }),
+                "JWT issuer not accepted",
+            ),
+            (
+                "no exp",
+                k1.token("alice", &[], true, |c| {
+                    c.as_object_mut().unwrap().remove("exp");
+                }),
+                "JWT lacks required claim `exp`",
+            ),
+            (
+                "unknown key",
+                k2.token("alice", &[], true, |_| {}),
+                "JWT signed by a key (kid) not in the JWKS",
+            ),
+            (
+                "hs256",
+                jwt::hs256_token("alice"),
+                "JWT algorithm HS256 is not accepted",
+            ),
+            ("garbage", "not.a.jwt".to_string(), "malformed JWT"),
+        ];
+        for (case, token, want) in refused {
+            let e = call(token).await.unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated, "{case}");
+            assert!(e.message().contains(want), "{case}: {}", e.message());
+        }
+        // A forged signature: k2's signature under k1's kid.
+        let mut parts: Vec<String> = k1
+            .token("alice", &["admin"], true, |_| {})
+            .split('.')
+            .map(str::to_string)
+            .collect();
+        parts[2] = k2
+            .token("alice", &["admin"], true, |_| {})
+            .split('.')
+            .nth(2)
+            .unwrap()
+            .to_string();
+        let e = call(parts.join(".")).await.unwrap_err();
+        assert!(
+            e.message().contains("JWT signature does not verify"),
+            "{}",
+            e.message()
+        );
+
+        // The issuer rotates: k2 is published next to k1 (file rewritten).
+        write_atomic(&jwks_file, &jwt::jwks(&[&k1, &k2]));
+        assert!(call(k2.token("bob", &[], true, |_| {})).await.is_ok());
+        // Several keys: a token must say which one signed it.
+        let e = call(k1.token("alice", &[], false, |_| {}))
+            .await
+            .unwrap_err();
+        assert!(
+            e.message()
+                .contains("JWT has no kid and the JWKS holds several keys"),
+            "{}",
+            e.message()
+        );
+        // A broken JWKS keeps the last good one.
+        write_atomic(&jwks_file, "{not json");
+        assert!(call(good.clone()).await.is_ok());
+
+        // Roles and claims from the token reach hooks.
+        let mut root = sa::client(
+            &server.addr,
+            Some(&k1.token("root", &["admin"], true, |_| {})),
+        )
+        .await;
+        let s = sa::new_session(&mut root, "a").await.unwrap();
+        root.invoke(pb::RunRequest {
+            session_id: s,
+            input: "hi".into(),
+        })
+        .await
+        .unwrap();
+        hook.hook.wait_for("run_start").await;
+        let ctx = hook.hook.seen.lock().unwrap()[0].context.clone().unwrap();
+        assert_eq!(ctx.principal, "root");
+        assert_eq!(
+            ctx.principal_claims.get("roles").map(String::as_str),
+            Some("admin")
+        );
+        assert_eq!(
+            ctx.principal_claims.get("tenant").map(String::as_str),
+            Some("acme")
+        );
+        assert!(
+            !ctx.principal_claims.contains_key("iss"),
+            "only forward_claims"
+        );
+        server.stop().await;
+    }
+}
