@@ -97,12 +97,38 @@ async fn python_hook_over_mtls_with_a_token_sees_the_callers_principal() {
         "{}",
         r.final_text
     );
+    // `hookwire hooks check` connects the same way (TLS, client
+    // certificate, token) and plays a session as a principal of its choice.
+    let (ok, out) = command_output(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"))
+            .args(["hooks", "check", &https(&hook)])
+            .args(["--ca-file", server_ca_file.to_str().unwrap()])
+            .args(["--cert-file", cli_crt.to_str().unwrap()])
+            .args(["--key-file", cli_key.to_str().unwrap()])
+            .args(["--principal", "checker-bob", "--claim", "tenant=acme"])
+            .env("HOOKWIRE_HOOK_TOKEN", "hook-secret-1"),
+    )
+    .await;
+    assert!(ok, "{out}");
+    let (ok, out) = command_output(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"))
+            .args(["hooks", "check", &https(&hook)])
+            .args(["--ca-file", server_ca_file.to_str().unwrap()])
+            .env("HOOKWIRE_HOOK_TOKEN", "hook-secret-1"),
+    )
+    .await;
+    assert!(
+        !ok && out.contains("tls"),
+        "without the client certificate: {out}"
+    );
     // The hook logs each run's summary with the caller it was told about.
     let log = hook.log.as_mut().unwrap();
     loop {
         let line = log.recv().await.expect("the hook logs the run");
         if line.contains(&format!("run {}", r.run_id)) {
             assert!(line.contains("principal alice"), "{line}");
+        }
+        if line.contains("principal checker-bob") {
             break;
         }
     }

@@ -298,3 +298,54 @@ impl super::Config {
         errs
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const BASE: &str = "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\n";
+
+    fn err(extra: &str) -> (Option<String>, String) {
+        let e = Config::parse(&format!("{BASE}{extra}"), "t.yaml").unwrap_err();
+        (e.path().map(str::to_string), e.to_string())
+    }
+
+    #[test]
+    fn security_settings_are_checked_with_their_paths() {
+        for (yaml, path, words) in [
+            ("auth: {mode: tokens}\n", "auth.tokens_file", "required for auth.mode: tokens"),
+            ("auth: {mode: jwt, jwks_file: /k, issuer: i}\n", "auth.audience", "required for auth.mode: jwt"),
+            ("auth: {mode: tokens, tokens_file: /t, issuer: i}\n", "auth.issuer", "only used with auth.mode: jwt"),
+            ("auth: {mode: jwt, jwks_file: /k, issuer: i, audience: a, algorithms: [HS256]}\n", "auth.algorithms[0]", "unsupported algorithm `HS256`"),
+            ("auth: {mode: mtls}\n", "auth.mode", "set tls.client_auth: required"),
+            ("auth: {mode: basic}\n", "auth.mode", "unknown variant `basic`"),
+            ("tls: {cert_file: c, key_file: k, client_auth: required}\n", "tls.client_ca_file", "required when client_auth"),
+            ("tls: {cert_file: c, key_file: k, client_ca_file: ca}\n", "tls.client_auth", "set client_auth: optional or required"),
+            ("hooks: [{name: h, endpoint: 'http://x:1', tls: {ca_file: ca}}]\n", "hooks[0].tls", "only applies to https://"),
+            ("hooks: [{name: h, endpoint: 'https://x:1', tls: {cert_file: c}}]\n", "hooks[0].tls", "cert_file and key_file go together"),
+            ("hooks: [{name: h, endpoint: 'https://x:1', credentials: {bearer_token_file: f, bearer_token_env: E}}]\n", "hooks[0].credentials", "not both"),
+            ("quotas: {max_sessions: 0}\n", "quotas.max_sessions", "at least 1"),
+        ] {
+            let (p, msg) = err(yaml);
+            assert_eq!(p.as_deref(), Some(path), "{yaml}: {msg}");
+            assert!(msg.contains(words), "{yaml}: {msg}");
+        }
+    }
+
+    #[test]
+    fn a_full_security_config_parses() {
+        let c = Config::parse(
+            &format!(
+                "{BASE}tls: {{cert_file: /c, key_file: /k, client_ca_file: /ca, client_auth: optional}}\n\
+                 auth: {{mode: jwt, jwks_file: /j, issuer: https://i, audience: hookwire, leeway: 30s, algorithms: [ES256]}}\n\
+                 quotas: {{max_sessions: 10, max_concurrent_runs: 2, runs_per_minute: 30}}\n\
+                 hooks: [{{name: h, endpoint: 'https://h:1', tls: {{ca_file: /ca, cert_file: /c, key_file: /k, server_name: h.svc}}, credentials: {{bearer_token_env: HOOK_TOKEN}}}}]\n"
+            ),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.auth.leeway, Some(std::time::Duration::from_secs(30)));
+        assert_eq!(c.agents[0].approver_roles, vec!["approver".to_string()]);
+        assert_eq!(c.auth.forwarded_claims(), vec!["roles".to_string()]);
+    }
+}
