@@ -663,3 +663,55 @@ mod jwt_mode {
         server.stop().await;
     }
 }
+
+#[tokio::test]
+async fn the_kubernetes_base_config_refuses_unauthenticated_calls_and_separates_principals() {
+    let tokens = Tokens::write();
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/k8s/base/config.yaml"
+    ))
+    .unwrap()
+    .replace(
+        "/etc/hookwire/auth/tokens.yaml",
+        tokens.file.to_str().unwrap(),
+    );
+    assert!(
+        yaml.contains(&tokens.file.display().to_string()),
+        "the base config reads its tokens from the Secret's file"
+    );
+    let config = hookwire::config::Config::parse(&yaml, "deploy/k8s/base/config.yaml").unwrap();
+    // As in the pod: every interface.
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let addr = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(hookwire::server::serve(listener, config, async {
+        let _ = rx.await;
+    }));
+    let mut anon = sa::client(&addr, None).await;
+    let e = anon
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    let mut alice = sa::client(&addr, Some(ALICE)).await;
+    let mut bob = sa::client(&addr, Some(BOB)).await;
+    let s = sa::new_session(&mut alice, "demo").await.unwrap();
+    let e = bob
+        .invoke(pb::RunRequest {
+            session_id: s.clone(),
+            input: "hi".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(alice
+        .invoke(pb::RunRequest {
+            session_id: s,
+            input: "hi".into()
+        })
+        .await
+        .is_ok());
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+}
