@@ -41,14 +41,21 @@ fn parse_jwks(bytes: &[u8]) -> Result<Keys, String> {
         .map_err(|e| format!("not a JWKS (`{{\"keys\": [...]}}`): {e}"))?;
     let mut keys = Vec::new();
     for (i, jwk) in set.keys.iter().enumerate() {
-        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("keys[{i}]: {e}"))?;
+        // Issuers publish encryption keys beside signing keys: not ours.
+        if matches!(
+            jwk.common.public_key_use,
+            Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)
+        ) {
+            continue;
+        }
         let alg = match &jwk.common.key_algorithm {
-            Some(a) => Some(
-                Algorithm::from_str(&format!("{a:?}"))
-                    .map_err(|_| format!("keys[{i}].alg: `{a:?}` is not a signature algorithm"))?,
-            ),
+            Some(a) => match Algorithm::from_str(&format!("{a:?}")) {
+                Ok(alg) => Some(alg),
+                Err(_) => continue, // an encryption algorithm (RSA-OAEP...)
+            },
             None => None,
         };
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("keys[{i}]: {e}"))?;
         keys.push(Key {
             kid: jwk.common.key_id.clone(),
             alg,
@@ -56,7 +63,7 @@ fn parse_jwks(bytes: &[u8]) -> Result<Keys, String> {
         });
     }
     if keys.is_empty() {
-        return Err("the JWKS holds no keys".into());
+        return Err("the JWKS holds no signing keys".into());
     }
     Ok(Keys(keys))
 }

@@ -61,8 +61,14 @@ impl Signer {
     }
 }
 
+/// The JWKS of `signers`, plus an encryption key, as issuers publish them
+/// (it must be ignored, not break the set).
 pub fn jwks(signers: &[&Signer]) -> String {
-    serde_json::json!({"keys": signers.iter().map(|s| s.jwk()).collect::<Vec<_>>()}).to_string()
+    let mut keys: Vec<serde_json::Value> = signers.iter().map(|s| s.jwk()).collect();
+    keys.push(serde_json::json!({"kty": "RSA", "use": "enc", "alg": "RSA-OAEP", "kid": "enc-1",
+                                 "n": "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw",
+                                 "e": "AQAB"}));
+    serde_json::json!({"keys": keys}).to_string()
 }
 
 /// A token signed with a shared secret (HS256): never accepted.
