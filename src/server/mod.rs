@@ -3,6 +3,7 @@
 
 mod convert;
 mod grpc;
+pub mod preflight;
 mod status;
 
 pub use status::unauthenticated;
@@ -20,7 +21,7 @@ use tonic::transport::Server;
 use crate::auth::layer::AuthLayer;
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::engine::{Engine, EngineSetupError};
+use crate::engine::EngineSetupError;
 use crate::hooks::registry::RegistryError;
 use crate::model::{ModelProvider, ModelSetupError};
 use crate::pb;
@@ -62,10 +63,6 @@ pub fn build_models(
 /// How long connections may stay open once runs drained at shutdown.
 const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
-/// How long start-up waits for hook servers to answer Describe before the
-/// service reports SERVING; unreachable hooks keep being retried after.
-const STARTUP_DESCRIBE: Duration = Duration::from_secs(3);
-
 /// Runs the service on `listener` until `shutdown` resolves, then drains:
 /// health goes NOT_SERVING, new runs are refused with UNAVAILABLE, in-flight
 /// runs get `server.shutdown_grace` to finish before they are cancelled.
@@ -102,9 +99,7 @@ pub async fn serve_with_admin(
             let _ = admin_stop_rx.await;
         }))
     });
-    let engine = Arc::new(Engine::new(config.clone(), build_models(&config)?, inst)?);
-    engine.registry().describe_all(STARTUP_DESCRIBE).await;
-    engine.registry().check_tool_ownership()?;
+    let engine = preflight::engine(&config, inst, Some(preflight::STARTUP_DESCRIBE)).await?;
     engine.registry().start();
 
     let (reporter, health) = tonic_health::server::health_reporter();

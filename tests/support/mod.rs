@@ -9,6 +9,7 @@ pub mod fakellm;
 pub mod fault;
 pub mod go;
 pub mod jwt;
+pub mod node;
 pub mod python;
 
 use std::future::Future;
