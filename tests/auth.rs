@@ -715,3 +715,33 @@ async fn the_kubernetes_base_config_refuses_unauthenticated_calls_and_separates_
     let _ = tx.send(());
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn config_check_makes_the_security_start_up_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |yaml: &str, args: &[&str]| {
+        let f = dir.path().join(format!("c{}.yaml", yaml.len()));
+        std::fs::write(&f, yaml).unwrap();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"));
+        cmd.args(["config", "check", "--offline"])
+            .args(args)
+            .arg(&f);
+        cmd
+    };
+    let base = "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\n";
+    let open = format!("listen: 0.0.0.0:50051\n{base}");
+    let (ok, out) = command_output(&mut check(&open, &[])).await;
+    assert!(
+        !ok && out.contains("auth.mode: none (no authentication) is only allowed"),
+        "{out}"
+    );
+    let missing = format!("{base}auth: {{mode: tokens, tokens_file: /nonexistent/tokens.yaml}}\n");
+    let (ok, out) = command_output(&mut check(&missing, &[])).await;
+    assert!(
+        !ok && out.contains("auth.tokens_file: cannot read /nonexistent/tokens.yaml"),
+        "{out}"
+    );
+    // Away from the pod: the settings are checked, the files are not read.
+    let (ok, out) = command_output(&mut check(&missing, &["--skip-files"])).await;
+    assert!(ok, "{out}");
+}

@@ -246,6 +246,11 @@ pub enum ConfigAction {
         /// Do not contact hook servers (so tool ownership is not checked).
         #[arg(long)]
         offline: bool,
+        /// Do not read the files the security settings name (certificates,
+        /// keys, tokens, JWKS, hook tokens): for checking a config away from
+        /// the machine or pod it runs on. Their settings are still checked.
+        #[arg(long)]
+        skip_files: bool,
     },
 }
 
@@ -385,14 +390,30 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Config {
-            action: ConfigAction::Check { file, offline },
-        } => check_config(&file, offline).await,
+            action:
+                ConfigAction::Check {
+                    file,
+                    offline,
+                    skip_files,
+                },
+        } => check_config(&file, offline, skip_files).await,
     }
 }
 
 /// `hookwire config check`: `serve`'s start-up checks, without listening.
-async fn check_config(file: &std::path::Path, offline: bool) -> anyhow::Result<()> {
+async fn check_config(
+    file: &std::path::Path,
+    offline: bool,
+    skip_files: bool,
+) -> anyhow::Result<()> {
     let cfg = Config::load(file)?;
+    let cfg = if skip_files {
+        crate::server::preflight::without_files(&cfg)
+    } else {
+        // Authentication and TLS as `serve` sets them up on `listen:`.
+        crate::server::preflight::security(&cfg, cfg.listen)?;
+        cfg
+    };
     // The exporter `serve` would install, built and dropped.
     let (_, telemetry) = crate::telemetry::build(
         &crate::telemetry::TelemetryOptions::from_env(&cfg.telemetry, LogFormat::Text),

@@ -19,7 +19,6 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 
 use crate::auth::layer::AuthLayer;
-use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::engine::EngineSetupError;
 use crate::hooks::registry::RegistryError;
@@ -27,7 +26,7 @@ use crate::model::{ModelProvider, ModelSetupError};
 use crate::pb;
 use crate::pb::agent_service_server::AgentServiceServer;
 use crate::telemetry::{self, Instruments};
-use crate::tls::{tls_incoming, ServerTlsConfig};
+use crate::tls::tls_incoming;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -83,14 +82,9 @@ pub async fn serve_with_admin(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let inst = Instruments::new(&config.telemetry);
-    // Security first: a server that cannot authenticate callers (or would
-    // be open on the network) must not come up at all.
     let local = listener.local_addr().map_err(ServeError::Listener)?;
-    let auth = Arc::new(Authenticator::new(&config, local)?);
-    let tls = match &config.tls {
-        Some(t) => Some(ServerTlsConfig::new(t, config.server.reload_interval)?),
-        None => None,
-    };
+    let (auth, tls) = preflight::security(&config, local)?;
+    let auth = Arc::new(auth);
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_task = admin.map(|l| {
