@@ -467,6 +467,10 @@ impl Engine {
                 outcome,
                 (report.outcome != crate::agent::outcome::RunOutcome::Completed).then_some(outcome),
             );
+            // The run's span ends here, before the run counts as finished:
+            // whoever waits for that (a drain, a test about to flush the
+            // exporter) then finds the span closed and handed to export.
+            drop(span);
             engine
                 .inst
                 .metrics
