@@ -298,6 +298,7 @@ impl Config {
         if self.server.max_input_bytes == 0 {
             errs.push(("server.max_input_bytes".into(), "must be at least 1".into()));
         }
+        errs.extend(self.validate_security());
 
         if let Some(r) = self.telemetry.sampling_ratio {
             if !(0.0..=1.0).contains(&r) {

@@ -8,11 +8,13 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
 
-use crate::config::{HookConfig, HookMode};
+use crate::config::{self, HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
+use crate::hooks::credentials::Credentials;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::failure_log::FailureLog;
 use crate::hooks::stream::{classify_status, RunStream};
@@ -21,6 +23,7 @@ use crate::message::{ToolCall, ToolSpec};
 use crate::pb;
 use crate::pb::hook_service_client::HookServiceClient;
 use crate::telemetry::Metrics;
+use crate::tls::HookTls;
 
 /// What a hook server said about itself.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -44,9 +47,13 @@ struct Status {
     last_error: Option<String>,
 }
 
+/// A hook server's channel with its call credentials applied.
+pub type HookChannel = InterceptedService<Channel, Credentials>;
+
 pub struct HookClient {
     pub config: HookConfig,
-    channel: Channel,
+    channel: HookChannel,
+    tls: Option<HookTls>,
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
@@ -106,10 +113,74 @@ pub const PROBE_MAX: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How hookwire connects to a hook server (also used by `hookwire hooks
-/// check`, so the checker connects exactly like the engine).
+/// check`, so the checker connects exactly like the engine): lazily, with
+/// `tls` for `https://` endpoints (the webpki roots when `None`).
+///
+/// TLS is done by our own connector (`tls::HookTls`), so certificate files
+/// are re-read when they change and failures say what did not match; the
+/// channel itself is then given the `http://` form of the URL, because
+/// tonic refuses an `https://` URL without its own TLS.
+pub fn connect(
+    url: &str,
+    connect_timeout: Duration,
+    tls: Option<&HookTls>,
+) -> Result<Channel, String> {
+    let endpoint = endpoint(url, connect_timeout)?;
+    let Some(rest) = url.strip_prefix("https://") else {
+        return Ok(endpoint.connect_lazy());
+    };
+    let default_tls;
+    let tls = match tls {
+        Some(t) => t,
+        None => {
+            default_tls = HookTls::new(url, &config::HookTls::default(), Duration::MAX)
+                .map_err(|e| e.to_string())?;
+            &default_tls
+        }
+    };
+    let mut plain = endpoint_settings(
+        Endpoint::from_shared(format!("http://{rest}"))
+            .map_err(|e| format!("bad endpoint `{url}`: {e}"))?,
+        connect_timeout,
+    );
+    if let Some(name) = tls.server_name() {
+        // The name the certificate is for is also the :authority a proxy
+        // or a virtual host routes on.
+        let port = plain.uri().port_u16().unwrap_or(443);
+        let origin = format!("http://{name}:{port}")
+            .parse()
+            .map_err(|e| format!("tls.server_name `{name}`: {e}"))?;
+        plain = plain.origin(origin);
+    }
+    Ok(plain.connect_with_connector_lazy(tls.connector()))
+}
+
+/// Whether `url` names this machine (plaintext is fine there).
+pub fn is_loopback(url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    match uri
+        .host()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+    {
+        Some("localhost") => true,
+        Some(h) => h
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
+/// The endpoint for `url` with hookwire's connection settings (no TLS).
 pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String> {
-    let mut endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("bad endpoint `{url}`: {e}"))?
+    let endpoint =
+        Endpoint::from_shared(url.to_string()).map_err(|e| format!("bad endpoint `{url}`: {e}"))?;
+    Ok(endpoint_settings(endpoint, connect_timeout))
+}
+
+fn endpoint_settings(endpoint: Endpoint, connect_timeout: Duration) -> Endpoint {
+    endpoint
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
         // grpc-go and grpcio servers by default answer pings more frequent
@@ -118,25 +189,37 @@ pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String
         // streams are open.
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(false);
-    if url.starts_with("https://") {
-        endpoint = endpoint
-            .tls_config(ClientTlsConfig::new().with_webpki_roots())
-            .map_err(|e| format!("TLS setup for `{url}`: {e}"))?;
-    }
-    Ok(endpoint)
+        .keep_alive_while_idle(false)
 }
 
 impl HookClient {
-    pub fn new(config: HookConfig) -> Result<Arc<HookClient>, String> {
-        let endpoint = endpoint(
+    /// `reload_interval`: how often TLS and token files are checked for
+    /// changes (`server.reload_interval`).
+    pub fn new(config: HookConfig, reload_interval: Duration) -> Result<Arc<HookClient>, String> {
+        let owner = format!("hook `{}`", config.name);
+        let tls = if config.endpoint.starts_with("https://") {
+            Some(HookTls::new(&owner, &config.tls, reload_interval).map_err(|e| e.to_string())?)
+        } else {
+            if !is_loopback(&config.endpoint) {
+                tracing::warn!(
+                    hook = %config.name,
+                    endpoint = %config.endpoint,
+                    "hook reached over plaintext on the network: events (prompts, tool arguments) travel unencrypted; use https:// with tls"
+                );
+            }
+            None
+        };
+        let channel = connect(
             &config.endpoint,
             config.timeout.min(Duration::from_secs(10)),
+            tls.as_ref(),
         )
-        .map_err(|e| format!("hook `{}`: {e}", config.name))?;
+        .map_err(|e| format!("{owner}: {e}"))?;
+        let credentials = Credentials::new(&owner, &config.credentials, reload_interval)?;
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
         Ok(Arc::new(HookClient {
-            channel: endpoint.connect_lazy(),
+            channel: InterceptedService::new(channel, credentials),
+            tls,
             config,
             described: RwLock::new(None),
             status: Mutex::new(Status {
@@ -167,7 +250,7 @@ impl HookClient {
         &self.config.name
     }
 
-    fn client(&self) -> HookServiceClient<Channel> {
+    fn client(&self) -> HookServiceClient<HookChannel> {
         HookServiceClient::new(self.channel.clone()).max_decoding_message_size(16 * 1024 * 1024)
     }
 
@@ -184,7 +267,7 @@ impl HookClient {
         let result = tokio::time::timeout(timeout, self.client().describe(req)).await;
         let result = match result {
             Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Ok(Err(status)) => Err(self.refine(classify_status(&status, false))),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "Describe timed out")),
         };
         match result {
@@ -268,6 +351,23 @@ impl HookClient {
                 return;
             }
             delay = (delay * 2).min(PROBE_MAX);
+        }
+    }
+
+    /// A connection that died because the server refused us in TLS (after
+    /// our side of a TLS 1.3 handshake, e.g. a missing or untrusted client
+    /// certificate) is reported as class `tls` with the server's reason,
+    /// not as a reset.
+    pub fn refine(&self, fault: Fault) -> Fault {
+        if !matches!(
+            fault.class,
+            FailureClass::StreamReset | FailureClass::Connect
+        ) {
+            return fault;
+        }
+        match self.tls.as_ref().and_then(HookTls::late_error) {
+            Some(why) => Fault::new(FailureClass::Tls, why),
+            None => fault,
         }
     }
 
@@ -391,7 +491,7 @@ impl HookClient {
                 let r = r.into_inner();
                 Ok((r.content, r.is_error))
             }
-            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Ok(Err(status)) => Err(self.refine(classify_status(&status, false))),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "CallTool timed out")),
         }
     }
@@ -426,7 +526,7 @@ mod tests {
             "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    breaker: {breaker}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
-        HookClient::new(cfg.hooks[0].clone()).unwrap()
+        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
     }
 
     #[tokio::test(start_paused = true)]

@@ -251,7 +251,8 @@ impl RunHooks {
             accept_verdict(kind, v, baseline)
         }
         .instrument(span.clone())
-        .await;
+        .await
+        .map_err(|f| hook.client.refine(f));
         let latency = started.elapsed();
         let m = &self.inst.metrics;
         match &result {
@@ -682,7 +683,7 @@ mod tests {
             "hooks:\n  - name: h\n    endpoint: {endpoint}\n    events: [run_start]\n    timeout: 60s\n    breaker: {{failures: 1, cooldown: 0s}}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
-        HookClient::new(cfg.hooks[0].clone()).unwrap()
+        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
     }
 
     fn hooks(client: &Arc<HookClient>, run_deadline: Instant) -> RunHooks {

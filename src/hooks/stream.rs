@@ -6,9 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::hooks::client::HookChannel;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::pb;
@@ -62,7 +62,7 @@ impl RunStream {
     /// send headers with their first reply) and so opening never blocks a
     /// run past its deadline. Open failures surface on the first wait.
     pub fn open(
-        mut client: HookServiceClient<Channel>,
+        mut client: HookServiceClient<HookChannel>,
         capacity: usize,
         metadata: Vec<(&'static str, String)>,
     ) -> RunStream {
@@ -296,6 +296,8 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict) {
 #[derive(Default)]
 struct TransportCause {
     tls: bool,
+    /// What did not match, when a TLS error says (expired, unknown CA...).
+    tls_detail: Option<String>,
     refused: bool,
     timeout: bool,
     text: String,
@@ -306,8 +308,15 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
     src?;
     let mut cause = TransportCause::default();
     while let Some(e) = src {
-        if e.downcast_ref::<rustls::Error>().is_some() {
+        if let Some(t) = e.downcast_ref::<crate::tls::HookTlsError>() {
             cause.tls = true;
+            cause.tls_detail.get_or_insert_with(|| t.message.clone());
+        }
+        if let Some(r) = e.downcast_ref::<rustls::Error>() {
+            cause.tls = true;
+            cause
+                .tls_detail
+                .get_or_insert_with(|| crate::tls::describe_tls_error(r));
         }
         // The channel's own timer for the call's `grpc-timeout`: the same
         // deadline hookwire waits for, so the same class.
@@ -315,11 +324,14 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
             cause.timeout = true;
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if io
+            if let Some(r) = io
                 .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
             {
                 cause.tls = true;
+                cause
+                    .tls_detail
+                    .get_or_insert_with(|| crate::tls::describe_tls_error(r));
             }
             if matches!(
                 io.kind(),
@@ -374,6 +386,11 @@ pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
                 status.message().len()
             ),
         ),
+        // Say what did not match first (a TLS failure names it).
+        Some(TransportCause {
+            tls_detail: Some(d),
+            ..
+        }) => Fault::new(class, d.clone()),
         Some(_) => Fault::new(
             class,
             format!("{:?}: {}", status.code(), error_chain(status)),

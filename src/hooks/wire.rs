@@ -248,6 +248,12 @@ pub fn context_to_wire(
         deadline_remaining_ms: remaining.as_millis() as u64,
         traceparent: ctx.traceparent.clone(),
         tracestate: ctx.tracestate.clone(),
+        principal: ctx.principal.clone(),
+        principal_claims: ctx
+            .principal_claims
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     }
 }
 

@@ -80,6 +80,14 @@ struct ModelLabels {
     provider: String,
 }
 
+/// Per principal *class* (admin, approver, user, anonymous), never per
+/// principal: the number of principals is not bounded.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuotaLabels {
+    limit: &'static str,
+    class: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabels {
     model: String,
@@ -108,6 +116,7 @@ pub struct Metrics {
     model_tokens: Family<TokenLabels, Counter>,
     active_runs: Gauge,
     active_hook_streams: Gauge,
+    quota_rejections: Family<QuotaLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -195,8 +204,27 @@ impl Metrics {
             "Open Process streams to hook servers",
             active_hook_streams.clone(),
         );
+        let quota_rejections = Family::default();
+        registry.register(
+            "hookwire_quota_rejections",
+            "Calls refused with RESOURCE_EXHAUSTED, by limit and principal class (admin, approver, user, anonymous)",
+            quota_rejections.clone(),
+        );
+        // Process-wide counters owned by tls/ and auth/ (they count before
+        // any Metrics exists, e.g. while hook clients are built).
+        registry.register(
+            "hookwire_reload_failures",
+            "Certificate, key, token or JWKS files that changed but could not be loaded (the previous version stays in use), by kind",
+            crate::tls::reload_failures(),
+        );
+        registry.register(
+            "hookwire_auth_failures",
+            "Calls refused as UNAUTHENTICATED, by reason (missing_token, invalid, missing_certificate)",
+            crate::auth::layer::auth_failures(),
+        );
         Metrics {
             registry,
+            quota_rejections,
             hook_call_duration,
             hook_failures,
             hook_fail_open,
@@ -238,6 +266,12 @@ impl Metrics {
         self.hook_call_duration
             .get_or_create(&labels)
             .observe(latency.as_secs_f64());
+    }
+
+    pub fn quota_rejected(&self, limit: &'static str, class: &'static str) {
+        self.quota_rejections
+            .get_or_create(&QuotaLabels { limit, class })
+            .inc();
     }
 
     pub fn hook_failure(&self, hook: &str, event: &str, class: &str) {

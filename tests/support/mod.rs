@@ -3,9 +3,12 @@
 //! helpers. No mocks: every call crosses a real gRPC connection.
 #![allow(dead_code)]
 
+pub mod auth;
+pub mod certs;
 pub mod fakellm;
 pub mod fault;
 pub mod go;
+pub mod jwt;
 pub mod node;
 pub mod python;
 pub mod raw;

@@ -26,9 +26,15 @@ class Policy(Feature):
     name = "policy"
     events = frozenset({ev("model_request"), ev("tool_call")})
 
-    def __init__(self, deny: set[str], ask: set[str]):
+    def __init__(self, deny: set[str], ask: set[str], deny_for: dict[str, set[str]] | None = None):
         self.deny = deny
         self.ask = ask - deny  # deny wins over ask
+        # Per tenant: tools denied only to these principals (EventContext.principal,
+        # the caller hookwire authenticated).
+        self.deny_for = deny_for or {}
+
+    def denied(self, event: pb.HookEvent) -> set[str]:
+        return self.deny | self.deny_for.get(event.context.principal, set())
 
     async def on_event(self, event: pb.HookEvent, run: RunState) -> pb.HookVerdict | None:
         payload = event.WhichOneof("payload")
@@ -43,7 +49,8 @@ class Policy(Feature):
         offered = [t.name for t in request.tools]
         # Only names that were offered: an unknown name in active_tools makes
         # the whole verdict invalid (a hook failure).
-        allowed = [name for name in offered if name not in self.deny]
+        deny = self.denied(event)
+        allowed = [name for name in offered if name not in deny]
         if len(allowed) == len(offered):
             return None
         patch = pb.RequestPatch(active_tools=pb.ToolNames(names=allowed))
@@ -52,7 +59,7 @@ class Policy(Feature):
         # a tool call with no tool left, and blames the hook whose patch did it.
         choice = request.tool_choice
         Mode = pb.ToolChoice.Mode
-        if (choice.mode == Mode.Value("MODE_TOOL") and choice.tool_name in self.deny) or (
+        if (choice.mode == Mode.Value("MODE_TOOL") and choice.tool_name in deny) or (
             choice.mode == Mode.Value("MODE_REQUIRED") and not allowed
         ):
             fallback = "MODE_AUTO" if allowed else "MODE_NONE"
@@ -67,7 +74,7 @@ class Policy(Feature):
 
     def _check_call(self, event: pb.HookEvent, run: RunState) -> pb.HookVerdict | None:
         call = event.tool_call.call
-        if call.name in self.deny:
+        if call.name in self.denied(event):
             run.notes["denied"] += 1
             # Read the list from the event's scratchpad (it is the run's, shared
             # by every hook) rather than from local state, and write it back.
