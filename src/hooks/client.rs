@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -13,6 +14,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use crate::config::{HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
+use crate::hooks::connector::Connector;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::stream::{classify_status, RunStream};
 use crate::hooks::wire::event_kind_from_wire;
@@ -48,7 +50,8 @@ pub struct HookClient {
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
-    redescribe: Notify,
+    /// Describe again: a connection-level fault, or a connection ended.
+    redescribe: Arc<Notify>,
 }
 
 /// A point-in-time view for `ListHooks`.
@@ -63,6 +66,7 @@ pub struct HookSnapshot {
 
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const REDESCRIBE_PAUSE: Duration = Duration::from_millis(100);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(300);
 
 /// How hookwire connects to a hook server (also used by `hookwire hooks
@@ -89,14 +93,20 @@ pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String
 
 impl HookClient {
     pub fn new(config: HookConfig) -> Result<Arc<HookClient>, String> {
-        let endpoint = endpoint(
-            &config.endpoint,
-            config.timeout.min(Duration::from_secs(10)),
-        )
-        .map_err(|e| format!("hook `{}`: {e}", config.name))?;
+        let connect_timeout = config.timeout.min(Duration::from_secs(10));
+        let endpoint = endpoint(&config.endpoint, connect_timeout)
+            .map_err(|e| format!("hook `{}`: {e}", config.name))?;
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
+        // A new connection may reach a restarted server with another
+        // Describe: every connection that ends asks for a fresh one.
+        let redescribe = Arc::new(Notify::new());
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let connector = Connector::new(http, redescribe.clone());
         Ok(Arc::new(HookClient {
-            channel: endpoint.connect_lazy(),
+            channel: endpoint.connect_with_connector_lazy(connector),
             config,
             described: RwLock::new(None),
             status: Mutex::new(Status {
@@ -104,7 +114,7 @@ impl HookClient {
                 last_error: None,
             }),
             breaker: Mutex::new(breaker),
-            redescribe: Notify::new(),
+            redescribe,
         }))
     }
 
@@ -175,7 +185,14 @@ impl HookClient {
             };
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = self.redescribe.notified() => {}
+                _ = self.redescribe.notified() => {
+                    // A server that ends every connection must not turn
+                    // this into a busy loop.
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(REDESCRIBE_PAUSE) => {}
+                    }
+                }
                 _ = async {
                     match wait {
                         Some(d) => tokio::time::sleep(d).await,
