@@ -7,6 +7,7 @@ pub mod fakellm;
 pub mod fault;
 pub mod go;
 pub mod python;
+pub mod script;
 
 use std::future::Future;
 use std::pin::Pin;
