@@ -202,7 +202,9 @@ pub fn verdicts(events: &[pb::RunEvent]) -> Vec<pb::HookVerdictApplied> {
 
 type Fut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Handler<E, V> = Arc<dyn Fn(Ctx, E) -> Fut<Reply<V>> + Send + Sync>;
-type ToolFn = Arc<dyn Fn(Ctx, pb::ToolCall) -> Fut<pb::CallToolResponse> + Send + Sync>;
+type ToolFn = Arc<
+    dyn Fn(Ctx, pb::ToolCall) -> Fut<Result<pb::CallToolResponse, tonic::Status>> + Send + Sync,
+>;
 
 /// A hook whose behaviour per event is a closure; every event it receives
 /// is recorded (kind name, and the full event).
@@ -293,10 +295,23 @@ impl FnHook {
     on!(on_turn_end, turn_end, pb::TurnEndEvent, pb::TurnEndVerdict);
 
     /// Declares a tool and how to execute it.
-    pub fn with_tool<F, R>(mut self, spec: pb::ToolSpec, f: F) -> Self
+    pub fn with_tool<F, R>(self, spec: pb::ToolSpec, f: F) -> Self
     where
         F: Fn(Ctx, pb::ToolCall) -> R + Send + Sync + 'static,
         R: Future<Output = pb::CallToolResponse> + Send + 'static,
+    {
+        let f = Arc::new(f);
+        self.with_fallible_tool(spec, move |c, e| {
+            let f = f.clone();
+            async move { Ok(f(c, e).await) }
+        })
+    }
+
+    /// Declares a tool whose execution may answer a gRPC error status.
+    pub fn with_fallible_tool<F, R>(mut self, spec: pb::ToolSpec, f: F) -> Self
+    where
+        F: Fn(Ctx, pb::ToolCall) -> R + Send + Sync + 'static,
+        R: Future<Output = Result<pb::CallToolResponse, tonic::Status>> + Send + 'static,
     {
         self.tools.push(spec);
         self.tool = Some(Arc::new(move |c, e| Box::pin(f(c, e))));
@@ -527,7 +542,7 @@ impl Hook for FnHook {
     ) -> Result<pb::CallToolResponse, tonic::Status> {
         self.tool_calls.lock().unwrap().push(call.clone());
         match &self.tool {
-            Some(f) => Ok(f(ctx.clone(), call).await),
+            Some(f) => f(ctx.clone(), call).await,
             None => Err(tonic::Status::unimplemented("no tool")),
         }
     }
