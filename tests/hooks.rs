@@ -401,9 +401,13 @@ async fn response_rewrite_retry_and_turn_end_continue_run() {
             _ => None,
         })
         .collect();
-    assert!(
-        deltas.iter().all(|d| d.chars().all(|c| !c.is_lowercase())),
-        "{deltas:?}"
+    assert_eq!(
+        deltas,
+        [
+            "SYS=BASE TEMP= USER=TRY AGAIN",
+            "SYS=BASE TEMP= USER=AND MORE"
+        ],
+        "one delta per accepted (rewritten) turn, none for the retried one"
     );
     server.stop().await;
 }
@@ -502,24 +506,73 @@ async fn scratchpad_is_shared_across_hooks_and_events() {
 
 #[tokio::test]
 async fn observe_mode_hook_never_delays_the_run() {
-    // This hook never answers anything: it blocks forever.
+    // The hook is stuck on everything it receives until the run is over:
+    // a run that waited for it in any way could never finish, and its
+    // one-hour timeout leaves no deadline to end the wait early.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (g1, g2) = (gate.clone(), gate.clone());
     let stuck = FnHook::new(
         "stuck",
-        &[K::RunStart, K::ModelRequest, K::ModelResponse, K::TurnEnd],
+        &[
+            K::RunStart,
+            K::ModelRequest,
+            K::ModelResponse,
+            K::TurnEnd,
+            K::RunEnd,
+        ],
     )
-    .on_run_start(|_, _| async { std::future::pending().await })
+    .on_observe(move |_, _| {
+        let g = g1.clone();
+        async move {
+            let _ = g.acquire().await;
+        }
+    })
+    .on_run_start(move |_, _| {
+        let g = g2.clone();
+        async move {
+            let _ = g.acquire().await;
+            proceed_run_start()
+        }
+    })
     .start()
     .await;
     let server = TestServer::start(&config(
-        &[("stuck", &stuck.addr, "mode: observe\ntimeout: 60s")],
+        &[("stuck", &stuck.addr, "mode: observe\ntimeout: 3600s")],
         "",
     ))
     .await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
-    let r = invoke(&mut c, &s, "hi").await;
+    let r = tokio::time::timeout(std::time::Duration::from_secs(30), invoke(&mut c, &s, "hi"))
+        .await
+        .expect("the run waited for an observe-mode hook");
     assert_eq!(outcome(&r), pb::RunOutcome::Completed);
     assert!(r.hook_verdicts.is_empty(), "observers cannot steer");
+    // It did get every event (each one then stuck), as observe events.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        stuck.hook.wait_for("run_end"),
+    )
+    .await
+    .expect("run_end reaches the observer");
+    assert_eq!(
+        stuck.hook.seen_kinds(),
+        [
+            "run_start",
+            "model_request",
+            "model_response",
+            "turn_end",
+            "run_end"
+        ]
+    );
+    assert!(stuck
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|e| !e.expects_verdict));
+    gate.add_permits(100);
     server.stop().await;
 }
 

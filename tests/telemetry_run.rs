@@ -240,7 +240,9 @@ async fn runs_export_genai_spans_without_leaking_content() {
         tool_b.attr(attrs::GEN_AI_TOOL_CALL_RESULT),
         Some("[tel-result]")
     );
-    for c in b.iter().filter(|s| s.name == "chat m") {
+    let chats_b: Vec<_> = b.iter().filter(|s| s.name == "chat m").collect();
+    assert_eq!(chats_b.len(), 2, "both model calls of run B");
+    for c in chats_b {
         assert_eq!(c.attr(attrs::GEN_AI_INPUT_MESSAGES), Some("[tel-input]"));
         assert_eq!(c.attr(attrs::GEN_AI_OUTPUT_MESSAGES), Some("[tel-output]"));
     }

@@ -202,6 +202,7 @@ pub fn verdicts(events: &[pb::RunEvent]) -> Vec<pb::HookVerdictApplied> {
 
 type Fut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Handler<E, V> = Arc<dyn Fn(Ctx, E) -> Fut<Reply<V>> + Send + Sync>;
+type ObserveFn = Arc<dyn Fn(Ctx, pb::HookEvent) -> Fut<()> + Send + Sync>;
 type ToolFn = Arc<
     dyn Fn(Ctx, pb::ToolCall) -> Fut<Result<pb::CallToolResponse, tonic::Status>> + Send + Sync,
 >;
@@ -225,6 +226,7 @@ pub struct FnHook {
     tool_call: Option<Handler<pb::ToolCallEvent, pb::ToolCallVerdict>>,
     tool_result: Option<Handler<pb::ToolResultEvent, pb::ToolResultVerdict>>,
     turn_end: Option<Handler<pb::TurnEndEvent, pb::TurnEndVerdict>>,
+    observe: Option<ObserveFn>,
     tool: Option<ToolFn>,
 }
 
@@ -293,6 +295,16 @@ impl FnHook {
         pb::ToolResultVerdict
     );
     on!(on_turn_end, turn_end, pb::TurnEndEvent, pb::TurnEndVerdict);
+
+    /// What to do with events that expect no verdict, after recording them.
+    pub fn on_observe<F, R>(mut self, f: F) -> Self
+    where
+        F: Fn(Ctx, pb::HookEvent) -> R + Send + Sync + 'static,
+        R: Future<Output = ()> + Send + 'static,
+    {
+        self.observe = Some(Arc::new(move |c, e| Box::pin(f(c, e))));
+        self
+    }
 
     /// Declares a tool and how to execute it.
     pub fn with_tool<F, R>(self, spec: pb::ToolSpec, f: F) -> Self
@@ -532,8 +544,11 @@ impl Hook for FnHook {
             })
         )
     }
-    async fn observe(&self, _ctx: &Ctx, ev: pb::HookEvent) {
-        self.push(ev);
+    async fn observe(&self, ctx: &Ctx, ev: pb::HookEvent) {
+        self.push(ev.clone());
+        if let Some(f) = &self.observe {
+            f(ctx.clone(), ev).await;
+        }
     }
     async fn call_tool(
         &self,
