@@ -257,6 +257,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 events,
                 timeout,
                 tool_args: tool_args.into_iter().collect(),
+                grace: None,
             };
             let report = crate::conformance::check(&opts).await?;
             if json {

@@ -50,6 +50,10 @@ pub struct Options {
     /// Arguments (a JSON object, as text) per owned tool, instead of ones
     /// derived from the tool's schema.
     pub tool_args: BTreeMap<String, String>,
+    /// How long past a deadline to keep waiting, so a late verdict is
+    /// reported as late rather than as missing. Default: the deadline,
+    /// between 1 s and 2 s.
+    pub grace: Option<Duration>,
 }
 
 impl Options {
@@ -59,6 +63,7 @@ impl Options {
             events: None,
             timeout: DEFAULT_TIMEOUT,
             tool_args: BTreeMap::new(),
+            grace: None,
         }
     }
 }
@@ -180,13 +185,11 @@ pub async fn check(opts: &Options) -> Result<Report, CheckError> {
     } else {
         desc.name.as_str()
     };
-    let transcript = drive::run(
-        &scenario,
-        client,
-        hook_name,
-        drive::Timing::new(opts.timeout),
-    )
-    .await;
+    let mut timing = drive::Timing::new(opts.timeout);
+    if let Some(grace) = opts.grace {
+        timing.grace = grace;
+    }
+    let transcript = drive::run(&scenario, client, hook_name, timing).await;
 
     // Tool rows together: schema, arguments, then the call made in the run.
     for spec in &tools {
