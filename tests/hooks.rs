@@ -637,3 +637,48 @@ async fn session_extra_hooks_fire_after_agent_hooks() {
     assert_eq!(r.final_text, "sys=base temp= user=x-agenthook-extra");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn patched_max_tokens_reaches_the_model_and_the_first_writer_wins() {
+    let patcher = |name: &'static str, max_tokens: u32| {
+        FnHook::new(name, &[K::ModelRequest]).on_model_request(move |_, _| async move {
+            Reply::new(hook_server::patch_request(pb::RequestPatch {
+                max_tokens: Some(max_tokens),
+                ..Default::default()
+            }))
+        })
+    };
+    let first = patcher("first", 77).start().await;
+    let second = patcher("second", 99).start().await;
+    let yaml = config(
+        &[
+            ("first", &first.addr, "priority: 2"),
+            ("second", &second.addr, "priority: 1"),
+        ],
+        "",
+    )
+    .replace(
+        "temp={{temperature}}",
+        "temp={{temperature}} max={{max_tokens}}",
+    );
+    let server = TestServer::start(&yaml).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let events = run_events(&mut c, &s, "hi").await;
+    let r = result_of(&events);
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert_eq!(r.final_text, "sys=base temp= max=77 user=hi");
+    let v = verdicts(&events);
+    let first = v.iter().find(|v| v.hook == "first").unwrap();
+    assert_eq!(first.fields_changed, ["max_tokens"]);
+    let second = v.iter().find(|v| v.hook == "second").unwrap();
+    assert_eq!(
+        second.conflicts,
+        [pb::PatchConflict {
+            field: "max_tokens".into(),
+            winner: "first".into(),
+            loser: "second".into()
+        }]
+    );
+    server.stop().await;
+}
