@@ -80,7 +80,8 @@ async fn every_event_fires_at_its_point_in_order() {
             "session_end"
         ]
     );
-    // One stream per run: every run event carried the same run id.
+    // Every run event carried the same run id (how they travel, one stream
+    // per run with increasing seqs, is read off the wire in protocol.rs).
     let runs: std::collections::HashSet<String> = hook
         .hook
         .seen

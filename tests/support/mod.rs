@@ -208,7 +208,9 @@ type ToolFn = Arc<
 >;
 
 /// A hook whose behaviour per event is a closure; every event it receives
-/// is recorded (kind name, and the full event).
+/// is recorded (kind name, and the full event). Blocking events are rebuilt
+/// from what the handler gets (seq 0, expects_verdict true); to read seqs
+/// and streams as sent, use `script::ScriptHook`.
 #[derive(Clone, Default)]
 pub struct FnHook {
     name: String,
