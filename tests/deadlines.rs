@@ -166,12 +166,12 @@ async fn circuit_breaker_opens_after_consecutive_failures_and_probes_after_coold
     let f = FaultHook::new(K::RunStart, Misbehave::Status, &[]);
     let calls = f.received.clone();
     let (addr, _t) = f.start().await;
-    let cooldown = std::time::Duration::from_secs(2);
+    let cooldown = std::time::Duration::from_secs(5);
     let server = TestServer::start(&config(
         &[(
             "flaky",
             &addr,
-            "failure: closed\nbreaker: {failures: 2, cooldown: 2s}",
+            "failure: closed\nbreaker: {failures: 2, cooldown: 5s}",
         )],
         "",
     ))
@@ -186,7 +186,7 @@ async fn circuit_breaker_opens_after_consecutive_failures_and_probes_after_coold
     assert!(r.reason.contains(": status:"), "{}", r.reason);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     // Open: fails at once without calling the hook (still closed policy).
-    // One local call against a 2 s cool-down.
+    // One local call against a 5 s cool-down.
     let r = invoke(&mut c, &s, "hi").await;
     assert_eq!(outcome(&r), pb::RunOutcome::HookFailed);
     assert!(r.reason.contains("circuit_open"), "{}", r.reason);

@@ -190,6 +190,7 @@ async fn late_verdicts_are_discarded_and_counted() {
     // The first model_request is answered only once the second arrives,
     // i.e. after hookwire gave up on it: late by construction, not by a
     // timer race. The late answer would end the run if it were applied.
+    // Every other answer comes at once: 2 s is far beyond it.
     let late = ScriptHook::new("late", &[K::ModelRequest], |ev| {
         if ev.seq == 1 {
             return vec![];
@@ -210,7 +211,7 @@ async fn late_verdicts_are_discarded_and_counted() {
             (
                 "late",
                 &late_server.addr,
-                "timeout: 200ms\nfailure: open\ndetach_on_failure: false",
+                "timeout: 2s\nfailure: open\ndetach_on_failure: false",
             ),
             ("owner", &owner.addr, ""),
         ],
@@ -315,7 +316,7 @@ async fn scratchpad_changes_come_only_from_accepted_verdicts() {
             (
                 "writer",
                 &w.addr,
-                "timeout: 200ms\nfailure: open\ndetach_on_failure: false",
+                "timeout: 2s\nfailure: open\ndetach_on_failure: false",
             ),
             ("observer", &o.addr, "mode: observe"),
             ("reader", &rd.addr, ""),
