@@ -27,7 +27,7 @@ use crate::hooks::registry::HookRegistry;
 use crate::hooks::verdict::Ask;
 use crate::message::{Message, ToolCall, ToolSpec};
 use crate::model::{ModelProvider, ModelRequest, ModelResponse};
-use crate::telemetry::{attrs, spans, Instruments};
+use crate::telemetry::{spans, ContentView, Instruments};
 use tracing::{Instrument, Span};
 
 /// A configured agent with its model.
@@ -70,6 +70,8 @@ pub struct Run {
     /// Text deltas held back until model_response hooks accept the turn.
     held: Mutex<Vec<String>>,
     pub inst: Instruments,
+    /// What this run's spans show of its content (sticky redactions).
+    pub content: ContentView,
 }
 
 impl Run {
@@ -100,6 +102,7 @@ impl Run {
             events,
             records: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
+            content: ContentView::new(inst.content),
             inst,
         }
     }
@@ -175,9 +178,9 @@ impl Run {
                 format!("the user denied the call of tool `{}`: {note}", call.name)
             }),
             _ => denied(format!(
-                "approval for tool `{}` timed out after {}s and was denied",
+                "approval for tool `{}` timed out after {} and was denied",
                 call.name,
-                timeout.as_secs()
+                humantime_serde::re::humantime::format_duration(timeout)
             )),
         }
     }
@@ -241,6 +244,11 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                         .await
                         .map_err(Stop::HookFailed)?;
                     run.emit_records(&out.records);
+                    if out.redaction.is_some() && run.content.is_enabled() {
+                        // The user message the machine commits for this input.
+                        let committed = Message::user(out.payload.clone());
+                        run.content.redact_message(&committed, out.redaction);
+                    }
                     match out.stop {
                         Some((hook, t)) => Err(terminate(hook, t)),
                         None => Ok(out.payload),
@@ -310,6 +318,7 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                         .await
                         .map_err(Stop::HookFailed)?;
                     run.emit_records(&out.records);
+                    run.content.redact_message(&out.payload, out.redaction);
                     match out.stop {
                         None => Ok(EndDecision::Finish),
                         Some((_, TurnEndStop::ContinueRun(m))) => Ok(EndDecision::ContinueRun(m)),
@@ -340,21 +349,8 @@ async fn call_model(
     let provider = model.provider_name();
     let span = spans::chat(model.model_name(), provider);
     // Input content, once, from the request every model_request hook shaped.
-    let content = run.inst.content;
-    if content.is_enabled() {
-        match &redaction {
-            Some(r) => content.record(&span, attrs::GEN_AI_INPUT_MESSAGES, r),
-            None => {
-                content.record(
-                    &span,
-                    attrs::GEN_AI_SYSTEM_INSTRUCTIONS,
-                    &request.system_text(),
-                );
-                let messages = serde_json::to_string(&request.history).unwrap_or_default();
-                content.record(&span, attrs::GEN_AI_INPUT_MESSAGES, &messages);
-            }
-        }
-    }
+    run.content
+        .record_request(&span, request, redaction.as_deref());
     let started = std::time::Instant::now();
     let hold = run.agent.config.stream_deltas == StreamDeltas::Hold
         && run.hooks.has_blocking(EventKind::ModelResponse);
@@ -390,6 +386,7 @@ async fn call_model(
             spans::record_chat_response(
                 &span,
                 &resp.model,
+                &resp.id,
                 &[resp.finish_reason.as_str()],
                 Some(resp.usage.input_tokens),
                 Some(resp.usage.output_tokens),
@@ -400,6 +397,7 @@ async fn call_model(
                 started.elapsed(),
                 Some(resp.usage.input_tokens),
                 Some(resp.usage.output_tokens),
+                resp.usage.estimated,
             );
         }
         Err(_) => {
@@ -410,6 +408,7 @@ async fn call_model(
                 started.elapsed(),
                 None,
                 None,
+                false,
             );
         }
     }
@@ -459,15 +458,15 @@ async fn review_response(
                 }
             }
             // Output content, once, now that every model_response hook ran
-            // (never for a retried or rejected turn).
-            if let Some(span) = chat.filter(|_| run.inst.content.is_enabled()) {
-                let output = match out.redaction {
-                    Some(r) => r,
-                    None => serde_json::to_string(&out.payload.message()).unwrap_or_default(),
-                };
-                run.inst
-                    .content
-                    .record(&span, attrs::GEN_AI_OUTPUT_MESSAGES, &output);
+            // (never for a retried or rejected turn). A redaction covers
+            // the message from here on (later chat inputs included).
+            if run.content.is_enabled() {
+                let message = out.payload.message();
+                run.content.redact_message(&message, out.redaction);
+                if let Some(span) = chat {
+                    run.content
+                        .record_response(&span, &message, &out.payload.finish_reason);
+                }
             }
             Ok(ResponseDecision::Accept(out.payload))
         }
@@ -508,6 +507,7 @@ fn finish(run: &Run, mut ending: Ending) -> RunReport {
         turns: ending.turns,
         messages: ending.messages,
         hook_verdicts: run.records.lock().unwrap().clone(),
+        finish_reason: ending.finish_reason,
     };
     run.emit(RunEvent::Finished(report.clone()));
     report

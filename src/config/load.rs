@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use super::{env, Config, ProviderKind};
 use crate::event::nearest;
 
-/// The configuration `hookwire serve` runs without `--config`: one agent
-/// `demo` on the embedded scripted model, no hooks.
+/// The configuration `hookwire serve --no-demo-hooks` runs without
+/// `--config`: one agent `demo` on the embedded scripted model, no hooks
+/// (without the flag, `crate::demo` adds its hook server).
 pub const EMBEDDED_DEFAULT: &str = r#"
 models:
   - name: scripted
@@ -90,14 +91,16 @@ impl Config {
         let de = serde_norway::Deserializer::from_str(text);
         let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
+            let path = if path.is_empty() || path == "." {
+                "(top level)".into()
+            } else {
+                path
+            };
+            let message = without_path_prefix(&e.into_inner().to_string(), &path);
             ConfigError::Parse {
                 origin: origin.to_string(),
-                path: if path.is_empty() || path == "." {
-                    "(top level)".into()
-                } else {
-                    path
-                },
-                message: e.into_inner().to_string(),
+                path,
+                message,
             }
         })?;
         let applied = env::apply(&mut config, vars).map_err(|r| ConfigError::Invalid {
@@ -154,6 +157,7 @@ impl Config {
                         ("headers", !m.headers.is_empty()),
                         ("max_retries", m.max_retries.is_some()),
                         ("timeout", m.timeout.is_some()),
+                        ("stream", m.stream.is_some()),
                     ] {
                         if set {
                             errs.push((
@@ -291,6 +295,16 @@ impl Config {
     }
 }
 
+/// The YAML parser starts some messages with its own, shorter, path of the
+/// value (`hooks[1].events: unknown event …` for `hooks[1].events[0]`);
+/// the error already leads with the full path, so say it once.
+fn without_path_prefix(message: &str, path: &str) -> String {
+    match message.split_once(": ") {
+        Some((head, rest)) if !head.is_empty() && path.starts_with(head) => rest.to_string(),
+        _ => message.to_string(),
+    }
+}
+
 fn unique<'a>(errs: &mut Vec<(String, String)>, list: &str, names: impl Iterator<Item = &'a str>) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (i, n) in names.enumerate() {
@@ -347,6 +361,12 @@ mod tests {
         );
         assert_eq!(e.path(), Some("hooks[0].events[1]"));
         assert!(e.to_string().contains("did you mean `tool_result`"), "{e}");
+        assert_eq!(e.to_string().matches("hooks[0].events").count(), 1, "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("test.yaml: hooks[0].events[1]: unknown event `tool_reslt`"),
+            "{e}"
+        );
     }
 
     #[test]

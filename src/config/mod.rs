@@ -77,6 +77,9 @@ pub struct ModelConfig {
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
     pub organization: Option<String>,
+    /// Stream the answer (default true); false asks for one JSON answer,
+    /// for servers that cannot stream some requests.
+    pub stream: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]

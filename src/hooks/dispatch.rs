@@ -19,7 +19,7 @@ use crate::hooks::failure::{FailureClass, Fault, HookFailure};
 use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::provenance::VerdictRecord;
 use crate::hooks::stream::RunStream;
-use crate::hooks::verdict::{Action, ModelRequestAction, ScratchOp, Verdict};
+use crate::hooks::verdict::{Action, ModelRequestAction, ScratchOp, Verdict, VerdictKind};
 use crate::hooks::wire;
 use crate::model::ModelRequest;
 use crate::pb;
@@ -315,7 +315,7 @@ impl RunHooks {
                 (crate::telemetry::attrs::ERROR_TYPE, fault.class.name()),
             ],
         );
-        let mut rec = VerdictRecord::new(&cfg.name, kind, "continue", &fault.detail);
+        let mut rec = VerdictRecord::new(&cfg.name, kind, VerdictKind::Continue, &fault.detail);
         rec.failed_open = Some(fault.class);
         records.push(rec);
         Ok(())
@@ -410,7 +410,7 @@ impl RunHooks {
                 }
             };
             let name = hook.client.name().to_string();
-            let verdict_name = verdict.action.kind_name();
+            let verdict_kind = verdict.action.kind();
             let Verdict { meta, action } = verdict;
             match E::apply(&mut payload, action) {
                 Err(wrong) => {
@@ -425,7 +425,7 @@ impl RunHooks {
                     if meta.telemetry_redaction.is_some() {
                         redaction = meta.telemetry_redaction;
                     }
-                    let mut rec = VerdictRecord::new(&name, kind, verdict_name, &meta.reason);
+                    let mut rec = VerdictRecord::new(&name, kind, verdict_kind, &meta.reason);
                     match step {
                         Step::Continue { changed } => {
                             rec.fields_changed = changed.iter().map(|s| s.to_string()).collect();
@@ -527,7 +527,7 @@ impl RunHooks {
                 records.push(VerdictRecord::new(
                     hook,
                     kind,
-                    "terminate",
+                    VerdictKind::Terminate,
                     &terminate.reason,
                 ));
             }
@@ -537,7 +537,7 @@ impl RunHooks {
                     .find(|(h, _)| h == hook)
                     .map(|(_, r)| r.as_str())
                     .unwrap_or("");
-                records.push(VerdictRecord::new(hook, kind, "respond", reason));
+                records.push(VerdictRecord::new(hook, kind, VerdictKind::Respond, reason));
             }
         }
         records.extend(failed_open);
@@ -609,6 +609,10 @@ pub fn accept_verdict(
     verdict: pb::HookVerdict,
     baseline: Option<&ModelRequest>,
 ) -> Result<Verdict, Fault> {
+    if verdict.verdict.is_none() {
+        let e = wire::InvalidVerdict::MissingVerdict { expected: kind };
+        return Err(Fault::new(FailureClass::InvalidVerdict, e.to_string()));
+    }
     let v = Verdict::try_from(verdict)
         .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))?;
     let got = v.action.event();

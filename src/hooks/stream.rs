@@ -357,12 +357,78 @@ pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
     };
     let detail = match &cause {
         None => format!("{:?}: {}", status.code(), status.message()),
-        Some(c) => format!(
-            "{:?}: {} ({})",
-            status.code(),
-            status.message(),
-            c.text.trim_end_matches(": ")
-        ),
+        Some(_) => format!("{:?}: {}", status.code(), error_chain(status)),
     };
     Fault::new(class, detail)
+}
+
+/// Wrappers that add no words of their own to the error they carry.
+const GENERIC_ERRORS: [&str; 2] = ["transport error", "error"];
+
+/// A status message and its error sources as one line, each piece once:
+/// tonic, hyper and the OS tend to repeat each other ("tcp connect error
+/// (transport error: tcp connect error: tcp connect error: connection
+/// refused)" becomes "tcp connect error: connection refused").
+fn error_chain(status: &tonic::Status) -> String {
+    let mut parts = vec![status.message().to_string()];
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = src {
+        parts.push(e.to_string());
+        src = e.source();
+    }
+    // From the innermost cause outwards; a piece already said is dropped, and
+    // a piece that ends by quoting what follows keeps only its own words.
+    let mut out = String::new();
+    for part in parts.iter().rev() {
+        let part = part.trim().trim_end_matches(':').trim();
+        let part = part
+            .strip_suffix(out.as_str())
+            .map(|p| p.trim_end().trim_end_matches(':').trim_end())
+            .filter(|_| !out.is_empty())
+            .unwrap_or(part);
+        if part.is_empty() || GENERIC_ERRORS.contains(&part) || out.contains(part) {
+            continue;
+        }
+        out = if out.is_empty() {
+            part.to_string()
+        } else {
+            format!("{part}: {out}")
+        };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connection_is_said_once() {
+        // Bind then drop: a port nobody listens on.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_lazy();
+        let status = pb::hook_service_client::HookServiceClient::new(channel)
+            .describe(pb::DescribeRequest::default())
+            .await
+            .unwrap_err();
+        let f = classify_status(&status, false);
+        assert_eq!(f.class, FailureClass::Connect);
+        assert_eq!(
+            f.detail.matches("tcp connect error").count(),
+            1,
+            "{}",
+            f.detail
+        );
+        assert!(
+            f.detail.to_lowercase().contains("connection refused"),
+            "{}",
+            f.detail
+        );
+        assert!(!f.detail.contains("transport error"), "{}", f.detail);
+    }
 }

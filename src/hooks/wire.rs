@@ -16,12 +16,20 @@ use crate::pb;
 /// Largest verdict text field hookwire accepts (rewritten content, patches).
 pub const MAX_VERDICT_TEXT: usize = 4 * 1024 * 1024;
 
+/// What an empty verdict usually means: the server set its fields under
+/// names the encoder did not know, so they were dropped. The classic case is
+/// a Node.js server that loads the proto with @grpc/proto-loader's default
+/// options (camelCase names) and writes the proto's snake_case ones.
+pub const FIELD_NAMES_HINT: &str = "if your server did set it, its encoder did not know the field names: with Node.js @grpc/proto-loader, load the proto with keepCase: true (and longs: String, enums: String, oneofs: true, defaults: true) to use the proto's snake_case names, e.g. run_start, rewrite_input (see docs/writing-hooks.md, Node.js)";
+
 /// Why a wire verdict is not a valid domain verdict.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidVerdict {
-    #[error("verdict has no typed verdict set (expected the `{expected}` field)")]
+    #[error("verdict has no typed verdict field set (expected `{expected}`); {FIELD_NAMES_HINT}")]
     MissingVerdict { expected: EventKind },
-    #[error("{event} verdict has no action set")]
+    #[error("verdict has no typed verdict field set; {FIELD_NAMES_HINT}")]
+    NoVerdict,
+    #[error("{event} verdict has no action set (e.g. `proceed`); {FIELD_NAMES_HINT}")]
     MissingAction { event: EventKind },
     #[error("terminate needs a non-empty reason")]
     MissingReason,
@@ -492,11 +500,7 @@ impl TryFrom<pb::HookVerdict> for Verdict {
         };
         let missing = |event| InvalidVerdict::MissingAction { event };
         let action = match v.verdict {
-            None => {
-                return Err(InvalidVerdict::BadMessage(
-                    "verdict has no typed verdict field set".into(),
-                ))
-            }
+            None => return Err(InvalidVerdict::NoVerdict),
             Some(V::SessionStart(s)) => {
                 use pb::session_start_verdict::Action as A;
                 Action::SessionStart(match s.action.ok_or(missing(EventKind::SessionStart))? {

@@ -3,6 +3,7 @@
 
 mod convert;
 mod grpc;
+pub mod preflight;
 mod status;
 
 use std::collections::HashMap;
@@ -15,7 +16,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineSetupError};
+use crate::engine::EngineSetupError;
 use crate::hooks::registry::RegistryError;
 use crate::model::{ModelProvider, ModelSetupError};
 use crate::pb;
@@ -50,10 +51,6 @@ pub fn build_models(
 /// How long connections may stay open once runs drained at shutdown.
 const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
-/// How long start-up waits for hook servers to answer Describe before the
-/// service reports SERVING; unreachable hooks keep being retried after.
-const STARTUP_DESCRIBE: Duration = Duration::from_secs(3);
-
 /// Runs the service on `listener` until `shutdown` resolves, then drains:
 /// health goes NOT_SERVING, new runs are refused with UNAVAILABLE, in-flight
 /// runs get `server.shutdown_grace` to finish before they are cancelled.
@@ -82,9 +79,7 @@ pub async fn serve_with_admin(
             let _ = admin_stop_rx.await;
         }))
     });
-    let engine = Arc::new(Engine::new(config.clone(), build_models(&config)?, inst)?);
-    engine.registry().describe_all(STARTUP_DESCRIBE).await;
-    engine.registry().check_tool_ownership()?;
+    let engine = preflight::engine(&config, inst, Some(preflight::STARTUP_DESCRIBE)).await?;
     engine.registry().start();
 
     let (reporter, health) = tonic_health::server::health_reporter();

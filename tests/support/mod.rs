@@ -6,6 +6,7 @@
 pub mod fakellm;
 pub mod fault;
 pub mod go;
+pub mod node;
 pub mod python;
 pub mod script;
 
