@@ -1,6 +1,11 @@
 //! Fail closed with no holes: every failure class x every blocking run event
-//! x {closed, open}, against real misbehaving hook servers. Writes the
-//! resulting table to docs/failure-matrix.md when HOOKWIRE_WRITE_MATRIX=1.
+//! x {closed, open}, against real misbehaving hook servers.
+//!
+//! The matrix is [`CLASSES`] x [`EVENTS`]; docs/failure-matrix.md is
+//! rendered from the outcomes this test observed and must equal the
+//! published file, so the table cannot drift from what runs. To add a row,
+//! add it to `CLASSES` and regenerate the docs:
+//! `HOOKWIRE_WRITE_MATRIX=1 cargo test --test failure`.
 
 mod support;
 
@@ -35,16 +40,27 @@ enum Case {
     Tls,
 }
 
+/// The matrix's rows, in published order: the row's label, and the case.
+const CLASSES: &[(&str, Case)] = &[
+    ("connect", Case::Connect),
+    ("tls", Case::Tls),
+    ("stream_refused", Case::Fault(Misbehave::RefuseStream)),
+    ("deadline (no verdict)", Case::Fault(Misbehave::Hang)),
+    (
+        "late (verdict after deadline)",
+        Case::Fault(Misbehave::Late(Duration::from_millis(600))),
+    ),
+    ("stream_reset", Case::Fault(Misbehave::CloseStream)),
+    ("status", Case::Fault(Misbehave::Status)),
+    ("wrong_kind", Case::Fault(Misbehave::WrongKind)),
+    ("invalid_verdict", Case::Fault(Misbehave::Invalid)),
+    ("duplicate", Case::Fault(Misbehave::Duplicate)),
+    ("spurious", Case::Fault(Misbehave::Spurious)),
+];
+
+const MATRIX_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/failure-matrix.md");
+
 impl Case {
-    fn row(self) -> String {
-        match self {
-            Case::Fault(Misbehave::Late(_)) => "late (verdict after deadline)".into(),
-            Case::Fault(Misbehave::Hang) => "deadline (no verdict)".into(),
-            Case::Fault(m) => m.class().to_string(),
-            Case::Connect => "connect".into(),
-            Case::Tls => "tls".into(),
-        }
-    }
     fn class(self) -> &'static str {
         match self {
             Case::Fault(m) => m.class(),
@@ -65,6 +81,7 @@ fn name(k: K) -> String {
 }
 
 struct Cell {
+    row: &'static str,
     case: Case,
     event: K,
     closed: bool,
@@ -74,7 +91,7 @@ struct Cell {
     surfaced: K,
 }
 
-async fn cell(case: Case, event: K, closed: bool) -> Cell {
+async fn cell(row: &'static str, case: Case, event: K, closed: bool) -> Cell {
     let duplicate = matches!(case, Case::Fault(Misbehave::Duplicate));
     // A duplicate is only detectable once it arrived: it surfaces at the
     // hook's next blocking event (here: the next model_request).
@@ -130,7 +147,10 @@ async fn cell(case: Case, event: K, closed: bool) -> Cell {
         })
         .start()
         .await;
-    let timeout = if case.timing() { "150ms" } else { "5s" };
+    // The timing cases are late or missing by construction (the late
+    // answer comes 600 ms after the event arrived); every other answer comes
+    // at once, so 30 s is a margin no load crosses.
+    let timeout = if case.timing() { "150ms" } else { "30s" };
     let mut events: Vec<String> = std::iter::once(event)
         .chain(also.iter().copied())
         .map(name)
@@ -226,6 +246,7 @@ async fn cell(case: Case, event: K, closed: bool) -> Cell {
     );
     server.stop().await;
     Cell {
+        row,
         case,
         event,
         closed,
@@ -248,30 +269,17 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
         hookwire::telemetry::build(&opts, otlp::LogCapture::default().writer()).unwrap();
     tracing::dispatcher::set_global_default(dispatch).unwrap();
 
-    let cases = [
-        Case::Connect,
-        Case::Tls,
-        Case::Fault(Misbehave::RefuseStream),
-        Case::Fault(Misbehave::Hang),
-        Case::Fault(Misbehave::Late(Duration::from_millis(600))),
-        Case::Fault(Misbehave::CloseStream),
-        Case::Fault(Misbehave::Status),
-        Case::Fault(Misbehave::WrongKind),
-        Case::Fault(Misbehave::Invalid),
-        Case::Fault(Misbehave::Duplicate),
-        Case::Fault(Misbehave::Spurious),
-    ];
     let mut jobs = Vec::new();
-    for case in cases {
+    for &(row, case) in CLASSES {
         for event in EVENTS {
             for closed in [true, false] {
-                jobs.push((case, event, closed));
+                jobs.push((row, case, event, closed));
             }
         }
     }
     let total = jobs.len();
     let cells: Vec<Cell> = futures::stream::iter(jobs)
-        .map(|(c, e, p)| tokio::spawn(cell(c, e, p)))
+        .map(|(r, c, e, p)| tokio::spawn(cell(r, c, e, p)))
         .buffer_unordered(8)
         .map(|r| r.expect("cell panicked"))
         .collect()
@@ -316,8 +324,24 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
     }
     telemetry.shutdown().await;
 
+    let md = render(&cells);
+    if std::env::var_os("HOOKWIRE_WRITE_MATRIX").is_some() {
+        std::fs::write(MATRIX_DOC, &md).unwrap();
+    }
+    let published = std::fs::read_to_string(MATRIX_DOC).unwrap_or_default();
+    assert!(
+        published == md,
+        "docs/failure-matrix.md is not what this test observed; regenerate it with \
+         `HOOKWIRE_WRITE_MATRIX=1 cargo test --test failure` and review the diff.\n\
+         --- observed ---\n{md}"
+    );
+}
+
+/// docs/failure-matrix.md: the observed outcome of every cell.
+fn render(cells: &[Cell]) -> String {
     let mut md = String::from(
-        "# Failure matrix\n\nGenerated by `tests/failure.rs` (`HOOKWIRE_WRITE_MATRIX=1 cargo test --test failure`).\n\
+        "# Failure matrix\n\nGenerated by `tests/failure.rs`, which renders this file from the outcomes it observes and fails when\n\
+         the published file differs (regenerate with `HOOKWIRE_WRITE_MATRIX=1 cargo test --test failure`).\n\
          Each cell is a real run against a misbehaving hook server: the outcome with `failure: closed` / with `failure: open`.\n\
          Closed cells also assert the status names hook, event and class, and that no tool ran after a failure before the tool step;\n\
          open cells assert a failed-open provenance record carrying the class. Every cell also asserts the failure metric\n\
@@ -333,43 +357,33 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
         md.push_str("---|");
     }
     md.push('\n');
-    for case in cases {
-        md.push_str(&format!("| {} |", case.row()));
+    let short = |o: pb::RunOutcome| {
+        o.as_str_name()
+            .trim_start_matches("RUN_OUTCOME_")
+            .to_lowercase()
+    };
+    for &(row, _) in CLASSES {
+        md.push_str(&format!("| {row} |"));
         for e in EVENTS {
             let get = |closed: bool| {
                 cells
                     .iter()
-                    .find(|c| c.event == e && c.closed == closed && c.case.row() == case.row())
+                    .find(|c| c.event == e && c.closed == closed && c.row == row)
                     .unwrap()
+                    .outcome
             };
-            let short = |o: pb::RunOutcome| {
-                o.as_str_name()
-                    .trim_start_matches("RUN_OUTCOME_")
-                    .to_lowercase()
-            };
-            md.push_str(&format!(
-                " {} / {} |",
-                short(get(true).outcome),
-                short(get(false).outcome)
-            ));
+            md.push_str(&format!(" {} / {} |", short(get(true)), short(get(false))));
         }
         md.push('\n');
     }
     let example = cells
         .iter()
-        .find(|c| c.closed && matches!(c.case, Case::Fault(Misbehave::WrongKind)))
+        .find(|c| c.closed && c.row == "wrong_kind" && c.event == K::RunStart)
         .unwrap();
     md.push_str(&format!(
         "\nExample status text (wrong_kind on {}): `{}`\n",
         name(example.event),
         example.detail
     ));
-    println!("{md}");
-    if std::env::var("HOOKWIRE_WRITE_MATRIX").is_ok() {
-        std::fs::write(
-            concat!(env!("CARGO_MANIFEST_DIR"), "/docs/failure-matrix.md"),
-            md,
-        )
-        .unwrap();
-    }
+    md
 }

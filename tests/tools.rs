@@ -237,6 +237,13 @@ async fn approval_run(
     }
     let ran = owner.hook.tool_calls.lock().unwrap().len();
     server.stop().await;
+    // Every case below is about an approval that was asked for: a run that
+    // never asked would pass the loop above without checking anything.
+    let asked = events
+        .iter()
+        .filter(|e| matches!(e.event, Some(pb::run_event::Event::ApprovalRequested(_))))
+        .count();
+    assert_eq!(asked, 1, "one approval requested: {events:?}");
     (result_of(&events), events, ran)
 }
 
@@ -394,4 +401,184 @@ async fn a_tool_owned_by_two_hook_servers_is_a_startup_error() {
         msg.contains("`get_weather`") && msg.contains("`a1`") && msg.contains("`b1`"),
         "{msg}"
     );
+}
+
+/// The tool results in history: (content, is_error).
+fn history_results(messages: &[pb::Message]) -> Vec<(String, bool)> {
+    messages
+        .iter()
+        .flat_map(|m| m.blocks.iter())
+        .filter_map(|b| match &b.kind {
+            Some(pb::block::Kind::ToolResult(r)) => Some((r.content.clone(), r.is_error)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_tool_that_fails_to_execute_becomes_an_error_result_and_the_run_goes_on() {
+    // An error status, and an owner that never answers (only its timeout
+    // can end the call).
+    for (case, owner_extra) in [("status", ""), ("timeout", "timeout: 300ms")] {
+        let owner = FnHook::new("owner", &[])
+            .with_fallible_tool(weather_tool(), move |_, _| async move {
+                if case == "status" {
+                    Err(tonic::Status::internal("db down"))
+                } else {
+                    std::future::pending().await
+                }
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[("owner", &owner.addr, owner_extra)],
+            "tools: [get_weather]",
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let r = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            invoke(&mut c, &s, "weather"),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{case}: the run never ended"));
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::Completed,
+            "{case}: {}",
+            r.reason
+        );
+        assert_eq!(owner.hook.tool_calls.lock().unwrap().len(), 1, "{case}");
+        let results = history_results(&r.messages);
+        assert_eq!(results.len(), 1, "{case}: {results:?}");
+        let (content, is_error) = &results[0];
+        assert!(is_error, "{case}");
+        assert!(
+            content.starts_with("tool `get_weather` failed to execute: "),
+            "{case}: {content}"
+        );
+        // The model read it and answered with it.
+        assert_eq!(r.final_text, format!("Tool said: {content}"), "{case}");
+        assert_eq!(r.turns, 2, "{case}");
+        if case == "status" {
+            assert!(content.contains("db down"), "{content}");
+        }
+        server.stop().await;
+    }
+}
+
+fn tool_call_block(id: &str, city: &str) -> pb::Block {
+    pb::Block {
+        kind: Some(pb::block::Kind::ToolCall(pb::ToolCall {
+            id: id.into(),
+            name: "get_weather".into(),
+            arguments_json: format!(r#"{{"city":"{city}"}}"#),
+        })),
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_a_hook_puts_in_the_answer_are_executed() {
+    // rewrite_response turns turn 1's plain answer into a tool call;
+    // respond answers turn 1 with a tool call instead of the model.
+    let rewriter =
+        FnHook::new("rewriter", &[K::ModelResponse]).on_model_response(|ctx, _| async move {
+            let action = if ctx.turn == 1 {
+                pb::model_response_verdict::Action::RewriteResponse(pb::RewriteResponse {
+                    blocks: vec![
+                        pb::Block {
+                            kind: Some(pb::block::Kind::Text(pb::TextBlock {
+                                text: "Let me check Rome.".into(),
+                            })),
+                        },
+                        tool_call_block("rw-1", "Rome"),
+                    ],
+                })
+            } else {
+                pb::model_response_verdict::Action::Proceed(pb::Continue {})
+            };
+            Reply::new(pb::ModelResponseVerdict {
+                action: Some(action),
+            })
+        });
+    let responder =
+        FnHook::new("responder", &[K::ModelRequest]).on_model_request(|ctx, _| async move {
+            let action = if ctx.turn == 1 {
+                pb::model_request_verdict::Action::Respond(pb::Respond {
+                    text: "Checking Oslo.".into(),
+                    tool_calls: vec![pb::ToolCall {
+                        id: "rs-1".into(),
+                        name: "get_weather".into(),
+                        arguments_json: r#"{"city":"Oslo"}"#.into(),
+                    }],
+                })
+            } else {
+                pb::model_request_verdict::Action::Proceed(pb::Continue {})
+            };
+            Reply::new(pb::ModelRequestVerdict {
+                action: Some(action),
+            })
+        });
+    for (name, hook, want, id) in [
+        ("rewriter", rewriter, "Rome", "rw-1"),
+        ("responder", responder, "Oslo", "rs-1"),
+    ] {
+        let owner = weather_owner().start().await;
+        let hook = hook.start().await;
+        let server = TestServer::start(&config(
+            &[("owner", &owner.addr, ""), (name, &hook.addr, "")],
+            "tools: [get_weather]",
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let events = run_events(&mut c, &s, "hello").await;
+        let r = result_of(&events);
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::Completed,
+            "{name}: {}",
+            r.reason
+        );
+        let ran: Vec<String> = owner
+            .hook
+            .tool_calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(city)
+            .collect();
+        assert_eq!(ran, [want], "{name}: the hook's call was executed");
+        assert_eq!(
+            results_in_events(&events),
+            [(0, format!("sunny in {want}"))],
+            "{name}"
+        );
+        let t = texts(&r.messages);
+        assert!(
+            t.contains(&format!(r#"call:get_weather({{"city":"{want}"}})"#)),
+            "{name}: {t:?}"
+        );
+        let results: Vec<_> = r
+            .messages
+            .iter()
+            .flat_map(|m| m.blocks.iter())
+            .filter_map(|b| match &b.kind {
+                Some(pb::block::Kind::ToolResult(res)) => Some(res.call_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            results,
+            [id],
+            "{name}: the result answers the hook's call id"
+        );
+        assert_eq!(
+            r.final_text,
+            format!("Tool said: sunny in {want}"),
+            "{name}"
+        );
+        server.stop().await;
+    }
 }

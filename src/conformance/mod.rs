@@ -59,6 +59,10 @@ pub struct Options {
     pub principal: String,
     /// Its claims (EventContext.principal_claims).
     pub principal_claims: BTreeMap<String, String>,
+    /// How long past a deadline to keep waiting, so a late verdict is
+    /// reported as late rather than as missing. Default: the deadline,
+    /// between 1 s and 2 s.
+    pub grace: Option<Duration>,
 }
 
 impl Options {
@@ -72,6 +76,7 @@ impl Options {
             token: None,
             principal: script::DEFAULT_PRINCIPAL.into(),
             principal_claims: BTreeMap::from([("roles".to_string(), String::new())]),
+            grace: None,
         }
     }
 }
@@ -123,6 +128,8 @@ pub async fn check(opts: &Options) -> Result<Report, CheckError> {
         opts.timeout
             .clamp(Duration::from_secs(1), Duration::from_secs(10)),
         tls.as_ref(),
+        // The checker makes one connection and does not re-Describe.
+        Default::default(),
     )
     .map_err(CheckError::Endpoint)?;
     let credentials = match &opts.token {
@@ -228,13 +235,11 @@ pub async fn check(opts: &Options) -> Result<Report, CheckError> {
     } else {
         desc.name.as_str()
     };
-    let transcript = drive::run(
-        &scenario,
-        client,
-        hook_name,
-        drive::Timing::new(opts.timeout),
-    )
-    .await;
+    let mut timing = drive::Timing::new(opts.timeout);
+    if let Some(grace) = opts.grace {
+        timing.grace = grace;
+    }
+    let transcript = drive::run(&scenario, client, hook_name, timing).await;
 
     // Tool rows together: schema, arguments, then the call made in the run.
     for spec in &tools {

@@ -14,6 +14,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::config::{self, HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
+use crate::hooks::connector::{self, Connector};
 use crate::hooks::credentials::Credentials;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::failure_log::FailureLog;
@@ -59,7 +60,8 @@ pub struct HookClient {
     breaker: Mutex<Breaker>,
     /// Signalled when the breaker opens: `maintain` then probes the server.
     breaker_opened: Notify,
-    redescribe: Notify,
+    /// Describe again: a connection-level fault, or a connection ended.
+    redescribe: Arc<Notify>,
     failure_log: Mutex<FailureLog>,
     /// Where the breaker gauge lives (set once by the engine).
     metrics: OnceLock<Arc<Metrics>>,
@@ -103,6 +105,7 @@ pub struct HookSnapshot {
 
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const REDESCRIBE_PAUSE: Duration = Duration::from_millis(100);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(300);
 /// While the breaker is open the server is probed with Describe, first after
 /// [`PROBE_FIRST`], then backing off to [`PROBE_MAX`]: runs succeed again
@@ -120,14 +123,19 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// are re-read when they change and failures say what did not match; the
 /// channel itself is then given the `http://` form of the URL, because
 /// tonic refuses an `https://` URL without its own TLS.
+///
+/// `closed` is signalled whenever a connection ends, so the client can ask
+/// a (possibly restarted) server for its Describe again.
 pub fn connect(
     url: &str,
     connect_timeout: Duration,
     tls: Option<&HookTls>,
+    closed: Arc<Notify>,
 ) -> Result<Channel, String> {
     let endpoint = endpoint(url, connect_timeout)?;
     let Some(rest) = url.strip_prefix("https://") else {
-        return Ok(endpoint.connect_lazy());
+        let tcp = Connector::new(connector::plain_tcp(connect_timeout), closed);
+        return Ok(endpoint.connect_with_connector_lazy(tcp));
     };
     let default_tls;
     let tls = match tls {
@@ -152,7 +160,7 @@ pub fn connect(
             .map_err(|e| format!("tls.server_name `{name}`: {e}"))?;
         plain = plain.origin(origin);
     }
-    Ok(plain.connect_with_connector_lazy(tls.connector()))
+    Ok(plain.connect_with_connector_lazy(Connector::new(tls.connector(), closed)))
 }
 
 /// Whether `url` names this machine (plaintext is fine there).
@@ -209,10 +217,14 @@ impl HookClient {
             }
             None
         };
+        // A new connection may reach a restarted server with another
+        // Describe: every connection that ends asks for a fresh one.
+        let redescribe = Arc::new(Notify::new());
         let channel = connect(
             &config.endpoint,
             config.timeout.min(Duration::from_secs(10)),
             tls.as_ref(),
+            redescribe.clone(),
         )
         .map_err(|e| format!("{owner}: {e}"))?;
         let credentials = Credentials::new(&owner, &config.credentials, reload_interval)?;
@@ -228,7 +240,7 @@ impl HookClient {
             }),
             breaker: Mutex::new(breaker),
             breaker_opened: Notify::new(),
-            redescribe: Notify::new(),
+            redescribe,
             failure_log: Mutex::new(FailureLog::default()),
             metrics: OnceLock::new(),
         }))
@@ -315,7 +327,14 @@ impl HookClient {
             };
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = self.redescribe.notified() => {}
+                _ = self.redescribe.notified() => {
+                    // A server that ends every connection must not turn
+                    // this into a busy loop.
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(REDESCRIBE_PAUSE) => {}
+                    }
+                }
                 _ = self.breaker_opened.notified() => {
                     self.probe_until_closed(&cancel).await;
                 }

@@ -67,6 +67,11 @@ pub struct FaultHook {
     pub how: Misbehave,
     /// Blocking events received, all kinds.
     pub received: Arc<AtomicUsize>,
+    /// Events of kind `on` it misbehaved on, observe ones included
+    /// (counted once the misbehaviour was sent).
+    pub faulted: Arc<AtomicUsize>,
+    /// Signalled after each misbehaviour was sent.
+    pub fault_sent: Arc<tokio::sync::Notify>,
     /// Streams opened.
     pub streams: Arc<AtomicUsize>,
 }
@@ -155,6 +160,17 @@ fn wrong(kind: pb::EventKind) -> pb::hook_verdict::Verdict {
 
 type Out = Pin<Box<dyn Stream<Item = Result<pb::HookVerdict, Status>> + Send>>;
 
+/// Counts a misbehaviour, and signals it, once it was sent (at the end of
+/// its scope, `return` included).
+struct Faulted(Arc<AtomicUsize>, Arc<tokio::sync::Notify>);
+
+impl Drop for Faulted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        self.1.notify_waiters();
+    }
+}
+
 #[tonic::async_trait]
 impl pb::hook_service_server::HookService for FaultHook {
     async fn describe(
@@ -195,14 +211,38 @@ impl pb::hook_service_server::HookService for FaultHook {
             let mut in_flight = 0;
             while let Ok(Some(ev)) = inbound.message().await {
                 if !ev.expects_verdict {
-                    if this.how == Misbehave::AnswerObserve && ev.kind == this.on as i32 {
-                        let _ = tx
-                            .send(Ok(pb::HookVerdict {
-                                seq: ev.seq,
-                                verdict: Some(proceed(pb::EventKind::TurnEnd)),
-                                ..Default::default()
-                            }))
-                            .await;
+                    // An observe event (observe-only kind, or a hook with
+                    // mode: observe): the same misbehaviour where it applies.
+                    if ev.kind != this.on as i32 {
+                        continue;
+                    }
+                    let _faulted = Faulted(this.faulted.clone(), this.fault_sent.clone());
+                    let answer = pb::HookVerdict {
+                        seq: ev.seq,
+                        verdict: Some(proceed(pb::EventKind::TurnEnd)),
+                        ..Default::default()
+                    };
+                    match this.how {
+                        Misbehave::Status => {
+                            let _ = tx.send(Err(Status::internal("injected failure"))).await;
+                            return;
+                        }
+                        Misbehave::CloseStream => return,
+                        Misbehave::AnswerObserve
+                        | Misbehave::WrongKind
+                        | Misbehave::Invalid
+                        | Misbehave::Spurious => {
+                            let _ = tx.send(Ok(answer)).await;
+                        }
+                        Misbehave::Duplicate => {
+                            let _ = tx.send(Ok(answer.clone())).await;
+                            let _ = tx.send(Ok(answer)).await;
+                        }
+                        Misbehave::Hang
+                        | Misbehave::Late(_)
+                        | Misbehave::RefuseStream
+                        | Misbehave::Deaf
+                        | Misbehave::LatestSeq(_) => {}
                     }
                     continue;
                 }
@@ -217,6 +257,7 @@ impl pb::hook_service_server::HookService for FaultHook {
                     let _ = tx.send(Ok(ok)).await;
                     continue;
                 }
+                let _faulted = Faulted(this.faulted.clone(), this.fault_sent.clone());
                 match this.how {
                     Misbehave::Hang
                     | Misbehave::RefuseStream
@@ -294,6 +335,17 @@ impl pb::hook_service_server::HookService for FaultHook {
 }
 
 impl FaultHook {
+    /// Waits until it misbehaved `n` times in all.
+    pub async fn wait_faulted(&self, n: usize) {
+        loop {
+            let sent = self.fault_sent.notified();
+            if self.faulted.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            sent.await;
+        }
+    }
+
     pub fn new(on: pb::EventKind, how: Misbehave, also: &[pb::EventKind]) -> FaultHook {
         let mut events = vec![on];
         events.extend_from_slice(also);
@@ -302,6 +354,8 @@ impl FaultHook {
             on,
             how,
             received: Default::default(),
+            faulted: Default::default(),
+            fault_sent: Default::default(),
             streams: Default::default(),
         }
     }

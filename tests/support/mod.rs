@@ -12,6 +12,7 @@ pub mod jwt;
 pub mod node;
 pub mod python;
 pub mod raw;
+pub mod script;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -206,10 +207,15 @@ pub fn verdicts(events: &[pb::RunEvent]) -> Vec<pb::HookVerdictApplied> {
 
 type Fut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Handler<E, V> = Arc<dyn Fn(Ctx, E) -> Fut<Reply<V>> + Send + Sync>;
-type ToolFn = Arc<dyn Fn(Ctx, pb::ToolCall) -> Fut<pb::CallToolResponse> + Send + Sync>;
+type ObserveFn = Arc<dyn Fn(Ctx, pb::HookEvent) -> Fut<()> + Send + Sync>;
+type ToolFn = Arc<
+    dyn Fn(Ctx, pb::ToolCall) -> Fut<Result<pb::CallToolResponse, tonic::Status>> + Send + Sync,
+>;
 
 /// A hook whose behaviour per event is a closure; every event it receives
-/// is recorded (kind name, and the full event).
+/// is recorded (kind name, and the full event). Blocking events are rebuilt
+/// from what the handler gets (seq 0, expects_verdict true); to read seqs
+/// and streams as sent, use `script::ScriptHook`.
 #[derive(Clone, Default)]
 pub struct FnHook {
     name: String,
@@ -227,6 +233,7 @@ pub struct FnHook {
     tool_call: Option<Handler<pb::ToolCallEvent, pb::ToolCallVerdict>>,
     tool_result: Option<Handler<pb::ToolResultEvent, pb::ToolResultVerdict>>,
     turn_end: Option<Handler<pb::TurnEndEvent, pb::TurnEndVerdict>>,
+    observe: Option<ObserveFn>,
     tool: Option<ToolFn>,
 }
 
@@ -296,11 +303,34 @@ impl FnHook {
     );
     on!(on_turn_end, turn_end, pb::TurnEndEvent, pb::TurnEndVerdict);
 
+    /// What to do with events that expect no verdict, after recording them.
+    pub fn on_observe<F, R>(mut self, f: F) -> Self
+    where
+        F: Fn(Ctx, pb::HookEvent) -> R + Send + Sync + 'static,
+        R: Future<Output = ()> + Send + 'static,
+    {
+        self.observe = Some(Arc::new(move |c, e| Box::pin(f(c, e))));
+        self
+    }
+
     /// Declares a tool and how to execute it.
-    pub fn with_tool<F, R>(mut self, spec: pb::ToolSpec, f: F) -> Self
+    pub fn with_tool<F, R>(self, spec: pb::ToolSpec, f: F) -> Self
     where
         F: Fn(Ctx, pb::ToolCall) -> R + Send + Sync + 'static,
         R: Future<Output = pb::CallToolResponse> + Send + 'static,
+    {
+        let f = Arc::new(f);
+        self.with_fallible_tool(spec, move |c, e| {
+            let f = f.clone();
+            async move { Ok(f(c, e).await) }
+        })
+    }
+
+    /// Declares a tool whose execution may answer a gRPC error status.
+    pub fn with_fallible_tool<F, R>(mut self, spec: pb::ToolSpec, f: F) -> Self
+    where
+        F: Fn(Ctx, pb::ToolCall) -> R + Send + Sync + 'static,
+        R: Future<Output = Result<pb::CallToolResponse, tonic::Status>> + Send + 'static,
     {
         self.tools.push(spec);
         self.tool = Some(Arc::new(move |c, e| Box::pin(f(c, e))));
@@ -521,8 +551,11 @@ impl Hook for FnHook {
             })
         )
     }
-    async fn observe(&self, _ctx: &Ctx, ev: pb::HookEvent) {
-        self.push(ev);
+    async fn observe(&self, ctx: &Ctx, ev: pb::HookEvent) {
+        self.push(ev.clone());
+        if let Some(f) = &self.observe {
+            f(ctx.clone(), ev).await;
+        }
     }
     async fn call_tool(
         &self,
@@ -531,7 +564,7 @@ impl Hook for FnHook {
     ) -> Result<pb::CallToolResponse, tonic::Status> {
         self.tool_calls.lock().unwrap().push(call.clone());
         match &self.tool {
-            Some(f) => Ok(f(ctx.clone(), call).await),
+            Some(f) => f(ctx.clone(), call).await,
             None => Err(tonic::Status::unimplemented("no tool")),
         }
     }
