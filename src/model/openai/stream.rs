@@ -116,7 +116,10 @@ impl Assembler {
                     let index = call.index.unwrap_or_else(|| {
                         // A server that sends whole calls without an index:
                         // each one is a new call.
-                        self.calls.keys().next_back().map_or(pos as u32, |k| k + 1)
+                        self.calls
+                            .keys()
+                            .next_back()
+                            .map_or(pos as u32, |k| k.saturating_add(1))
                     });
                     let slot = self.calls.entry(index).or_default();
                     if let Some(id) = call.id.filter(|s| !s.is_empty()) {
