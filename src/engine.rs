@@ -11,7 +11,8 @@ use tokio::time::Instant;
 
 use crate::agent::approvals::{ApprovalError, Approvals, Decision};
 use crate::agent::events::{RunEvent, RunReport};
-use crate::agent::runner::{drive, AgentRuntime, Run};
+use crate::agent::contain::drive_contained;
+use crate::agent::runner::{AgentRuntime, Run};
 use crate::config::Config;
 use crate::event::{nearest, EventKind};
 use crate::hooks::client::{HookClient, HookSnapshot};
@@ -363,7 +364,7 @@ impl Engine {
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
         let task = tokio::spawn(async move {
-            let report = drive(run.clone(), transcript, input)
+            let report = drive_contained(run.clone(), transcript, input)
                 .instrument(span.clone())
                 .await;
             let outcome = report.outcome.name();

@@ -40,6 +40,15 @@ impl Approvals {
             .remove(&(run_id.to_string(), call_id.to_string()));
     }
 
+    /// Withdraws every pending approval of a run (it ended, or its driver
+    /// panicked): a late `ResolveApproval` then gets NOT_FOUND.
+    pub fn withdraw_run(&self, run_id: &str) {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(run, _), _| run != run_id);
+    }
+
     pub fn resolve(&self, run_id: &str, call_id: &str, d: Decision) -> Result<(), ApprovalError> {
         let tx = self
             .pending

@@ -120,6 +120,15 @@ impl Run {
         }
     }
 
+    /// The notable verdicts so far (for a report built outside the drive
+    /// loop, e.g. after a panic: a poisoned lock still yields its records).
+    pub fn verdict_records(&self) -> Vec<VerdictRecord> {
+        self.records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     pub fn emit_records(&self, records: &[VerdictRecord]) {
         for r in records.iter().filter(|r| r.is_notable()) {
             self.records.lock().unwrap().push(r.clone());

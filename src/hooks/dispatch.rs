@@ -593,7 +593,13 @@ impl RunHooks {
     /// Half-closes every open stream (after run_end / session events).
     pub fn close(&self) {
         for h in &self.hooks {
-            if let Some((s, _active)) = h.stream.lock().unwrap().take() {
+            // Also after a panic poisoned the lock: the stream must close.
+            let taken = h
+                .stream
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some((s, _active)) = taken {
                 self.retire(h, &s);
             }
         }

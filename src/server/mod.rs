@@ -73,6 +73,20 @@ pub async fn serve_with_admin(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let models = build_models(&config)?;
+    serve_with_models(listener, admin, config, models, shutdown).await
+}
+
+/// [`serve_with_admin`] with the model providers given rather than built
+/// from `config.models` (one per configured model name): the seam for tests
+/// and embedders that bring a provider of their own.
+pub async fn serve_with_models(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    config: Config,
+    models: HashMap<String, Arc<dyn ModelProvider>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let inst = Instruments::new(&config.telemetry);
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -82,7 +96,7 @@ pub async fn serve_with_admin(
             let _ = admin_stop_rx.await;
         }))
     });
-    let engine = Arc::new(Engine::new(config.clone(), build_models(&config)?, inst)?);
+    let engine = Arc::new(Engine::new(config.clone(), models, inst)?);
     engine.registry().describe_all(STARTUP_DESCRIBE).await;
     engine.registry().check_tool_ownership()?;
     engine.registry().start();

@@ -75,6 +75,11 @@ struct RunLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentLabels {
+    agent: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
     model: String,
     provider: String,
@@ -101,6 +106,7 @@ pub struct Metrics {
     breaker_open: Family<HookLabels, Gauge>,
     runs: Family<RunLabels, Counter>,
     run_duration: HistogramFamily<RunLabels>,
+    run_panics: Family<AgentLabels, Counter>,
     model_call_duration: HistogramFamily<ModelLabels>,
     model_tokens: Family<TokenLabels, Counter>,
     active_runs: Gauge,
@@ -166,6 +172,12 @@ impl Metrics {
             Unit::Seconds,
             run_duration.clone(),
         );
+        let run_panics = Family::default();
+        registry.register(
+            "hookwire_run_panics",
+            "Runs ended by a panic inside hookwire (outcome failed, reason internal error): each one is a bug",
+            run_panics.clone(),
+        );
         let model_call_duration =
             HistogramFamily::new_with_constructor(model_histogram as fn() -> _);
         registry.register_with_unit(
@@ -202,6 +214,7 @@ impl Metrics {
             breaker_open,
             runs,
             run_duration,
+            run_panics,
             model_call_duration,
             model_tokens,
             active_runs,
@@ -281,6 +294,15 @@ impl Metrics {
         self.run_duration
             .get_or_create(&labels)
             .observe(duration.as_secs_f64());
+    }
+
+    /// A run whose driver panicked (it also counts in `runs` as failed).
+    pub fn run_panicked(&self, agent: &str) {
+        self.run_panics
+            .get_or_create(&AgentLabels {
+                agent: agent.to_owned(),
+            })
+            .inc();
     }
 
     /// One provider call. Token counts are `None` when the provider reported
@@ -383,6 +405,7 @@ mod tests {
         m.observe_dropped("audit");
         m.breaker_state("redact", true);
         m.run_finished("support", "completed", Duration::from_secs(2));
+        m.run_panicked("support");
         m.model_call(
             "gpt",
             "openai",
@@ -402,6 +425,7 @@ mod tests {
             r#"hookwire_hook_breaker_open{hook="redact"} 1"#,
             r#"hookwire_runs_total{agent="support",outcome="completed"} 1"#,
             r#"hookwire_run_duration_seconds_count{agent="support",outcome="completed"} 1"#,
+            r#"hookwire_run_panics_total{agent="support"} 1"#,
             r#"hookwire_model_call_duration_seconds_count{model="gpt",provider="openai"} 2"#,
             r#"hookwire_model_tokens_total{model="gpt",provider="openai",token_type="input"} 15"#,
             r#"hookwire_model_tokens_total{model="gpt",provider="openai",token_type="output"} 5"#,
