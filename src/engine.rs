@@ -10,8 +10,8 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use crate::agent::approvals::{ApprovalError, Approvals, Decision};
-use crate::agent::events::{RunEvent, RunReport};
 use crate::agent::contain::drive_contained;
+use crate::agent::events::{RunEvent, RunReport};
 use crate::agent::runner::{AgentRuntime, Run};
 use crate::config::Config;
 use crate::event::{nearest, EventKind};

@@ -163,11 +163,12 @@ mod tests {
     async fn a_panic_ends_the_run_failed_withdraws_its_approvals_and_tells_the_client() {
         let approvals = Arc::new(Approvals::default());
         let (run, mut events) = run(approvals.clone());
-        let other = approvals.register("another-run", "c1");
+        let other = approvals.register("another-run", "c1", None);
         let r = run.clone();
         let report = contain(run.clone(), async move {
-            // A call of this run waits for approval when the run panics.
-            let _waiting = r.approvals.register(&r.run_id, "c1");
+            // A call of this run waits for approval when the run panics (its
+            // request guard forgotten, to check the sweep on its own).
+            std::mem::forget(r.approvals.register(&r.run_id, "c1", None));
             tokio::task::yield_now().await;
             panic!("injected");
         })

@@ -10,11 +10,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::approvals::{Approvals, Decision};
-use crate::agent::batch::{run_batch, CallOutcome};
+use crate::agent::batch::{run_batch, BatchStop, CallOutcome};
 use crate::agent::events::{RunEvent, RunReport};
 use crate::agent::machine::*;
 use crate::agent::outcome::RunOutcome;
-use crate::agent::tools::process_call;
+use crate::agent::tools::{process_call, screen_call};
 use crate::config::{AgentConfig, StreamDeltas};
 use crate::event::EventKind;
 use crate::hooks::compose::{
@@ -136,7 +136,9 @@ impl Run {
         }
     }
 
-    /// Pauses a call for approval; `None` means approved.
+    /// Pauses a call for approval; `None` means approved. The request is
+    /// withdrawn when the batch stops (the call is then `Halted`), and
+    /// however else the wait ends.
     pub async fn ask_approval(
         &self,
         turn: u32,
@@ -144,6 +146,7 @@ impl Run {
         call: &ToolCall,
         hook: &str,
         ask: Ask,
+        stop: &BatchStop,
     ) -> Option<CallOutcome> {
         let denied = |content: String| {
             Some(CallOutcome::Result(crate::message::ToolResult {
@@ -160,8 +163,13 @@ impl Run {
                 call.name, ask.question
             ))));
         }
+        if stop.is_stopped() {
+            return Some(CallOutcome::Halted);
+        }
         let timeout = ask.timeout.unwrap_or(self.agent.config.approval_timeout);
-        let rx = self.approvals.register(&self.run_id, &call.id);
+        let mut pending =
+            self.approvals
+                .register(&self.run_id, &call.id, Some(stop.token().clone()));
         self.emit(RunEvent::ApprovalRequested {
             turn,
             index,
@@ -170,9 +178,16 @@ impl Run {
             hook: hook.to_string(),
             timeout,
         });
-        let decision =
-            tokio::time::timeout_at((Instant::now() + timeout).min(self.deadline), rx).await;
-        self.approvals.withdraw(&self.run_id, &call.id);
+        // The hook's timeout is a number from the hook: never past the run.
+        let until = Instant::now()
+            .checked_add(timeout)
+            .map_or(self.deadline, |t| t.min(self.deadline));
+        let decision = tokio::select! {
+            biased;
+            _ = stop.stopped() => return Some(CallOutcome::Halted),
+            d = tokio::time::timeout_at(until, &mut pending.answer) => d,
+        };
+        drop(pending);
         match decision {
             Ok(Ok(Decision { approve: true, .. })) => None,
             Ok(Ok(Decision {
@@ -233,11 +248,19 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
     // model_response hooks decided what the output content is.
     let mut input_redaction: Option<String> = None;
     let mut chat_span: Option<Span> = None;
+    // The tools offered to the model call in flight (the agent's, narrowed
+    // by model_request patches): its tool calls may only name these.
+    let mut offered = tools.clone();
     let ending = loop {
         for ev in machine.drain_events() {
             run.emit(ev);
         }
         let turn = machine.turn();
+        if matches!(step, Step::ModelRequest(_)) {
+            // Until a model call narrows them (a hook's `respond` replaces
+            // the call): the agent's tools.
+            offered = tools.clone();
+        }
         let feed = match step {
             Step::Finish(ending) => break ending,
             Step::RunStart(input) => Feed::RunStart(
@@ -280,6 +303,7 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                 .await,
             ),
             Step::CallModel(request) => {
+                offered = Arc::new(request.tools.clone());
                 let (r, sent, span) =
                     call_model(&run, turn, &request, input_redaction.take()).await;
                 sent_deltas = sent;
@@ -303,11 +327,23 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                 let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
                 let concurrency = cfg.tool_concurrency;
                 let r = run
-                    .guarded(run_batch(calls.len(), concurrency, |i| {
-                        let span = spans::execute_tool(&calls[i].name, &calls[i].id);
-                        process_call(run.clone(), turn, i as u32, calls[i].clone(), tools.clone())
+                    .guarded(run_batch(
+                        calls.len(),
+                        concurrency,
+                        |i| screen_call(&run, turn, &calls[i], &offered),
+                        |i, stop| {
+                            let span = spans::execute_tool(&calls[i].name, &calls[i].id);
+                            process_call(
+                                run.clone(),
+                                turn,
+                                i as u32,
+                                calls[i].clone(),
+                                offered.clone(),
+                                stop,
+                            )
                             .instrument(span)
-                    }))
+                        },
+                    ))
                     .await;
                 Feed::ToolBatch(r)
             }
@@ -443,8 +479,11 @@ async fn review_response(
         .chain::<ModelResponseChain>(turn, response, |r| Payload::ModelResponse(r.clone()))
         .await;
     let held = std::mem::take(&mut *run.held.lock().unwrap());
-    let out = out.map_err(Stop::HookFailed)?;
+    let mut out = out.map_err(Stop::HookFailed)?;
     run.emit_records(&out.records);
+    if let Some(m) = out.payload.message.as_mut() {
+        m.fill_missing_call_ids(&call_id_prefix(&run.run_id, turn));
+    }
     let rewritten = out.payload.message().text() != original_text;
     let retract = |reason: &str| {
         if sent_deltas {
@@ -489,6 +528,17 @@ async fn review_response(
             Err(terminate(hook, t))
         }
     }
+}
+
+/// Ids hookwire gives tool calls that came without one: unique per run
+/// (a run-id fragment) and turn, short, letters, digits and `_` only.
+fn call_id_prefix(run_id: &str, turn: u32) -> String {
+    let short: String = run_id
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(12)
+        .collect();
+    format!("hw_{short}_{turn}_")
 }
 
 fn finish(run: &Run, mut ending: Ending) -> RunReport {

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span};
 
 use crate::config::FailurePolicy;
@@ -31,6 +32,15 @@ struct RunHook {
     /// The run's stream to this hook, with its active-streams gauge share.
     stream: Mutex<Option<(Arc<RunStream>, ActiveGuard)>>,
     detached: AtomicBool,
+    /// Set when the hook failed with `failure: closed`: the run is over, and
+    /// the hook is never called again in it (not even on a fresh stream).
+    failed: Mutex<Option<HookFailure>>,
+}
+
+impl RunHook {
+    fn failed(&self) -> Option<HookFailure> {
+        self.failed.lock().unwrap().clone()
+    }
 }
 
 /// Counters a run's hooks produce, for metrics and tests.
@@ -82,6 +92,7 @@ impl RunHooks {
                     client,
                     stream: Mutex::new(None),
                     detached: AtomicBool::new(false),
+                    failed: Mutex::new(None),
                 })
                 .collect(),
             ctx,
@@ -293,11 +304,16 @@ impl RunHooks {
             "hook failed"
         );
         if cfg.failure == FailurePolicy::Closed && !hook.client.is_observe() {
-            return Err(HookFailure {
+            let failure = HookFailure {
                 hook: cfg.name.clone(),
                 event: kind,
                 fault,
-            });
+            };
+            hook.failed
+                .lock()
+                .unwrap()
+                .get_or_insert_with(|| failure.clone());
+            return Err(failure);
         }
         if cfg.detach_on_failure {
             hook.detached.store(true, Ordering::Relaxed);
@@ -360,7 +376,17 @@ impl RunHooks {
                 let deadline = *deadline.get_or_insert_with(|| self.event_deadline());
                 let trace = propagation::current_trace_context(&Span::current());
                 let ev = self.wire_event(turn, payload, deadline, &trace);
-                if !self.stream(hook, &trace).send_observe(ev) {
+                let stream = if hook.failed().is_some() {
+                    // A hook that failed closed gets no fresh stream; an
+                    // intact one still carries run_end.
+                    match hook.stream.lock().unwrap().as_ref() {
+                        Some((s, _)) if s.poisoned().is_none() => s.clone(),
+                        _ => continue,
+                    }
+                } else {
+                    self.stream(hook, &trace)
+                };
+                if !stream.send_observe(ev) {
                     self.stats.observe_dropped.fetch_add(1, Ordering::Relaxed);
                     self.inst.metrics.observe_dropped(hook.client.name());
                     tracing::debug!(hook = %hook.client.name(), event = %kind, "observe event dropped");
@@ -380,9 +406,35 @@ impl RunHooks {
     pub async fn chain<E: ChainEvent>(
         &self,
         turn: u32,
-        mut payload: E::Payload,
+        payload: E::Payload,
         to_wire: impl Fn(&E::Payload) -> Payload,
     ) -> Result<ChainOutcome<E>, HookFailure> {
+        match self.run_chain(turn, payload, to_wire, None).await? {
+            Some(out) => Ok(out),
+            None => unreachable!("a chain without a stop signal never halts"),
+        }
+    }
+
+    /// [`RunHooks::chain`] that checks `stop` before each hook call: `None`
+    /// when it was stopped before calling every hook (the caller's batch is
+    /// over; the payload is dropped).
+    pub async fn chain_until<E: ChainEvent>(
+        &self,
+        turn: u32,
+        payload: E::Payload,
+        to_wire: impl Fn(&E::Payload) -> Payload,
+        stop: &CancellationToken,
+    ) -> Result<Option<ChainOutcome<E>>, HookFailure> {
+        self.run_chain(turn, payload, to_wire, Some(stop)).await
+    }
+
+    async fn run_chain<E: ChainEvent>(
+        &self,
+        turn: u32,
+        mut payload: E::Payload,
+        to_wire: impl Fn(&E::Payload) -> Payload,
+        halt: Option<&CancellationToken>,
+    ) -> Result<Option<ChainOutcome<E>>, HookFailure> {
         let kind = E::KIND;
         let event_deadline = self.event_deadline();
         let mut records = Vec::new();
@@ -391,6 +443,9 @@ impl RunHooks {
             if hook.client.is_observe() {
                 continue;
             }
+            if halt.is_some_and(CancellationToken::is_cancelled) {
+                return Ok(None);
+            }
             match self.participates(hook, kind, event_deadline).await {
                 Ok(true) => {}
                 Ok(false) => continue,
@@ -398,6 +453,9 @@ impl RunHooks {
                     self.policy(hook, kind, f, &mut records, &Span::current())?;
                     continue;
                 }
+            }
+            if let Some(f) = hook.failed() {
+                return Err(f);
             }
             let (result, span) = self
                 .call(hook, turn, &to_wire(&payload), event_deadline)
@@ -434,24 +492,24 @@ impl RunHooks {
                         Step::Stop(stop) => {
                             records.push(rec);
                             self.notify_observers(turn, kind, || to_wire(&payload), true);
-                            return Ok(ChainOutcome {
+                            return Ok(Some(ChainOutcome {
                                 payload,
                                 stop: Some((name, stop)),
                                 records,
                                 redaction,
-                            });
+                            }));
                         }
                     }
                 }
             }
         }
         self.notify_observers(turn, kind, || to_wire(&payload), true);
-        Ok(ChainOutcome {
+        Ok(Some(ChainOutcome {
             payload,
             stop: None,
             records,
             redaction,
-        })
+        }))
     }
 
     /// `model_request`: every subscribed hook is called concurrently on the

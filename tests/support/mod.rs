@@ -672,6 +672,8 @@ pub fn weather_tool() -> pb::ToolSpec {
 
 /// Scripted model rules shared by the suites.
 pub const SCRIPTED_RULES: &str = r#"
+      - when: { last_user_contains: "mixed calls" }
+        tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { town: "Oslo" } } ]
       - when: { last_user_contains: "three tools" }
         tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { city: "Oslo" } }, { name: get_weather, arguments: { city: "Rome" } } ]
       - when: { last_user_contains: "bad args" }
