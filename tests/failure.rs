@@ -76,8 +76,9 @@ struct Cell {
 
 async fn cell(case: Case, event: K, closed: bool) -> Cell {
     let duplicate = matches!(case, Case::Fault(Misbehave::Duplicate));
-    // A duplicate is only detectable once it arrived: it surfaces at the
-    // hook's next blocking event (here: the next model_request).
+    // A duplicate is only detectable once it arrived: it stops the run at
+    // the next step, or at the latest at the hook's next blocking event
+    // (here: the next model_request), named after the duplicated event.
     let also: Vec<K> = if duplicate && event != K::ModelRequest {
         vec![K::ModelRequest]
     } else {
@@ -165,7 +166,7 @@ async fn cell(case: Case, event: K, closed: bool) -> Cell {
     let r = invoke(&mut c, &s, input).await;
     let outcome = pb::RunOutcome::try_from(r.outcome).unwrap();
     let class = case.class();
-    let surfaced = if duplicate { K::ModelRequest } else { event };
+    let surfaced = event;
     if closed {
         assert_eq!(
             outcome,
@@ -292,11 +293,16 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
             })
             .unwrap_or_else(|| panic!("{:?} on {:?}: no run span", c.case, c.event));
         let hook_span = format!("hook fault {}", name(c.surfaced));
+        // A duplicate noticed while the hook's next event was in flight
+        // fails that event's call (its span), still naming the duplicated
+        // event in the status and the metric.
+        let in_flight = matches!(c.case, Case::Fault(Misbehave::Duplicate))
+            .then(|| format!("hook fault {}", name(K::ModelRequest)));
         let failed: Vec<_> = spans
             .iter()
             .filter(|s| {
                 s.trace_id == root.trace_id
-                    && s.name == hook_span
+                    && (s.name == hook_span || Some(&s.name) == in_flight.as_ref())
                     && s.attr(attrs::ERROR_TYPE) == Some(c.case.class())
             })
             .collect();
@@ -323,7 +329,8 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
          open cells assert a failed-open provenance record carrying the class. Every cell also asserts the failure metric\n\
          (`hookwire_hook_failures_total{hook,event,class}`, plus `hookwire_hook_fail_open_total` when open) and the exported\n\
          `hook fault {event}` span with `error.type` = class (plus a `hook.failed_open` span event when open).\n\
-         A duplicate verdict surfaces at the hook's next blocking event.\n\n| class |",
+         A duplicate verdict stops the run at its next step (at the latest at the hook's next blocking event), and the\n\
+         failure names the event that was answered twice.\n\n| class |",
     );
     for e in EVENTS {
         md.push_str(&format!(" {} |", name(e)));
@@ -372,4 +379,178 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
         )
         .unwrap();
     }
+}
+
+/// Awaits `f`, failing (not hanging) the test if it never ends: a hang
+/// detector, not a timing assertion.
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("never happened: {what}"))
+}
+
+/// The issue's scenario: a closed guard subscribed only to `run_start`
+/// answers it twice. The duplicate arrives while the run goes on (here: once
+/// a later hook holds the run at `model_request`, or inside the tool batch
+/// at `tool_call`, after that step's own check) and stops the run before its
+/// next step or `CallTool`: no tool runs, and the failure names run_start
+/// (the event it was seen after), logged and counted once.
+#[tokio::test]
+async fn a_duplicate_verdict_stops_the_run_at_its_next_step_not_at_its_end() {
+    for held_at in [K::ModelRequest, K::ToolCall] {
+        let (logs, _guard) =
+            support::logwatch::LogWatch::install("info,hookwire::hooks::stream=debug");
+        let release = Arc::new(tokio::sync::Notify::new());
+        let mut fault = FaultHook::new(K::RunStart, Misbehave::Duplicate, &[]);
+        fault.release = Some(release.clone());
+        let (fault_addr, _fault_task) = fault.start().await;
+        let owner = weather_owner().start().await;
+        let (l, r) = (logs.clone(), release.clone());
+        let holder = FnHook::new("holder", &[held_at]);
+        let holder = match held_at {
+            K::ModelRequest => holder.on_model_request(move |_, _| {
+                let (l, r) = (l.clone(), r.clone());
+                async move {
+                    r.notify_one();
+                    l.wait_for(&["hook stream fault", "class=duplicate"]).await;
+                    Reply::new(pb::ModelRequestVerdict {
+                        action: Some(pb::model_request_verdict::Action::Proceed(pb::Continue {})),
+                    })
+                }
+            }),
+            _ => holder.on_tool_call(move |_, _| {
+                let (l, r) = (l.clone(), r.clone());
+                async move {
+                    r.notify_one();
+                    l.wait_for(&["hook stream fault", "class=duplicate"]).await;
+                    Reply::new(pb::ToolCallVerdict {
+                        action: Some(pb::tool_call_verdict::Action::Proceed(pb::Continue {})),
+                    })
+                }
+            }),
+        };
+        let holder = holder.start().await;
+        let (server, admin) = TestServer::start_with_admin(&config(
+            &[
+                ("fault", &fault_addr, "events: [run_start]\npriority: 5"),
+                ("owner", &owner.addr, ""),
+                ("holder", &holder.addr, "timeout: 60s"),
+            ],
+            "tools: [get_weather]\nevent_budget: 60s",
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let r = bounded("the run ends", invoke(&mut c, &s, "weather")).await;
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::HookFailed,
+            "held at {held_at:?}: {}",
+            r.reason
+        );
+        assert!(
+            r.reason
+                .contains("hook `fault` failed on run_start: duplicate"),
+            "held at {held_at:?}: {}",
+            r.reason
+        );
+        assert!(
+            owner.hook.tool_calls.lock().unwrap().is_empty(),
+            "held at {held_at:?}: a tool ran after the violation"
+        );
+        let metrics = http_get(admin, "/metrics").await;
+        let series =
+            r#"hookwire_hook_failures_total{hook="fault",event="run_start",class="duplicate"} 1"#;
+        assert!(metrics.contains(series), "held at {held_at:?}: no {series}");
+        if held_at == K::ModelRequest {
+            assert!(
+                !metrics.contains("hookwire_model_call_duration_seconds_count{"),
+                "the model was called after the violation"
+            );
+        }
+        let warned = logs.lines_with(&["WARN", "hook failed", "hook=fault"]);
+        assert_eq!(warned.len(), 1, "held at {held_at:?}: {warned:?}");
+        server.stop().await;
+    }
+}
+
+/// Late verdicts count whenever they arrive while the connection lives:
+/// also after a closed hook's deadline ended the run, and after the run's
+/// own deadline dropped the wait.
+#[tokio::test]
+async fn late_verdicts_are_counted_after_the_run_they_ended() {
+    for (hook_timeout, run_timeout, want) in [
+        ("150ms", "60s", pb::RunOutcome::HookFailed),
+        ("30s", "200ms", pb::RunOutcome::TimedOut),
+    ] {
+        let (logs, _guard) =
+            support::logwatch::LogWatch::install("info,hookwire::hooks::stream=debug");
+        let (fault_addr, _t) = FaultHook::new(
+            K::RunStart,
+            Misbehave::Late(Duration::from_millis(600)),
+            &[],
+        )
+        .start()
+        .await;
+        let (server, admin) = TestServer::start_with_admin(&config(
+            &[("fault", &fault_addr, &format!("timeout: {hook_timeout}"))],
+            &format!("run_timeout: {run_timeout}"),
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let r = invoke(&mut c, &s, "hi").await;
+        assert_eq!(outcome(&r), want, "{}", r.reason);
+        bounded(
+            "the late verdict is counted",
+            logs.wait_for(&["late verdict discarded", "hook=fault"]),
+        )
+        .await;
+        let metrics = http_get(admin, "/metrics").await;
+        assert!(
+            metrics.contains(r#"hookwire_hook_late_verdicts_total{hook="fault"} 1"#),
+            "{hook_timeout}/{run_timeout}: {metrics}"
+        );
+        server.stop().await;
+    }
+}
+
+/// A duplicate that arrives as the run ends (here after `turn_end`, the
+/// hook's only event) is still logged and counted once, naming turn_end:
+/// by the run's last check, or after the run by the stream's reader.
+#[tokio::test]
+async fn a_fault_at_the_end_of_a_run_is_logged_and_counted_once() {
+    let (logs, _guard) = support::logwatch::LogWatch::install("info");
+    let (fault_addr, _t) = FaultHook::new(K::TurnEnd, Misbehave::Duplicate, &[])
+        .start()
+        .await;
+    let (server, admin) =
+        TestServer::start_with_admin(&config(&[("fault", &fault_addr, "")], "")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "hi").await;
+    bounded(
+        "the duplicate is logged",
+        logs.wait_for(&["WARN", "hook=fault", "class=duplicate"]),
+    )
+    .await;
+    let warned = logs.lines_with(&["WARN", "hook=fault", "class=duplicate"]);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].contains("event=turn_end"), "{}", warned[0]);
+    let metrics = http_get(admin, "/metrics").await;
+    let series =
+        r#"hookwire_hook_failures_total{hook="fault",event="turn_end",class="duplicate"} 1"#;
+    assert!(metrics.contains(series), "no {series} in {metrics}");
+    // Caught before the run ended, it failed the run; after, the run had
+    // completed. Either way, not both, and never another event's name.
+    match outcome(&r) {
+        pb::RunOutcome::HookFailed => assert!(
+            r.reason.contains("failed on turn_end: duplicate"),
+            "{}",
+            r.reason
+        ),
+        pb::RunOutcome::Completed => {}
+        other => panic!("{other:?}: {}", r.reason),
+    }
+    server.stop().await;
 }

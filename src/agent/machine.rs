@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 
 use crate::agent::events::RunEvent;
 use crate::agent::outcome::RunOutcome;
+use crate::event::EventKind;
 use crate::hooks::failure::HookFailure;
 use crate::message::{Block, Message, ToolResult, ToolSpec, Usage};
 use crate::model::{ModelRequest, ModelResponse, ToolChoice};
@@ -89,6 +90,20 @@ pub enum Step {
     /// Fire turn_end hooks on the final answer.
     TurnEnd(Message),
     Finish(Ending),
+}
+
+impl Step {
+    /// The lifecycle event the step is about (`None` for `Finish`).
+    pub fn event(&self) -> Option<EventKind> {
+        Some(match self {
+            Step::RunStart(_) => EventKind::RunStart,
+            Step::ModelRequest(_) | Step::CallModel(_) => EventKind::ModelRequest,
+            Step::ModelResponse(_) => EventKind::ModelResponse,
+            Step::ToolBatch(_) => EventKind::ToolCall,
+            Step::TurnEnd(_) => EventKind::TurnEnd,
+            Step::Finish(_) => return None,
+        })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -262,6 +277,20 @@ impl Machine {
                 Err(stop) => self.stop(stop),
             },
             (state, _) => panic!("feed does not match the pending step (state {state:?})"),
+        }
+    }
+
+    /// Ends the run from whatever step is pending (e.g. a hook's protocol
+    /// violation detected between steps): that step's work is discarded as
+    /// if it had returned `stop`.
+    pub fn abort(&mut self, stop: Stop) -> Step {
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Done => self.finish(
+                RunOutcome::Failed,
+                "internal error: run aborted after it ended".into(),
+                String::new(),
+            ),
+            _ => self.stop(stop),
         }
     }
 
@@ -548,6 +577,52 @@ mod tests {
             text_response("canned"),
         ))));
         assert!(matches!(step, Step::ModelResponse(_)));
+    }
+
+    #[test]
+    fn abort_ends_the_run_from_any_step_and_commits_nothing_of_the_turn() {
+        let failure = || {
+            Stop::HookFailed(HookFailure {
+                hook: "guard".into(),
+                event: EventKind::RunStart,
+                fault: crate::hooks::failure::Fault::new(
+                    crate::hooks::failure::FailureClass::Duplicate,
+                    "second verdict for seq 1",
+                ),
+            })
+        };
+        // Before the tool batch: the assistant turn with its calls is not
+        // committed (no call without its result).
+        let mut m = machine(4);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        let Step::ToolBatch(_) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+        else {
+            panic!()
+        };
+        let e = finish(m.abort(failure()));
+        assert_eq!(e.outcome, RunOutcome::HookFailed);
+        assert!(
+            e.reason.contains("failed on run_start: duplicate"),
+            "{}",
+            e.reason
+        );
+        assert_eq!(e.messages, vec![Message::user("hi")]);
+        // Before run_start's result is fed: the input is not committed.
+        let mut m = machine(4);
+        m.start();
+        let e = finish(m.abort(failure()));
+        assert!(e.messages.is_empty());
+        assert_eq!(e.turns, 0);
+        // After the end: nothing to abort, and it says so.
+        let e = finish(m.abort(failure()));
+        assert_eq!(e.outcome, RunOutcome::Failed);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use crate::hooks::compose::{
     self, Merged, ModelResponseChain, ResponseStop, RunStartChain, TurnEndChain, TurnEndStop,
 };
 use crate::hooks::dispatch::RunHooks;
+use crate::hooks::failure::HookFailure;
 use crate::hooks::payload::Payload;
 use crate::hooks::provenance::VerdictRecord;
 use crate::hooks::registry::HookRegistry;
@@ -206,6 +207,16 @@ impl Run {
         }
     }
 
+    /// Faults that broke a hook's stream since the last check (a duplicate
+    /// or spurious verdict, ...): failed-open records go to the client; a
+    /// closed hook's fault is the run's failure.
+    pub fn check_faults(&self, fallback: EventKind) -> Result<(), HookFailure> {
+        let mut records = Vec::new();
+        let checked = self.hooks.check_faults(&mut records, fallback);
+        self.emit_records(&records);
+        checked
+    }
+
     /// Runs a step's IO, ending it early on cancellation or the run deadline.
     async fn guarded<T>(&self, fut: impl Future<Output = Result<T, Stop>>) -> Result<T, Stop> {
         tokio::select! {
@@ -256,6 +267,14 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
             run.emit(ev);
         }
         let turn = machine.turn();
+        // A protocol violation detected since the last step stops the run
+        // here, not at its end.
+        if let Some(kind) = step.event() {
+            if let Err(f) = run.check_faults(kind) {
+                step = machine.abort(Stop::HookFailed(f));
+                continue;
+            }
+        }
         if matches!(step, Step::ModelRequest(_)) {
             // Until a model call narrows them (a hook's `respond` replaces
             // the call): the agent's tools.
@@ -542,8 +561,11 @@ fn call_id_prefix(run_id: &str, turn: u32) -> String {
 }
 
 fn finish(run: &Run, mut ending: Ending) -> RunReport {
-    if ending.outcome == RunOutcome::Completed {
-        if let Some(f) = run.hooks.violation(EventKind::TurnEnd) {
+    // The last check: a run that ended well does not end so when a closed
+    // hook broke its protocol since the last step; any other ending keeps
+    // its reason, and the fault is still counted and logged.
+    if let Err(f) = run.check_faults(EventKind::RunEnd) {
+        if matches!(ending.outcome, RunOutcome::Completed | RunOutcome::MaxTurns) {
             ending.outcome = RunOutcome::HookFailed;
             ending.reason = f.to_string();
         }

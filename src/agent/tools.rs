@@ -210,6 +210,11 @@ pub async fn process_call(
     if stop.is_stopped() {
         return CallOutcome::Halted;
     }
+    // A closed hook that broke its protocol since the last step (a
+    // duplicate verdict, say) stops the run before the tool starts.
+    if let Err(f) = run.check_faults(crate::event::EventKind::ToolCall) {
+        return CallOutcome::Stop(Stop::HookFailed(f));
+    }
     run.emit(RunEvent::ToolStarted {
         turn,
         index,

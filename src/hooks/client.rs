@@ -258,8 +258,18 @@ impl HookClient {
         self.breaker.lock().unwrap().is_open()
     }
 
-    pub fn open_stream(&self, metadata: Vec<(&'static str, String)>) -> RunStream {
-        RunStream::open(self.client(), self.config.observe_queue, metadata)
+    pub fn open_stream(
+        &self,
+        metadata: Vec<(&'static str, String)>,
+        metrics: Arc<crate::telemetry::Metrics>,
+    ) -> RunStream {
+        RunStream::open(
+            self.client(),
+            self.config.observe_queue,
+            metadata,
+            self.config.name.clone(),
+            metrics,
+        )
     }
 
     pub async fn call_tool(

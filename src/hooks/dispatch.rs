@@ -180,7 +180,7 @@ impl RunHooks {
                 md.push((propagation::TRACESTATE, trace.1.clone()));
             }
             (
-                Arc::new(hook.client.open_stream(md)),
+                Arc::new(hook.client.open_stream(md, self.inst.metrics.clone())),
                 self.inst.metrics.active_hook_stream(),
             )
         })
@@ -188,12 +188,9 @@ impl RunHooks {
         .clone()
     }
 
-    /// Closes a stream and counts its late verdicts.
-    fn retire(&self, hook: &RunHook, stream: &RunStream) {
+    /// Half-closes a stream (its late verdicts are counted as they come).
+    fn retire(&self, _hook: &RunHook, stream: &RunStream) {
         stream.close();
-        for _ in 0..stream.late_count() {
-            self.inst.metrics.hook_late_verdict(hook.client.name());
-        }
     }
 
     fn wire_event(
@@ -247,6 +244,7 @@ impl RunHooks {
             }
             let trace = propagation::current_trace_context(&span);
             let stream = self.stream(hook, &trace);
+            // A fault that broke the stream since the last check.
             if let Some(f) = stream.take_unreported() {
                 return Err(f);
             }
@@ -272,7 +270,7 @@ impl RunHooks {
                 spans::record_hook_result(&span, "none", f.class.name(), latency);
                 spans::record_error(&span, f.class.name());
                 m.hook_call(name, kind.name(), f.class.name(), latency);
-                m.hook_failure(name, kind.name(), f.class.name());
+                m.hook_failure(name, f.event(kind).name(), f.class.name());
                 hook.client.note_fault(f);
             }
         }
@@ -294,6 +292,8 @@ impl RunHooks {
         records: &mut Vec<VerdictRecord>,
         span: &Span,
     ) -> Result<(), HookFailure> {
+        // A fault that broke the stream names the event it was seen after.
+        let kind = fault.event(kind);
         let cfg = &hook.client.config;
         tracing::warn!(
             hook = %cfg.name,
@@ -612,26 +612,39 @@ impl RunHooks {
         })
     }
 
-    /// The first protocol violation (duplicate / spurious verdict, reset)
-    /// seen on a fail-closed hook's stream, so a run does not complete as if
-    /// nothing happened.
-    pub fn violation(&self, event: EventKind) -> Option<HookFailure> {
-        self.hooks.iter().find_map(|h| {
-            if h.client.config.failure != FailurePolicy::Closed || h.client.is_observe() {
-                return None;
+    /// Faults that broke hooks' streams between their events (a duplicate
+    /// or spurious verdict, a reset with nothing in flight) and failed no
+    /// event yet: each goes through its hook's failure policy now, counted
+    /// and logged once, named after the event it was seen after (`fallback`
+    /// if that is unknown), under a `hook {hook} {event}` span of its own.
+    /// A closed blocking hook's fault is the run's failure (the first in
+    /// firing order is returned); open and observe-mode ones are recorded as
+    /// failed open in `records`. The runner calls this before every step and
+    /// before every `CallTool`.
+    pub fn check_faults(
+        &self,
+        records: &mut Vec<VerdictRecord>,
+        fallback: EventKind,
+    ) -> Result<(), HookFailure> {
+        let mut failed = None;
+        for hook in &self.hooks {
+            let stream = hook.stream.lock().unwrap().as_ref().map(|(s, _)| s.clone());
+            let Some(fault) = stream.and_then(|s| s.take_unreported()) else {
+                continue;
+            };
+            let event = fault.event(fallback);
+            let name = hook.client.name();
+            let class = fault.class.name();
+            let span = spans::hook_call(name, event.name());
+            spans::record_hook_result(&span, "none", class, Duration::ZERO);
+            spans::record_error(&span, class);
+            self.inst.metrics.hook_failure(name, event.name(), class);
+            hook.client.note_fault(&fault);
+            if let Err(f) = self.policy(hook, event, fault, records, &span) {
+                failed.get_or_insert(f);
             }
-            let stream = h.stream.lock().unwrap().as_ref()?.0.clone();
-            let fault = stream.take_unreported()?;
-            matches!(
-                fault.class,
-                FailureClass::Duplicate | FailureClass::Spurious
-            )
-            .then(|| HookFailure {
-                hook: h.client.name().to_string(),
-                event,
-                fault,
-            })
-        })
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// Verdicts that arrived after their deadline, over all streams.

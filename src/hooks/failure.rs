@@ -74,6 +74,10 @@ impl fmt::Display for FailureClass {
 pub struct Fault {
     pub class: FailureClass,
     pub detail: String,
+    /// For a fault that broke the hook's stream (a duplicate or spurious
+    /// verdict, a reset): the event it was seen after, which is the event a
+    /// failure names, whatever event was in flight when it was noticed.
+    pub seen_after: Option<EventKind>,
 }
 
 impl Fault {
@@ -81,7 +85,13 @@ impl Fault {
         Fault {
             class,
             detail: detail.into(),
+            seen_after: None,
         }
+    }
+
+    /// The event a failure from this fault is about, when noticed at `kind`.
+    pub fn event(&self, kind: EventKind) -> EventKind {
+        self.seen_after.unwrap_or(kind)
     }
 }
 

@@ -38,6 +38,9 @@ pub enum Misbehave {
     /// Answers an observe-only event (`on` is text_delta, run_end or
     /// session_end), which expects no verdict.
     AnswerObserve,
+    /// Leaves `on` out of its Describe (configured, so hookwire expects it)
+    /// and answers every event it gets.
+    Unsubscribed,
 }
 
 impl Misbehave {
@@ -51,6 +54,7 @@ impl Misbehave {
             Misbehave::Duplicate => "duplicate",
             Misbehave::Spurious | Misbehave::AnswerObserve => "spurious",
             Misbehave::RefuseStream => "stream_refused",
+            Misbehave::Unsubscribed => "unsubscribed",
         }
     }
 }
@@ -64,6 +68,10 @@ pub struct FaultHook {
     pub received: Arc<AtomicUsize>,
     /// Streams opened.
     pub streams: Arc<AtomicUsize>,
+    /// With `Duplicate`: the second verdict waits for this.
+    pub release: Option<Arc<tokio::sync::Notify>>,
+    /// With a tool event: misbehave only on this call index.
+    pub only_index: Option<u32>,
 }
 
 pub fn proceed(kind: pb::EventKind) -> pb::hook_verdict::Verdict {
@@ -156,9 +164,14 @@ impl pb::hook_service_server::HookService for FaultHook {
         &self,
         _: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let events: Vec<pb::EventKind> = self
+            .events
+            .iter()
+            .copied()
+            .filter(|e| !(self.how == Misbehave::Unsubscribed && *e == self.on))
+            .collect();
         Ok(Response::new(hookwire::hook_server::describe(
-            "fault",
-            &self.events,
+            "fault", &events,
         )))
     }
 
@@ -207,7 +220,13 @@ impl pb::hook_service_server::HookService for FaultHook {
                     verdict: Some(proceed(kind)),
                     ..Default::default()
                 };
-                if kind != this.on {
+                let index = match &ev.payload {
+                    Some(pb::hook_event::Payload::ToolCall(t)) => Some(t.call_index),
+                    Some(pb::hook_event::Payload::ToolResult(t)) => Some(t.call_index),
+                    _ => None,
+                };
+                let other_call = this.only_index.is_some() && index != this.only_index;
+                if kind != this.on || other_call {
                     let _ = tx.send(Ok(ok)).await;
                     continue;
                 }
@@ -216,6 +235,9 @@ impl pb::hook_service_server::HookService for FaultHook {
                     | Misbehave::RefuseStream
                     | Misbehave::Deaf
                     | Misbehave::AnswerObserve => {}
+                    Misbehave::Unsubscribed => {
+                        let _ = tx.send(Ok(ok)).await;
+                    }
                     Misbehave::Late(d) => {
                         let tx = tx.clone();
                         tokio::spawn(async move {
@@ -248,7 +270,18 @@ impl pb::hook_service_server::HookService for FaultHook {
                     }
                     Misbehave::Duplicate => {
                         let _ = tx.send(Ok(ok.clone())).await;
-                        let _ = tx.send(Ok(ok)).await;
+                        match &this.release {
+                            None => {
+                                let _ = tx.send(Ok(ok)).await;
+                            }
+                            Some(release) => {
+                                let (tx, release) = (tx.clone(), release.clone());
+                                tokio::spawn(async move {
+                                    release.notified().await;
+                                    let _ = tx.send(Ok(ok)).await;
+                                });
+                            }
+                        }
                     }
                     Misbehave::Spurious => {
                         let bogus = pb::HookVerdict {
@@ -288,6 +321,8 @@ impl FaultHook {
             how,
             received: Default::default(),
             streams: Default::default(),
+            release: None,
+            only_index: None,
         }
     }
 
