@@ -95,6 +95,7 @@ impl Engine {
         // them when a breaker opens or closes.
         for c in registry.all() {
             inst.metrics.breaker_state(c.name(), false);
+            c.attach_metrics(inst.metrics.clone());
         }
         let mut agents = HashMap::new();
         for a in &config.agents {

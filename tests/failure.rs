@@ -261,7 +261,17 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
         Case::Fault(Misbehave::Invalid),
         Case::Fault(Misbehave::Duplicate),
         Case::Fault(Misbehave::Spurious),
+        Case::Fault(Misbehave::Unsubscribed),
     ];
+    // The batch-stop cells run meanwhile on a thread of their own: they
+    // synchronise on log lines, which needs a current-thread runtime.
+    let batch = std::thread::spawn(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(batch_stop_cells())
+    });
     let mut jobs = Vec::new();
     for case in cases {
         for event in EVENTS {
@@ -371,6 +381,18 @@ async fn every_failure_class_on_every_blocking_event_honours_the_policy() {
         name(example.event),
         example.detail
     ));
+    let batch = batch.join().expect("batch-stop cells panicked");
+    md.push_str(
+        "\n## A stopped tool batch starts nothing new\n\n\
+         Each cell is a real run of three tool calls (`tool_concurrency` 2 or 4) where the `tool_call` chain of call 0\n\
+         stops the batch (a `terminate`, or a closed hook failing with the class named), while every other started call\n\
+         sits in its chain before that hook (held by an earlier hook until the stop happened). Every cell asserts the outcome,\n\
+         that the stopping hook was called for call 0 only, that no `CallTool` reached the tool's owner and that no\n\
+         `tool_started` event was streamed.\n\n| stopped by | tool_concurrency 2 | tool_concurrency 4 |\n|---|---|---|\n",
+    );
+    for (row, cells) in batch {
+        md.push_str(&format!("| {row} | {} | {} |\n", cells[0], cells[1]));
+    }
     println!("{md}");
     if std::env::var("HOOKWIRE_WRITE_MATRIX").is_ok() {
         std::fs::write(
@@ -553,4 +575,307 @@ async fn a_fault_at_the_end_of_a_run_is_logged_and_counted_once() {
         other => panic!("{other:?}: {}", r.reason),
     }
     server.stop().await;
+}
+
+/// A hook server redeployed with a Describe that drops an event its config
+/// names: the event is not silently skipped. The drift is logged (warning)
+/// when hookwire re-describes the hook, shown by ListHooks and `hookwire
+/// hooks list`, exported as a gauge, and each time the event comes up the
+/// hook fails (class `unsubscribed`) under its failure policy.
+#[tokio::test]
+async fn a_hook_whose_describe_drops_a_configured_event_fails_there() {
+    let (logs, _guard) = support::logwatch::LogWatch::install("info");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let v1 = FnHook::new("drift", &[K::RunStart, K::ToolCall]).start_on(listener);
+    let owner = weather_owner().start().await;
+    let (server, admin) = TestServer::start_with_admin(&config(
+        &[
+            ("drift", &v1.addr, "events: [run_start, tool_call]"),
+            ("owner", &owner.addr, ""),
+        ],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "weather").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert!(v1.hook.seen_kinds().contains(&"tool_call".to_string()));
+
+    // Redeploy: v1 stops; a run meanwhile fails to connect, and hookwire
+    // describes the hook again once it is back, now as v2.
+    v1.stop().await;
+    let r = invoke(&mut c, &s, "hello").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::HookFailed, "{}", r.reason);
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let _v2 = FnHook::new("drift", &[K::RunStart]).start_on(listener);
+    bounded(
+        "hookwire describes the redeployed hook",
+        logs.wait_for(&[
+            "WARN",
+            "hook=drift",
+            "does not list events its config names",
+        ]),
+    )
+    .await;
+    let warned = logs.lines_with(&["WARN", "hook=drift", "does not list"]);
+    assert!(warned[0].contains("events=tool_call"), "{}", warned[0]);
+
+    let hooks = c
+        .list_hooks(pb::ListHooksRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let drift = hooks.hooks.iter().find(|h| h.name == "drift").unwrap();
+    assert_eq!(drift.unsubscribed_events, [K::ToolCall as i32]);
+    assert_eq!(drift.events, [K::RunStart as i32]);
+    let (ok, listed) = command_output(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire")).args([
+            "hooks",
+            "list",
+            "--addr",
+            &server.addr,
+        ]),
+    )
+    .await;
+    assert!(ok, "{listed}");
+    assert!(
+        listed.contains("unsubscribed: tool_call") && listed.contains("failure: closed"),
+        "{listed}"
+    );
+    let metrics = http_get(admin, "/metrics").await;
+    for series in [
+        r#"hookwire_hook_unsubscribed{hook="drift",event="tool_call"} 1"#,
+        r#"hookwire_hook_unsubscribed{hook="drift",event="run_start"} 0"#,
+    ] {
+        assert!(metrics.contains(series), "no {series} in {metrics}");
+    }
+
+    // The next run reaches tool_call: a closed failure, no tool runs.
+    let r = invoke(&mut c, &s, "weather").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::HookFailed, "{}", r.reason);
+    assert!(
+        r.reason
+            .contains("hook `drift` failed on tool_call: unsubscribed"),
+        "{}",
+        r.reason
+    );
+    assert_eq!(
+        owner.hook.tool_calls.lock().unwrap().len(),
+        1,
+        "run 1's only"
+    );
+    let metrics = http_get(admin, "/metrics").await;
+    let series =
+        r#"hookwire_hook_failures_total{hook="drift",event="tool_call",class="unsubscribed"} 1"#;
+    assert!(metrics.contains(series), "no {series}");
+    server.stop().await;
+}
+
+/// What stops call 0's `tool_call` chain in a batch-stop cell.
+#[derive(Clone, Copy, Debug)]
+enum Stopper {
+    Terminate,
+    Failure(Case),
+}
+
+/// The batch-stop cells: (row name, [cell at concurrency 2, at 4]).
+async fn batch_stop_cells() -> Vec<(String, [String; 2])> {
+    let stoppers = [
+        Stopper::Terminate,
+        Stopper::Failure(Case::Connect),
+        Stopper::Failure(Case::Tls),
+        Stopper::Failure(Case::Fault(Misbehave::RefuseStream)),
+        Stopper::Failure(Case::Fault(Misbehave::Hang)),
+        Stopper::Failure(Case::Fault(Misbehave::CloseStream)),
+        Stopper::Failure(Case::Fault(Misbehave::Status)),
+        Stopper::Failure(Case::Fault(Misbehave::WrongKind)),
+        Stopper::Failure(Case::Fault(Misbehave::Invalid)),
+        Stopper::Failure(Case::Fault(Misbehave::Spurious)),
+        Stopper::Failure(Case::Fault(Misbehave::Unsubscribed)),
+    ];
+    let mut rows = Vec::new();
+    for stopper in stoppers {
+        let row = match stopper {
+            Stopper::Terminate => "terminate".to_string(),
+            Stopper::Failure(c) => format!("closed failure: {}", c.class()),
+        };
+        let mut cells = [String::new(), String::new()];
+        for (i, concurrency) in [2u32, 4].into_iter().enumerate() {
+            cells[i] = batch_stop_cell(stopper, concurrency).await;
+        }
+        rows.push((row, cells));
+    }
+    rows
+}
+
+async fn batch_stop_cell(stopper: Stopper, concurrency: u32) -> String {
+    let what = format!("{stopper:?} at concurrency {concurrency}");
+    let (logs, _guard) = support::logwatch::LogWatch::install("info");
+    let owner = weather_owner().start().await;
+    // Holds every call but call 0 in its chain until released.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let (g, h, e) = (gate.clone(), held.clone(), entered.clone());
+    let holder = FnHook::new("holder", &[K::ToolCall])
+        .on_tool_call(move |_, ev| {
+            let (g, h, e) = (g.clone(), h.clone(), e.clone());
+            async move {
+                if ev.call_index > 0 {
+                    h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    e.notify_waiters();
+                    let _permit = g.acquire().await;
+                }
+                Reply::new(pb::ToolCallVerdict {
+                    action: Some(pb::tool_call_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
+        .start()
+        .await;
+    let terminator = FnHook::new("stopper", &[K::ToolCall])
+        .on_tool_call(|_, ev| async move {
+            Reply::new(pb::ToolCallVerdict {
+                action: Some(if ev.call_index == 0 {
+                    pb::tool_call_verdict::Action::Terminate(hookwire::hook_server::terminate(
+                        "call 0 stops the batch",
+                        None,
+                    ))
+                } else {
+                    pb::tool_call_verdict::Action::Proceed(pb::Continue {})
+                }),
+            })
+        })
+        .start()
+        .await;
+    let mut fault_calls = None;
+    let mut _fault_task = None;
+    let endpoint = match stopper {
+        Stopper::Terminate => terminator.addr.clone(),
+        Stopper::Failure(Case::Connect) => "http://127.0.0.1:1".into(),
+        Stopper::Failure(case) => {
+            let how = match case {
+                Case::Fault(how) => how,
+                _ => Misbehave::WrongKind,
+            };
+            let mut f = FaultHook::new(K::ToolCall, how, &[]);
+            f.only_index = Some(0);
+            fault_calls = Some(f.received.clone());
+            let (addr, task) = f.start().await;
+            _fault_task = Some(task);
+            if matches!(case, Case::Tls) {
+                addr.replace("http://", "https://")
+            } else {
+                addr
+            }
+        }
+    };
+    let server = TestServer::start(&config(
+        &[
+            ("owner", &owner.addr, ""),
+            ("holder", &holder.addr, "priority: 10\ntimeout: 60s"),
+            (
+                "stopper",
+                &endpoint,
+                "priority: 5\ntimeout: 150ms\nevents: [tool_call]\nbreaker: {failures: 0}",
+            ),
+        ],
+        &format!("tools: [get_weather]\ntool_concurrency: {concurrency}\nevent_budget: 60s"),
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let mut stream = c
+        .run(pb::RunRequest {
+            session_id: s,
+            input: "three tools".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let (ev, ar) = (events.clone(), arrived.clone());
+    let reader = tokio::spawn(async move {
+        while let Some(e) = stream.message().await.unwrap() {
+            ev.lock().unwrap().push(e);
+            ar.notify_waiters();
+        }
+    });
+    // Every other started call sits in its chain...
+    let others = concurrency.min(3) - 1;
+    bounded(&what, async {
+        loop {
+            let n = entered.notified();
+            if held.load(std::sync::atomic::Ordering::SeqCst) >= others {
+                return;
+            }
+            n.await;
+        }
+    })
+    .await;
+    // ...when call 0 stops the batch.
+    bounded(&what, async {
+        match stopper {
+            Stopper::Terminate => loop {
+                let n = arrived.notified();
+                let stopped = events.lock().unwrap().iter().any(|e| {
+                    matches!(&e.event, Some(pb::run_event::Event::HookVerdict(v))
+                        if v.hook == "stopper" && v.verdict == "terminate")
+                });
+                if stopped {
+                    return;
+                }
+                n.await;
+            },
+            Stopper::Failure(_) => {
+                logs.wait_for(&["WARN", "hook failed", "hook=stopper"])
+                    .await
+            }
+        }
+    })
+    .await;
+    gate.add_permits(8);
+    bounded(&what, reader).await.unwrap();
+    let events = events.lock().unwrap().clone();
+    let r = result_of(&events);
+    let (want, reason) = match stopper {
+        Stopper::Terminate => (
+            pb::RunOutcome::Terminated,
+            "call 0 stops the batch".to_string(),
+        ),
+        Stopper::Failure(case) => (
+            pb::RunOutcome::HookFailed,
+            format!("hook `stopper` failed on tool_call: {}", case.class()),
+        ),
+    };
+    assert_eq!(outcome(&r), want, "{what}: {}", r.reason);
+    assert!(r.reason.contains(&reason), "{what}: {}", r.reason);
+    assert!(
+        owner.hook.tool_calls.lock().unwrap().is_empty(),
+        "{what}: a tool ran after the batch stopped"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e.event, Some(pb::run_event::Event::ToolStarted(_)))),
+        "{what}: a tool started"
+    );
+    let stopper_calls = match (stopper, &fault_calls) {
+        (Stopper::Terminate, _) => Some(terminator.hook.seen_kinds().len()),
+        (Stopper::Failure(Case::Fault(Misbehave::Unsubscribed)), _) => None,
+        (_, Some(n)) => Some(n.load(std::sync::atomic::Ordering::SeqCst)),
+        (_, None) => None,
+    };
+    if let Some(n) = stopper_calls {
+        assert!(n <= 1, "{what}: the stopping hook was called {n} times");
+    }
+    server.stop().await;
+    let short = want
+        .as_str_name()
+        .trim_start_matches("RUN_OUTCOME_")
+        .to_lowercase();
+    format!("{short}, no tool started")
 }

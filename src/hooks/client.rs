@@ -2,7 +2,7 @@
 //! keepalive, `Describe` at start-up and after reconnects, the circuit
 //! breaker, and `CallTool`.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -49,6 +49,8 @@ pub struct HookClient {
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
     redescribe: Notify,
+    /// Where Describe results are counted (set once by the engine).
+    metrics: OnceLock<Arc<crate::telemetry::Metrics>>,
 }
 
 /// A point-in-time view for `ListHooks`.
@@ -59,6 +61,9 @@ pub struct HookSnapshot {
     pub events: Vec<EventKind>,
     pub description: Option<Description>,
     pub last_error: Option<String>,
+    /// Configured events the server's Describe does not list (a blocking
+    /// hook fails at each of them under its failure policy).
+    pub unsubscribed: Vec<EventKind>,
 }
 
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -105,11 +110,19 @@ impl HookClient {
             }),
             breaker: Mutex::new(breaker),
             redescribe: Notify::new(),
+            metrics: OnceLock::new(),
         }))
     }
 
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// Counts what Describe says from now on (`hookwire_hook_unsubscribed`).
+    pub fn attach_metrics(&self, metrics: Arc<crate::telemetry::Metrics>) {
+        if self.metrics.set(metrics).is_ok() {
+            self.count_unsubscribed();
+        }
     }
 
     fn client(&self) -> HookServiceClient<Channel> {
@@ -145,9 +158,23 @@ impl HookClient {
                     tools: d.tools.into_iter().map(Into::into).collect(),
                 };
                 *self.described.write().unwrap() = Some(desc.clone());
-                let mut s = self.status.lock().unwrap();
-                s.state = ConnState::Connected;
-                s.last_error = None;
+                {
+                    let mut s = self.status.lock().unwrap();
+                    s.state = ConnState::Connected;
+                    s.last_error = None;
+                }
+                let missing = self.unsubscribed_events();
+                if !missing.is_empty() {
+                    let events: Vec<&str> = missing.iter().map(|e| e.name()).collect();
+                    tracing::warn!(
+                        hook = %self.config.name,
+                        events = %events.join(","),
+                        failure = ?self.config.failure,
+                        mode = ?self.config.mode,
+                        "hook server's Describe does not list events its config names; a blocking hook fails at each of them (class unsubscribed) under its failure policy"
+                    );
+                }
+                self.count_unsubscribed();
                 Ok(desc)
             }
             Err(f) => {
@@ -198,6 +225,48 @@ impl HookClient {
             s.last_error = Some(format!("{}: {}", fault.class, fault.detail));
             drop(s);
             self.redescribe.notify_one();
+        }
+    }
+
+    /// Configured events the server's Describe does not list (empty before
+    /// the first Describe, or when the config names no events).
+    pub fn unsubscribed_events(&self) -> Vec<EventKind> {
+        match &*self.described.read().unwrap() {
+            Some(d) => self
+                .config
+                .events
+                .iter()
+                .copied()
+                .filter(|e| !d.events.contains(e))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether `kind` is configured for this hook but its server's Describe
+    /// no longer lists it: a contract broken by configuration drift, never
+    /// a silent skip.
+    pub fn unsubscribed(&self, kind: EventKind) -> bool {
+        self.config.events.contains(&kind)
+            && self
+                .described
+                .read()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|d| !d.events.contains(&kind))
+    }
+
+    /// One gauge per configured event: 1 while Describe does not list it.
+    fn count_unsubscribed(&self) {
+        let Some(m) = self.metrics.get() else {
+            return;
+        };
+        if self.description().is_none() {
+            return;
+        }
+        let missing = self.unsubscribed_events();
+        for e in &self.config.events {
+            m.hook_unsubscribed(&self.config.name, e.name(), missing.contains(e));
         }
     }
 
@@ -310,6 +379,7 @@ impl HookClient {
             events: self.subscriptions().unwrap_or_default(),
             description: self.description(),
             last_error: s.last_error.clone(),
+            unsubscribed: self.unsubscribed_events(),
         }
     }
 }

@@ -126,9 +126,10 @@ impl RunHooks {
     /// Whether any hook of this run may steer `kind` (used to decide whether
     /// text deltas must be held back).
     pub fn has_blocking(&self, kind: EventKind) -> bool {
-        self.hooks
-            .iter()
-            .any(|h| !h.client.is_observe() && h.client.subscribes(kind).unwrap_or(true))
+        self.hooks.iter().any(|h| {
+            !h.client.is_observe()
+                && (h.client.subscribes(kind).unwrap_or(true) || h.client.unsubscribed(kind))
+        })
     }
 
     fn event_deadline(&self) -> Instant {
@@ -137,7 +138,8 @@ impl RunHooks {
 
     /// Decides whether `hook` takes part in `kind`. An undescribed hook with
     /// no configured events is described now; failing that is a connect
-    /// failure of the event.
+    /// failure of the event. A configured event its server's Describe no
+    /// longer lists is a failure of its own (`unsubscribed`), never a skip.
     async fn participates(
         &self,
         hook: &RunHook,
@@ -146,6 +148,12 @@ impl RunHooks {
     ) -> Result<bool, Fault> {
         if hook.detached.load(Ordering::Relaxed) {
             return Ok(false);
+        }
+        if hook.client.unsubscribed(kind) {
+            return Err(Fault::new(
+                FailureClass::Unsubscribed,
+                format!("the hook server's Describe no longer lists {kind}, which the hook's config names"),
+            ));
         }
         match hook.client.subscribes(kind) {
             Some(subscribed) => Ok(subscribed),
@@ -280,6 +288,19 @@ impl RunHooks {
             }
         }
         (result, span)
+    }
+
+    /// A failure found without calling the hook (it could not be described,
+    /// or its Describe dropped the event): counted, with a `hook {hook}
+    /// {event}` span of its own for the policy to mark.
+    fn not_called(&self, hook: &RunHook, kind: EventKind, fault: &Fault) -> Span {
+        let name = hook.client.name();
+        let class = fault.class.name();
+        let span = spans::hook_call(name, kind.name());
+        spans::record_hook_result(&span, "none", class, Duration::ZERO);
+        spans::record_error(&span, class);
+        self.inst.metrics.hook_failure(name, kind.name(), class);
+        span
     }
 
     /// Applies the hook's failure policy. Closed: the failure ends the run.
@@ -450,7 +471,8 @@ impl RunHooks {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(f) => {
-                    self.policy(hook, kind, f, &mut records, &Span::current())?;
+                    let span = self.not_called(hook, kind, &f);
+                    self.policy(hook, kind, f, &mut records, &span)?;
                     continue;
                 }
             }
@@ -533,7 +555,10 @@ impl RunHooks {
                 match self.participates(hook, kind, event_deadline).await {
                     Ok(true) => Some(self.call(hook, turn, payload, event_deadline).await),
                     Ok(false) => None,
-                    Err(f) => Some((Err(f), Span::current())),
+                    Err(f) => {
+                        let span = self.not_called(hook, kind, &f);
+                        Some((Err(f), span))
+                    }
                 }
             }
         });
@@ -633,12 +658,7 @@ impl RunHooks {
                 continue;
             };
             let event = fault.event(fallback);
-            let name = hook.client.name();
-            let class = fault.class.name();
-            let span = spans::hook_call(name, event.name());
-            spans::record_hook_result(&span, "none", class, Duration::ZERO);
-            spans::record_error(&span, class);
-            self.inst.metrics.hook_failure(name, event.name(), class);
+            let span = self.not_called(hook, event, &fault);
             hook.client.note_fault(&fault);
             if let Err(f) = self.policy(hook, event, fault, records, &span) {
                 failed.get_or_insert(f);
@@ -701,4 +721,91 @@ pub fn accept_verdict(
             .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e))?;
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::hooks::compose::ToolCallChain;
+    use crate::message::{ToolCall, ToolSpec};
+
+    /// A hook that failed closed is never called again in its run: a later
+    /// chain fails with the same failure without calling it, and no fresh
+    /// stream is opened for it (not even for run_end).
+    #[tokio::test]
+    async fn a_hook_that_failed_closed_is_never_called_again() {
+        let config = Config::parse(
+            "models: [{name: m, provider: scripted}]\nhooks: [{name: h, endpoint: 'http://127.0.0.1:1', events: [tool_call, run_end], breaker: {failures: 0}}]\nagents: [{name: a, model: m, hooks: [h]}]\n",
+            "test",
+        )
+        .unwrap();
+        let inst = Instruments::new(&config.telemetry);
+        let client = HookClient::new(config.hooks[0].clone()).unwrap();
+        let hooks = RunHooks::new(
+            vec![client],
+            EventContext::default(),
+            Instant::now() + Duration::from_secs(60),
+            Duration::from_secs(30),
+            inst.clone(),
+        );
+        let call = ToolCall {
+            id: "c".into(),
+            name: "t".into(),
+            arguments_json: "{}".into(),
+        };
+        let to_wire = |c: &ToolCall| Payload::ToolCall {
+            call: c.clone(),
+            index: 0,
+            tool: ToolSpec::default(),
+        };
+        let calls = || {
+            let text = inst.metrics.encode();
+            text.lines()
+                .find(|l| {
+                    l.starts_with("hookwire_hook_call_duration_seconds_count{")
+                        && l.contains(r#"hook="h""#)
+                })
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_owned)
+        };
+        let first = hooks
+            .chain::<ToolCallChain>(0, call.clone(), to_wire)
+            .await
+            .err()
+            .expect("connect failure, closed");
+        assert_eq!(first.fault.class, FailureClass::Connect);
+        assert_eq!(calls().as_deref(), Some("1"));
+        let broken = hooks.hooks[0]
+            .stream
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|(s, _)| s.clone());
+        let again = hooks
+            .chain::<ToolCallChain>(0, call, to_wire)
+            .await
+            .err()
+            .expect("still failed");
+        assert_eq!(again, first);
+        assert_eq!(calls().as_deref(), Some("1"), "not called again");
+        hooks.observe(0, EventKind::RunEnd, || Payload::RunEnd {
+            outcome: crate::agent::outcome::RunOutcome::HookFailed,
+            reason: String::new(),
+            final_text: String::new(),
+            usage: Default::default(),
+            turns: 0,
+        });
+        let now = hooks.hooks[0]
+            .stream
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|(s, _)| s.clone());
+        assert!(
+            matches!((&broken, &now), (Some(a), Some(b)) if Arc::ptr_eq(a, b)),
+            "no fresh stream for the failed hook"
+        );
+        hooks.close();
+    }
 }

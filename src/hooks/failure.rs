@@ -29,10 +29,13 @@ pub enum FailureClass {
     Spurious,
     /// The hook's circuit breaker is open; it was not called.
     CircuitOpen,
+    /// A blocking hook's config names the event, but its server's Describe
+    /// no longer lists it (a redeploy changed it): not called.
+    Unsubscribed,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 11] = [
+    pub const ALL: [FailureClass; 12] = [
         FailureClass::Connect,
         FailureClass::Tls,
         FailureClass::StreamRefused,
@@ -44,6 +47,7 @@ impl FailureClass {
         FailureClass::Duplicate,
         FailureClass::Spurious,
         FailureClass::CircuitOpen,
+        FailureClass::Unsubscribed,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -59,6 +63,7 @@ impl FailureClass {
             FailureClass::Duplicate => "duplicate",
             FailureClass::Spurious => "spurious",
             FailureClass::CircuitOpen => "circuit_open",
+            FailureClass::Unsubscribed => "unsubscribed",
         }
     }
 }

@@ -104,6 +104,7 @@ pub struct Metrics {
     hook_late_verdicts: Family<HookLabels, Counter>,
     observe_dropped: Family<HookLabels, Counter>,
     breaker_open: Family<HookLabels, Gauge>,
+    hook_unsubscribed: Family<HookEventLabels, Gauge>,
     runs: Family<RunLabels, Counter>,
     run_duration: HistogramFamily<RunLabels>,
     run_panics: Family<AgentLabels, Counter>,
@@ -159,6 +160,12 @@ impl Metrics {
             "1 while the hook's circuit breaker is open (the hook is not called)",
             breaker_open.clone(),
         );
+        let hook_unsubscribed = Family::default();
+        registry.register(
+            "hookwire_hook_unsubscribed",
+            "1 while a configured event of the hook is missing from its server's Describe (a blocking hook fails there, class unsubscribed)",
+            hook_unsubscribed.clone(),
+        );
         let runs = Family::default();
         registry.register(
             "hookwire_runs",
@@ -212,6 +219,7 @@ impl Metrics {
             hook_late_verdicts,
             observe_dropped,
             breaker_open,
+            hook_unsubscribed,
             runs,
             run_duration,
             run_panics,
@@ -283,6 +291,16 @@ impl Metrics {
         self.breaker_open
             .get_or_create(&hook_labels(hook))
             .set(i64::from(open));
+    }
+
+    /// Whether a configured event is missing from the hook's Describe.
+    pub fn hook_unsubscribed(&self, hook: &str, event: &str, missing: bool) {
+        self.hook_unsubscribed
+            .get_or_create(&HookEventLabels {
+                hook: hook.to_owned(),
+                event: event.to_owned(),
+            })
+            .set(i64::from(missing));
     }
 
     pub fn run_finished(&self, agent: &str, outcome: &str, duration: Duration) {
@@ -404,6 +422,7 @@ mod tests {
         m.hook_late_verdict("redact");
         m.observe_dropped("audit");
         m.breaker_state("redact", true);
+        m.hook_unsubscribed("redact", "tool_call", true);
         m.run_finished("support", "completed", Duration::from_secs(2));
         m.run_panicked("support");
         m.model_call(
@@ -423,6 +442,7 @@ mod tests {
             r#"hookwire_hook_late_verdicts_total{hook="redact"} 1"#,
             r#"hookwire_observe_dropped_total{hook="audit"} 1"#,
             r#"hookwire_hook_breaker_open{hook="redact"} 1"#,
+            r#"hookwire_hook_unsubscribed{hook="redact",event="tool_call"} 1"#,
             r#"hookwire_runs_total{agent="support",outcome="completed"} 1"#,
             r#"hookwire_run_duration_seconds_count{agent="support",outcome="completed"} 1"#,
             r#"hookwire_run_panics_total{agent="support"} 1"#,
