@@ -736,3 +736,171 @@ async fn injected_tool_calls_without_an_id_get_one() {
     assert_eq!(call_ids, result_ids);
     server.stop().await;
 }
+
+fn kinds_of(events: &[pb::RunEvent]) -> Vec<&'static str> {
+    use pb::run_event::Event as E;
+    events
+        .iter()
+        .filter_map(|e| {
+            Some(match e.event.as_ref()? {
+                E::TextDelta(_) => "delta",
+                E::AssistantMessage(_) => "assistant",
+                E::DeltasRetracted(_) => "retracted",
+                E::HookVerdict(v) if v.event == K::TurnEnd as i32 => "turn_end_verdict",
+                E::Finished(_) => "finished",
+                _ => return None,
+            })
+        })
+        .collect()
+}
+
+/// With blocking turn_end hooks the client sees a final answer (its held
+/// deltas and its assistant message) only once turn_end accepted it: a
+/// turn_end terminate never follows an answer the client already has, and
+/// with `stream_deltas: pass` it retracts the deltas it streamed.
+#[tokio::test]
+async fn a_final_answer_reaches_the_client_only_once_turn_end_accepted_it() {
+    for mode in ["hold", "pass"] {
+        // Rejects the first answer, forces another turn on the second,
+        // accepts the third.
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let judge = FnHook::new("judge", &[K::TurnEnd])
+            .on_turn_end(move |_, _| {
+                let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    Reply::new(pb::TurnEndVerdict {
+                        action: Some(match i {
+                            0 => pb::turn_end_verdict::Action::Terminate(hook_server::terminate(
+                                "not that answer",
+                                Some("I cannot answer that.".into()),
+                            )),
+                            1 => pb::turn_end_verdict::Action::ContinueRun(pb::ContinueRun {
+                                message: "and more".into(),
+                            }),
+                            _ => pb::turn_end_verdict::Action::Proceed(pb::Continue {}),
+                        }),
+                    })
+                }
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[("judge", &judge.addr, "")],
+            &format!("stream_deltas: {mode}"),
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let events = run_events(&mut c, &s, "hello").await;
+        let r = result_of(&events);
+        if mode == "hold" {
+            assert_eq!(outcome(&r), pb::RunOutcome::Terminated);
+            assert_eq!(
+                kinds_of(&events),
+                ["turn_end_verdict", "finished"],
+                "hold: the rejected answer never reached the client"
+            );
+            assert_eq!(r.final_text, "I cannot answer that.");
+        } else {
+            assert_eq!(outcome(&r), pb::RunOutcome::Terminated);
+            let k = kinds_of(&events);
+            assert!(k.starts_with(&["delta"]), "pass streams at once: {k:?}");
+            assert!(
+                !k.contains(&"assistant"),
+                "pass: the rejected answer was never committed to the client: {k:?}"
+            );
+            assert_eq!(
+                k[k.len() - 3..],
+                ["turn_end_verdict", "retracted", "finished"],
+                "{k:?}"
+            );
+        }
+        // Second run: continue_run, then accepted. Each answer is shown after
+        // turn_end's decision on it.
+        let events = run_events(&mut c, &s, "hello").await;
+        let r = result_of(&events);
+        assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+        let k = kinds_of(&events);
+        let first_answer = k.iter().position(|x| *x == "assistant").unwrap();
+        let verdict = k.iter().position(|x| *x == "turn_end_verdict").unwrap();
+        assert!(verdict < first_answer, "{mode}: {k:?}");
+        if mode == "hold" {
+            let first_delta = k.iter().position(|x| *x == "delta").unwrap();
+            assert!(verdict < first_delta, "hold: {k:?}");
+        }
+        assert_eq!(k.iter().filter(|x| **x == "assistant").count(), 2, "{k:?}");
+        assert!(!k.contains(&"retracted"), "{mode}: {k:?}");
+        server.stop().await;
+    }
+}
+
+/// With `stream_deltas: pass`, deltas of a turn that is never accepted are
+/// retracted whatever ends it: a hook failure, a timeout or a cancel.
+#[tokio::test]
+async fn pass_mode_retracts_deltas_when_a_failure_timeout_or_cancel_ends_the_turn() {
+    for (case, hook_extra, agent_extra, want) in [
+        ("failure", "timeout: 150ms", "", pb::RunOutcome::HookFailed),
+        (
+            "timeout",
+            "timeout: 60s",
+            "run_timeout: 300ms",
+            pb::RunOutcome::TimedOut,
+        ),
+        ("cancel", "timeout: 60s", "", pb::RunOutcome::Cancelled),
+    ] {
+        // A model_response hook that never answers; it says when it is asked.
+        let asked = Arc::new(Notify::new());
+        let a = asked.clone();
+        let silent = FnHook::new("silent", &[K::ModelResponse])
+            .on_model_response(move |_, _| {
+                let a = a.clone();
+                async move {
+                    a.notify_one();
+                    std::future::pending::<()>().await;
+                    unreachable!()
+                }
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[("silent", &silent.addr, hook_extra)],
+            &format!("stream_deltas: pass\nevent_budget: 60s\n{agent_extra}"),
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let mut c2 = c.clone();
+        let s2 = s.clone();
+        let run = tokio::spawn(async move { run_events(&mut c2, &s2, "hello").await });
+        if case == "cancel" {
+            asked.notified().await;
+            let session = c
+                .get_session(pb::GetSessionRequest {
+                    session_id: s.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            c.cancel_run(pb::CancelRunRequest {
+                run_id: session.active_run_id,
+            })
+            .await
+            .unwrap();
+        }
+        let events = run.await.unwrap();
+        let r = result_of(&events);
+        assert_eq!(outcome(&r), want, "{case}: {}", r.reason);
+        let k = kinds_of(&events);
+        assert!(k.contains(&"delta"), "{case}: deltas were streamed: {k:?}");
+        assert_eq!(k[k.len() - 2..], ["retracted", "finished"], "{case}: {k:?}");
+        let reason = events
+            .iter()
+            .find_map(|e| match &e.event {
+                Some(pb::run_event::Event::DeltasRetracted(d)) => Some(d.reason.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(reason.contains("before the turn was accepted"), "{reason}");
+        server.stop().await;
+    }
+}

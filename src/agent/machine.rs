@@ -139,6 +139,11 @@ pub struct Machine {
     usage: Usage,
     state: State,
     events: VecDeque<RunEvent>,
+    /// Whether blocking turn_end hooks review final answers: the answer is
+    /// shown (its `AssistantMessage`) only once they accepted it.
+    review_final: bool,
+    /// The final answer's event, held while turn_end hooks decide.
+    pending_answer: Option<RunEvent>,
 }
 
 impl Machine {
@@ -158,7 +163,16 @@ impl Machine {
             usage: Usage::default(),
             state: State::Start(input),
             events: VecDeque::new(),
+            review_final: false,
+            pending_answer: None,
         }
+    }
+
+    /// With blocking turn_end hooks: a final answer reaches the client only
+    /// once they accepted it (a turn_end terminate never follows an answer
+    /// the client already has).
+    pub fn review_final_answers(&mut self, yes: bool) {
+        self.review_final = yes;
     }
 
     pub fn turn(&self) -> u32 {
@@ -214,13 +228,18 @@ impl Machine {
             (State::AwaitModelResponse, Feed::ModelResponse(r)) => match r {
                 Ok(ResponseDecision::Accept(resp)) => {
                     let message = resp.message();
-                    self.events.push_back(RunEvent::AssistantMessage {
+                    let shown = RunEvent::AssistantMessage {
                         turn: self.turn,
                         message: message.clone(),
                         finish_reason: resp.finish_reason.clone(),
                         usage: resp.usage,
-                    });
+                    };
                     let calls: Vec<_> = message.tool_calls().cloned().collect();
+                    if calls.is_empty() && self.review_final {
+                        self.pending_answer = Some(shown);
+                    } else {
+                        self.events.push_back(shown);
+                    }
                     if calls.is_empty() {
                         self.state = State::AwaitTurnEnd(message.clone());
                         Step::TurnEnd(message)
@@ -264,6 +283,12 @@ impl Machine {
                 Err(stop) => self.stop(stop),
             },
             (State::AwaitTurnEnd(message), Feed::TurnEnd(r)) => match r {
+                // turn_end accepted the answer: now the client sees it.
+                Ok(_) if self.pending_answer.is_some() => {
+                    self.events.extend(self.pending_answer.take());
+                    self.state = State::AwaitTurnEnd(message);
+                    self.feed(Feed::TurnEnd(r))
+                }
                 Ok(EndDecision::Finish) => {
                     let final_text = message.text();
                     self.history.push(message);
@@ -623,6 +648,56 @@ mod tests {
         // After the end: nothing to abort, and it says so.
         let e = finish(m.abort(failure()));
         assert_eq!(e.outcome, RunOutcome::Failed);
+    }
+
+    #[test]
+    fn a_reviewed_final_answer_is_shown_only_once_turn_end_accepted_it() {
+        let answer_shown = |m: &mut Machine| {
+            m.drain_events()
+                .any(|e| matches!(e, RunEvent::AssistantMessage { .. }))
+        };
+        for accepted in [true, false] {
+            let mut m = machine(4);
+            m.review_final_answers(true);
+            m.start();
+            let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+                panic!()
+            };
+            m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+            let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(text_response("yo")))) else {
+                panic!()
+            };
+            let Step::TurnEnd(_) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+            else {
+                panic!()
+            };
+            assert!(!answer_shown(&mut m), "not before turn_end decided");
+            let end = if accepted {
+                Ok(EndDecision::Finish)
+            } else {
+                Err(Stop::Terminate {
+                    hook: "h".into(),
+                    reason: "no".into(),
+                    reply: None,
+                })
+            };
+            let e = finish(m.feed(Feed::TurnEnd(end)));
+            assert_eq!(answer_shown(&mut m), accepted);
+            assert_eq!(e.final_text, if accepted { "yo" } else { "" });
+        }
+        // Tool-call turns are not final answers: shown at once.
+        let mut m = machine(4);
+        m.review_final_answers(true);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))));
+        assert!(answer_shown(&mut m));
     }
 
     #[test]

@@ -252,8 +252,13 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
         max_tokens: cfg.max_tokens,
     };
     let mut machine = Machine::new(template, cfg.max_turns, transcript, input);
+    // With blocking turn_end hooks, a final answer waits for them.
+    let review_final = run.hooks.has_blocking(EventKind::TurnEnd);
+    machine.review_final_answers(review_final);
     let mut step = machine.start();
-    let mut sent_deltas = false;
+    // The turn whose deltas the client has seen provisionally (pass mode)
+    // while it is not accepted yet; retracted if it never is.
+    let mut provisional: Option<u32> = None;
     // Telemetry for the model call in flight: the model_request hooks'
     // redaction (input content), and the chat span kept open until the
     // model_response hooks decided what the output content is.
@@ -324,8 +329,8 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
             Step::CallModel(request) => {
                 offered = Arc::new(request.tools.clone());
                 let (r, sent, span) =
-                    call_model(&run, turn, &request, input_redaction.take()).await;
-                sent_deltas = sent;
+                    call_model(&run, turn, &request, input_redaction.take(), review_final).await;
+                provisional = sent.then_some(turn);
                 chat_span = Some(span);
                 Feed::Model(r)
             }
@@ -335,11 +340,11 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                         &run,
                         turn,
                         response,
-                        sent_deltas,
+                        &mut provisional,
+                        review_final,
                         chat_span.take(),
                     ))
                     .await;
-                sent_deltas = false;
                 Feed::ModelResponse(r)
             }
             Step::ToolBatch(message) => {
@@ -366,39 +371,78 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                     .await;
                 Feed::ToolBatch(r)
             }
-            Step::TurnEnd(message) => Feed::TurnEnd(
-                run.guarded(async {
-                    let out = run
-                        .hooks
-                        .chain::<TurnEndChain>(turn, message, |m| Payload::TurnEnd(m.clone()))
-                        .await
-                        .map_err(Stop::HookFailed)?;
-                    run.emit_records(&out.records);
-                    match out.stop {
-                        None => Ok(EndDecision::Finish),
-                        Some((_, TurnEndStop::ContinueRun(m))) => Ok(EndDecision::ContinueRun(m)),
-                        Some((hook, TurnEndStop::Terminate(t))) => Err(terminate(hook, t)),
+            Step::TurnEnd(message) => {
+                let r = run
+                    .guarded(async {
+                        let out = run
+                            .hooks
+                            .chain::<TurnEndChain>(turn, message, |m| Payload::TurnEnd(m.clone()))
+                            .await
+                            .map_err(Stop::HookFailed)?;
+                        run.emit_records(&out.records);
+                        match out.stop {
+                            None => Ok(EndDecision::Finish),
+                            Some((_, TurnEndStop::ContinueRun(m))) => {
+                                Ok(EndDecision::ContinueRun(m))
+                            }
+                            Some((hook, TurnEndStop::Terminate(t))) => Err(terminate(hook, t)),
+                        }
+                    })
+                    .await;
+                // The answer is accepted (deltas held for turn_end go out
+                // now), or it never reaches the client.
+                let held = std::mem::take(&mut *run.held.lock().unwrap());
+                match &r {
+                    Ok(_) => {
+                        for text in held {
+                            run.emit(RunEvent::TextDelta { turn, text });
+                        }
+                        provisional = None;
                     }
-                })
-                .await,
-            ),
+                    Err(Stop::Terminate { .. }) => {
+                        retract(&run, &mut provisional, "rejected by a turn_end hook")
+                    }
+                    Err(_) => {}
+                }
+                Feed::TurnEnd(r)
+            }
         };
         step = machine.feed(feed);
     };
+    // Deltas of a turn that was never accepted (a hook failure, a timeout,
+    // a cancel after they were streamed) are withdrawn too.
+    let reason = format!(
+        "the run ended ({}) before the turn was accepted",
+        ending.outcome
+    );
+    retract(&run, &mut provisional, &reason);
     for ev in machine.drain_events() {
         run.emit(ev);
     }
     finish(&run, ending)
 }
 
+/// Tells the client that the deltas of the provisional turn (pass mode) do
+/// not stand, once.
+fn retract(run: &Run, provisional: &mut Option<u32>, reason: &str) {
+    if let Some(turn) = provisional.take() {
+        run.emit(RunEvent::DeltasRetracted {
+            turn,
+            reason: reason.to_string(),
+        });
+    }
+}
+
 /// Calls the model under its `chat` span, streaming or holding deltas.
 /// Returns whether deltas reached the client provisionally, and the span
 /// (still open: output content is recorded after model_response hooks).
+/// `review_final`: blocking turn_end hooks review final answers.
 async fn call_model(
     run: &Run,
     turn: u32,
     request: &ModelRequest,
     redaction: Option<String>,
+    review_final: bool,
 ) -> (Result<ModelResponse, Stop>, bool, Span) {
     let model = run.agent.model.clone();
     let provider = model.provider_name();
@@ -421,7 +465,7 @@ async fn call_model(
     }
     let started = std::time::Instant::now();
     let hold = run.agent.config.stream_deltas == StreamDeltas::Hold
-        && run.hooks.has_blocking(EventKind::ModelResponse);
+        && (review_final || run.hooks.has_blocking(EventKind::ModelResponse));
     let sent = std::sync::atomic::AtomicBool::new(false);
     let held: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let on_delta = |chunk: &str| {
@@ -484,12 +528,16 @@ async fn call_model(
     (r, sent, span)
 }
 
-/// model_response hooks; releases held deltas only for an accepted turn.
+/// model_response hooks; releases held deltas only for an accepted turn
+/// (for a final answer under blocking turn_end hooks, only once those
+/// accepted it too). `provisional`: the turn whose deltas were streamed
+/// provisionally (pass mode).
 async fn review_response(
     run: &Run,
     turn: u32,
     response: ModelResponse,
-    sent_deltas: bool,
+    provisional: &mut Option<u32>,
+    review_final: bool,
     chat: Option<Span>,
 ) -> Result<ResponseDecision, Stop> {
     let original_text = response.message().text();
@@ -504,25 +552,27 @@ async fn review_response(
         m.fill_missing_call_ids(&call_id_prefix(&run.run_id, turn));
     }
     let rewritten = out.payload.message().text() != original_text;
-    let retract = |reason: &str| {
-        if sent_deltas {
-            run.emit(RunEvent::DeltasRetracted {
-                turn,
-                reason: reason.to_string(),
-            });
-        }
-    };
     match out.stop {
         None => {
-            if rewritten {
-                retract("rewritten by a model_response hook");
+            let release = if rewritten {
+                retract(run, provisional, "rewritten by a model_response hook");
                 let text = out.payload.message().text();
-                if !text.is_empty() {
+                (!text.is_empty()).then_some(text).into_iter().collect()
+            } else {
+                held
+            };
+            let await_turn_end = review_final && !Machine::has_tool_calls(&out.payload.message());
+            if await_turn_end && run.agent.config.stream_deltas == StreamDeltas::Hold {
+                *run.held.lock().unwrap() = release;
+            } else {
+                let sent = !release.is_empty();
+                for text in release {
                     run.emit(RunEvent::TextDelta { turn, text });
                 }
-            } else {
-                for text in held {
-                    run.emit(RunEvent::TextDelta { turn, text });
+                if !await_turn_end {
+                    *provisional = None;
+                } else if sent {
+                    *provisional = Some(turn);
                 }
             }
             // Output content, once, now that every model_response hook ran
@@ -539,11 +589,11 @@ async fn review_response(
             Ok(ResponseDecision::Accept(out.payload))
         }
         Some((_, ResponseStop::Retry(f))) => {
-            retract("retried by a model_response hook");
+            retract(run, provisional, "retried by a model_response hook");
             Ok(ResponseDecision::Retry(f))
         }
         Some((hook, ResponseStop::Terminate(t))) => {
-            retract("rejected by a model_response hook");
+            retract(run, provisional, "rejected by a model_response hook");
             Err(terminate(hook, t))
         }
     }
