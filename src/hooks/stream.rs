@@ -301,7 +301,7 @@ impl Drop for RunStream {
 fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {
     let mut g = r.lock().unwrap();
     let seq = v.seq;
-    let fault = if let Some((w, kind)) = g.waiting.remove(&seq) {
+    if let Some((w, kind)) = g.waiting.remove(&seq) {
         g.answered.insert(seq, kind);
         if w.send(Ok(v)).is_err() {
             // Nobody waits any more: the run's deadline (or its end) came
@@ -309,42 +309,46 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {
             late(&mut g, owner);
         }
         return;
-    } else if g.expired.remove(&seq) {
+    }
+    if g.expired.remove(&seq) {
         late(&mut g, owner);
         return;
-    } else if let Some(&kind) = g.answered.get(&seq) {
-        let f = Fault::new(
-            FailureClass::Duplicate,
-            format!("second verdict for seq {seq}"),
-        );
-        (f, Some(kind))
-    } else {
-        let f = Fault::new(
-            FailureClass::Spurious,
-            format!("verdict for seq {seq}, which was never sent or expects no verdict"),
-        );
-        (f, None)
+    }
+    let (fault, after) = match g.answered.get(&seq) {
+        Some(&kind) => (
+            Fault::new(
+                FailureClass::Duplicate,
+                format!("second verdict for seq {seq}"),
+            ),
+            Some(kind),
+        ),
+        None => (
+            Fault::new(
+                FailureClass::Spurious,
+                format!("verdict for seq {seq}, which was never sent or expects no verdict"),
+            ),
+            None,
+        ),
     };
-    let (fault, after) = fault;
-    let class = fault.class;
-    let first = g.poison(fault, after);
-    let seen_after = g.poisoned.as_ref().and_then(|f| f.seen_after);
-    let detail = g
-        .poisoned
-        .as_ref()
-        .map(|f| f.detail.clone())
-        .unwrap_or_default();
-    let event = seen_after.map_or("unknown", EventKind::name);
-    tracing::debug!(hook = %owner.hook, class = %class, after = event, "hook stream fault; the run fails at its next step");
-    if first && g.closing && !g.delivered {
+    if !g.poison(fault, after) {
+        return; // already broken: the first fault is the one reported
+    }
+    let Some(first) = g.poisoned.clone() else {
+        return;
+    };
+    let event = first.seen_after.map_or("unknown", EventKind::name);
+    tracing::debug!(hook = %owner.hook, class = %first.class, after = event, "hook stream fault; the run fails at its next step");
+    if g.closing && !g.delivered {
         // The run is over, so no step will report it: count and log it now.
         g.delivered = true;
-        owner.metrics.hook_failure(&owner.hook, event, class.name());
+        owner
+            .metrics
+            .hook_failure(&owner.hook, event, first.class.name());
         tracing::warn!(
             hook = %owner.hook,
             event,
-            class = %class,
-            detail = %detail,
+            class = %first.class,
+            detail = %first.detail,
             "hook broke the protocol after its run ended"
         );
     }
