@@ -61,7 +61,10 @@ pub enum EngineSetupError {
 /// A started run: its events, and the task that drives it.
 pub struct RunHandle {
     pub run_id: String,
-    pub events: mpsc::UnboundedReceiver<RunEvent>,
+    /// Bounded by `server.run_event_buffer`. When it was full as the run
+    /// ended, the last event (`Finished`) is missing: the report is then
+    /// `task`'s result.
+    pub events: mpsc::Receiver<RunEvent>,
     pub task: tokio::task::JoinHandle<RunReport>,
 }
 
@@ -91,10 +94,9 @@ impl Engine {
         inst: Instruments,
     ) -> Result<Engine, EngineSetupError> {
         let registry = Arc::new(HookRegistry::new(&config)?);
-        // Breaker gauges exist (closed) from the start; calls only touch
+        // Breaker gauges exist (closed) from the start; clients only touch
         // them when a breaker opens or closes.
         for c in registry.all() {
-            inst.metrics.breaker_state(c.name(), false);
             c.attach_metrics(inst.metrics.clone());
         }
         let mut agents = HashMap::new();
@@ -342,20 +344,23 @@ impl Engine {
             agent.config.event_budget,
             self.inst.clone(),
         );
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(self.config.server.run_event_buffer);
         let agent_name = agent.config.name.clone();
-        let run = Arc::new(Run::new(
-            run_id.clone(),
-            session.id.clone(),
-            agent,
-            hooks,
-            self.registry.clone(),
-            streaming,
-            self.approvals.clone(),
-            deadline,
-            tx,
-            self.inst.clone(),
-        ));
+        let run = Arc::new(
+            Run::new(
+                run_id.clone(),
+                session.id.clone(),
+                agent,
+                hooks,
+                self.registry.clone(),
+                streaming,
+                self.approvals.clone(),
+                deadline,
+                tx,
+                self.inst.clone(),
+            )
+            .with_client_stall(self.config.server.client_stall_timeout),
+        );
         self.runs
             .lock()
             .unwrap()
@@ -420,6 +425,11 @@ impl Engine {
 
     pub fn hooks(&self) -> Vec<HookSnapshot> {
         self.registry.all().iter().map(|c| c.snapshot()).collect()
+    }
+
+    /// Approval requests still waiting for `ResolveApproval`.
+    pub fn pending_approvals(&self) -> usize {
+        self.approvals.pending()
     }
 
     pub fn active_runs(&self) -> usize {

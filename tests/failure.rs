@@ -823,7 +823,7 @@ async fn batch_stop_cell(stopper: Stopper, concurrency: u32) -> String {
                 let n = arrived.notified();
                 let stopped = events.lock().unwrap().iter().any(|e| {
                     matches!(&e.event, Some(pb::run_event::Event::HookVerdict(v))
-                        if v.hook == "stopper" && v.verdict == "terminate")
+                        if v.hook == "stopper" && v.verdict_kind() == pb::VerdictKind::Terminate)
                 });
                 if stopped {
                     return;

@@ -5,11 +5,12 @@
 # policy denying a tool, and a tool executed by the remote hook server.
 # Everything started here is stopped on exit, however the script ends.
 #
-# Needs: the Python example's packages (examples/hooks/install-deps.sh).
+# Needs: the Python example's packages (`make deps` puts them in .venv/).
 # HOOKWIRE_BIN=path skips the cargo build (the test suite uses it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi
 PYTHON=${PYTHON:-python3}
 CONFIG=examples/demo/hookwire.yaml
 PROMPT="My API key is sk-live-4f9a8b7c6d5e4f3a. What's the weather in Paris? And look up customer C-1001 for me."

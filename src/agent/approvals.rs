@@ -48,7 +48,7 @@ impl Drop for PendingApproval<'_> {
 }
 
 impl Approvals {
-    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Entry>> {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Entry>> {
         // Entries stay consistent under a panic elsewhere: keep serving them.
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -62,7 +62,7 @@ impl Approvals {
         stop: Option<CancellationToken>,
     ) -> PendingApproval<'_> {
         let (tx, rx) = oneshot::channel();
-        self.pending().insert(
+        self.entries().insert(
             (run_id.to_string(), call_id.to_string()),
             Entry { tx, stop },
         );
@@ -75,19 +75,24 @@ impl Approvals {
     }
 
     pub fn withdraw(&self, run_id: &str, call_id: &str) {
-        self.pending()
+        self.entries()
             .remove(&(run_id.to_string(), call_id.to_string()));
     }
 
     /// Withdraws every pending approval of a run (its driver panicked, say):
     /// a late `ResolveApproval` then gets NOT_FOUND.
     pub fn withdraw_run(&self, run_id: &str) {
-        self.pending().retain(|(run, _), _| run != run_id);
+        self.entries().retain(|(run, _), _| run != run_id);
+    }
+
+    /// Approvals waiting for an answer, over all runs.
+    pub fn pending(&self) -> usize {
+        self.entries().len()
     }
 
     pub fn resolve(&self, run_id: &str, call_id: &str, d: Decision) -> Result<(), ApprovalError> {
         let entry = self
-            .pending()
+            .entries()
             .remove(&(run_id.to_string(), call_id.to_string()));
         match entry {
             Some(e) if !e.stop.as_ref().is_some_and(CancellationToken::is_cancelled) => {

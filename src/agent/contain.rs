@@ -73,6 +73,7 @@ fn panicked(run: &Run, payload: &(dyn Any + Send)) -> RunReport {
         // a transcript that might hold a tool call without its result.
         messages: Vec::new(),
         hook_verdicts: quietly(|| run.verdict_records()).unwrap_or_default(),
+        finish_reason: String::new(),
     };
     quietly(|| {
         run.hooks.observe(0, EventKind::RunEnd, || Payload::RunEnd {
@@ -123,7 +124,7 @@ mod tests {
     use tokio::sync::mpsc;
     use tokio::time::{Duration, Instant};
 
-    fn run(approvals: Arc<Approvals>) -> (Arc<Run>, mpsc::UnboundedReceiver<RunEvent>) {
+    fn run(approvals: Arc<Approvals>) -> (Arc<Run>, mpsc::Receiver<RunEvent>) {
         let config = Config::parse(
             "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\n",
             "test",
@@ -143,7 +144,7 @@ mod tests {
             Duration::from_secs(5),
             inst.clone(),
         );
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(16);
         let run = Run::new(
             "r1".into(),
             "s1".into(),
@@ -216,6 +217,7 @@ mod tests {
                 turns: 1,
                 messages: vec![],
                 hook_verdicts: vec![],
+                finish_reason: "stop".into(),
             }
         })
         .await;

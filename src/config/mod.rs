@@ -77,6 +77,9 @@ pub struct ModelConfig {
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
     pub organization: Option<String>,
+    /// Stream the answer (default true); false asks for one JSON answer,
+    /// for servers that cannot stream some requests.
+    pub stream: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
@@ -268,6 +271,10 @@ pub struct TelemetryConfig {
 
 pub const DEFAULT_MAX_INPUT_BYTES: usize = 256 * 1024;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
+pub const DEFAULT_RUN_EVENT_BUFFER: usize = 1024;
+pub const DEFAULT_CLIENT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Smallest `server.run_event_buffer`: one step's events must fit in half.
+pub const MIN_RUN_EVENT_BUFFER: usize = 16;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -278,6 +285,14 @@ pub struct ServerConfig {
     /// How long in-flight runs may finish after SIGTERM before cancellation.
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Events of one run queued for its client. A slow `Run` reader slows
+    /// the run down; one that stops reading ends it (cancelled).
+    #[serde(default = "default_run_event_buffer")]
+    pub run_event_buffer: usize,
+    /// How long a run waits for a `Run` client that reads none of its
+    /// events (its queue full) before it is cancelled.
+    #[serde(default = "default_client_stall", with = "humantime_serde")]
+    pub client_stall_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -285,8 +300,17 @@ impl Default for ServerConfig {
         ServerConfig {
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            run_event_buffer: DEFAULT_RUN_EVENT_BUFFER,
+            client_stall_timeout: DEFAULT_CLIENT_STALL_TIMEOUT,
         }
     }
+}
+
+fn default_run_event_buffer() -> usize {
+    DEFAULT_RUN_EVENT_BUFFER
+}
+fn default_client_stall() -> Duration {
+    DEFAULT_CLIENT_STALL_TIMEOUT
 }
 
 fn default_max_input() -> usize {

@@ -78,11 +78,17 @@ impl fmt::Display for FailureClass {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fault {
     pub class: FailureClass,
+    /// The whole story, for the client and the model (a run's reason, a
+    /// failed tool's result). May quote the hook server.
     pub detail: String,
     /// For a fault that broke the hook's stream (a duplicate or spurious
     /// verdict, a reset): the event it was seen after, which is the event a
     /// failure names, whatever event was in flight when it was noticed.
     pub seen_after: Option<EventKind>,
+    /// `detail` without the text the hook server supplied (its gRPC status
+    /// message, which often quotes request content); `None` when `detail`
+    /// holds none. Logs above debug and spans use this one.
+    pub quiet: Option<String>,
 }
 
 impl Fault {
@@ -91,12 +97,34 @@ impl Fault {
             class,
             detail: detail.into(),
             seen_after: None,
+            quiet: None,
         }
     }
 
     /// The event a failure from this fault is about, when noticed at `kind`.
     pub fn event(&self, kind: EventKind) -> EventKind {
         self.seen_after.unwrap_or(kind)
+    }
+
+    /// A fault whose `detail` quotes the hook server; `quiet` is the same
+    /// story without the quote.
+    pub fn quoting_hook(
+        class: FailureClass,
+        detail: impl Into<String>,
+        quiet: impl Into<String>,
+    ) -> Self {
+        Fault {
+            class,
+            detail: detail.into(),
+            seen_after: None,
+            quiet: Some(quiet.into()),
+        }
+    }
+
+    /// What may be logged above debug or exported: `detail` without any
+    /// hook-supplied text.
+    pub fn log_detail(&self) -> &str {
+        self.quiet.as_deref().unwrap_or(&self.detail)
     }
 }
 

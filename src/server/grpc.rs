@@ -111,6 +111,19 @@ impl AgentService for AgentApi {
                     return;
                 }
             }
+            // The run ended while its event queue was full, so `Finished`
+            // could not be queued: the report is the task's result.
+            let last = match handle.task.await {
+                Ok(report) => Ok(convert::run_event(
+                    &run_id,
+                    seq + 1,
+                    &RunEvent::Finished(report),
+                    &session.id,
+                    &session.agent,
+                )),
+                Err(e) => Err(Status::internal(format!("run task failed: {e}"))),
+            };
+            let _ = tx.send(last).await;
         });
         Ok(Response::new(stream))
     }

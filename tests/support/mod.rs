@@ -7,7 +7,9 @@ pub mod fakellm;
 pub mod fault;
 pub mod go;
 pub mod logwatch;
+pub mod node;
 pub mod python;
+pub mod raw;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -37,7 +37,14 @@ impl Backoff {
             .base
             .saturating_mul(2u32.saturating_pow(retry.min(16)))
             .min(self.max);
-        exp.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+        // NaN survives `clamp`, and `mul_f64` panics on it.
+        let jitter = if jitter.is_nan() {
+            1.0
+        } else {
+            jitter.clamp(0.0, 1.0)
+        };
+        // f64 rounding can land a hair above the cap on huge durations.
+        exp.mul_f64(0.5 + 0.5 * jitter).min(self.max)
     }
 }
 
