@@ -577,6 +577,50 @@ async fn a_fault_at_the_end_of_a_run_is_logged_and_counted_once() {
     server.stop().await;
 }
 
+/// A hook that answers every run's last event twice, each duplicate arriving
+/// after its run ended (so only the stream's reader sees it): every one is
+/// counted, but the warnings are thinned like any other hook failure's, in
+/// one budget per hook and class, not one line per run.
+#[tokio::test]
+async fn faults_after_their_run_are_counted_each_and_warned_about_thinly() {
+    const RUNS: usize = 6;
+    let (logs, _guard) = support::logwatch::LogWatch::install("info,hookwire::hooks::stream=debug");
+    let release = Arc::new(tokio::sync::Notify::new());
+    let mut fault = FaultHook::new(K::TurnEnd, Misbehave::Duplicate, &[]);
+    fault.release = Some(release.clone());
+    let (fault_addr, _t) = fault.start().await;
+    let (server, admin) =
+        TestServer::start_with_admin(&config(&[("fault", &fault_addr, "")], "")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    for run in 1..=RUNS {
+        let r = invoke(&mut c, &s, "hi").await;
+        assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+        // The run is over: now the second verdict goes out.
+        release.notify_one();
+        bounded(
+            "the stream's reader sees the duplicate",
+            logs.wait_for_count(&["hook stream fault", "hook=fault", "class=duplicate"], run),
+        )
+        .await;
+    }
+    let metrics = http_get(admin, "/metrics").await;
+    let series = format!(
+        r#"hookwire_hook_failures_total{{hook="fault",event="turn_end",class="duplicate"}} {RUNS}"#
+    );
+    assert!(metrics.contains(&series), "no {series} in {metrics}");
+    // One line per hook and class per 10 s: one, or two if the runs
+    // straddled an interval, never one per run.
+    let warned = logs.lines_with(&["WARN", "hook=fault", "class=duplicate"]);
+    assert!(
+        !warned.is_empty() && warned.len() <= 2,
+        "{} warnings for {RUNS} faults: {warned:#?}",
+        warned.len()
+    );
+    assert!(warned[0].contains("event=turn_end"), "{}", warned[0]);
+    server.stop().await;
+}
+
 /// A hook server redeployed with a Describe that drops an event its config
 /// names: the event is not silently skipped. The drift is logged (warning)
 /// when hookwire re-describes the hook, shown by ListHooks and `hookwire

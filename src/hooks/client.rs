@@ -53,7 +53,9 @@ pub struct HookClient {
     /// Signalled when the breaker opens: `maintain` then probes the server.
     breaker_opened: Notify,
     redescribe: Notify,
-    failure_log: Mutex<FailureLog>,
+    /// Shared with the hook's run streams, which log faults seen after
+    /// their run ended.
+    failure_log: Arc<Mutex<FailureLog>>,
     /// Where the breaker gauge and the unsubscribed-events gauge live (set
     /// once by the engine).
     metrics: OnceLock<Arc<Metrics>>,
@@ -150,7 +152,7 @@ impl HookClient {
             breaker: Mutex::new(breaker),
             breaker_opened: Notify::new(),
             redescribe: Notify::new(),
-            failure_log: Mutex::new(FailureLog::default()),
+            failure_log: Arc::default(),
             metrics: OnceLock::new(),
         }))
     }
@@ -445,6 +447,7 @@ impl HookClient {
             metadata,
             self.config.name.clone(),
             metrics,
+            self.failure_log.clone(),
         )
     }
 

@@ -5,7 +5,7 @@
 //! arrive, for as long as the connection lives (after the run too).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -14,6 +14,7 @@ use tonic::transport::Channel;
 
 use crate::event::EventKind;
 use crate::hooks::failure::{FailureClass, Fault};
+use crate::hooks::failure_log::FailureLog;
 use crate::hooks::wire::event_kind_from_wire;
 use crate::pb;
 use crate::pb::hook_service_client::HookServiceClient;
@@ -58,6 +59,8 @@ impl Routing {
 struct Owner {
     hook: String,
     metrics: Arc<Metrics>,
+    /// The hook's warning budget, shared with its failures seen in runs.
+    failure_log: Arc<Mutex<FailureLog>>,
 }
 
 pub struct RunStream {
@@ -87,6 +90,7 @@ impl RunStream {
         metadata: Vec<(&'static str, String)>,
         hook: String,
         metrics: Arc<Metrics>,
+        failure_log: Arc<Mutex<FailureLog>>,
     ) -> RunStream {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let routing = Arc::new(Mutex::new(Routing {
@@ -94,7 +98,11 @@ impl RunStream {
             ..Default::default()
         }));
         let r = routing.clone();
-        let owner = Owner { hook, metrics };
+        let owner = Owner {
+            hook,
+            metrics,
+            failure_log,
+        };
         let reader = tokio::spawn(async move {
             let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
             for (k, v) in metadata {
@@ -344,13 +352,23 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {
         owner
             .metrics
             .hook_failure(&owner.hook, event, first.class.name());
-        tracing::warn!(
-            hook = %owner.hook,
-            event,
-            class = %first.class,
-            detail = %first.detail,
-            "hook broke the protocol after its run ended"
-        );
+        // Thinned like every hook failure warning (a hook that answers
+        // every run twice must not flood the log).
+        let admitted = owner
+            .failure_log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(first.class, Instant::now().into_std());
+        if let Some(suppressed) = admitted {
+            tracing::warn!(
+                hook = %owner.hook,
+                event = %event,
+                class = %first.class,
+                detail = %first.log_detail(),
+                suppressed,
+                "hook broke the protocol after its run ended"
+            );
+        }
     }
 }
 

@@ -65,9 +65,14 @@ impl LogWatch {
 
     /// Waits until some line contains every one of `parts`.
     pub async fn wait_for(&self, parts: &[&str]) {
+        self.wait_for_count(parts, 1).await;
+    }
+
+    /// Waits until `n` lines contain every one of `parts`.
+    pub async fn wait_for_count(&self, parts: &[&str], n: usize) {
         loop {
             let arrived = self.arrived.notified();
-            if !self.lines_with(parts).is_empty() {
+            if self.lines_with(parts).len() >= n {
                 return;
             }
             arrived.await;
