@@ -10,8 +10,9 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use crate::agent::approvals::{ApprovalError, Approvals, Decision};
+use crate::agent::contain::drive_contained;
 use crate::agent::events::{RunEvent, RunReport};
-use crate::agent::runner::{drive, AgentRuntime, Run};
+use crate::agent::runner::{AgentRuntime, Run};
 use crate::auth::access::{self, Action, Denied, SessionGrant};
 use crate::auth::quota::{QuotaExceeded, QuotaLedger};
 use crate::auth::Principal;
@@ -464,7 +465,7 @@ impl Engine {
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
         let task = tokio::spawn(async move {
-            let report = drive(run.clone(), transcript, input)
+            let report = drive_contained(run.clone(), transcript, input)
                 .instrument(span.clone())
                 .await;
             let outcome = report.outcome.name();

@@ -381,6 +381,21 @@ pub async fn hooks(addr: &str, opts: &ServerOpts) -> anyhow::Result<()> {
                     .join(", ")
             );
         }
+        if !h.unsubscribed_events.is_empty() {
+            println!(
+                "    unsubscribed: {} (configured, but not in the server's Describe: {})",
+                h.unsubscribed_events
+                    .iter()
+                    .map(|e| event_name(*e))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if h.mode == "observe" {
+                    "not delivered".to_string()
+                } else {
+                    format!("each fails under failure: {}", h.failure)
+                }
+            );
+        }
         if !h.last_error.is_empty() {
             println!("    last error: {}", h.last_error);
         }

@@ -62,8 +62,11 @@ pub struct HookClient {
     breaker_opened: Notify,
     /// Describe again: a connection-level fault, or a connection ended.
     redescribe: Arc<Notify>,
-    failure_log: Mutex<FailureLog>,
-    /// Where the breaker gauge lives (set once by the engine).
+    /// Shared with the hook's run streams, which log faults seen after
+    /// their run ended.
+    failure_log: Arc<Mutex<FailureLog>>,
+    /// Where the breaker gauge and the unsubscribed-events gauge live (set
+    /// once by the engine).
     metrics: OnceLock<Arc<Metrics>>,
 }
 
@@ -101,6 +104,9 @@ pub struct HookSnapshot {
     pub events: Vec<EventKind>,
     pub description: Option<Description>,
     pub last_error: Option<String>,
+    /// Configured events the server's Describe does not list (a blocking
+    /// hook fails at each of them under its failure policy).
+    pub unsubscribed: Vec<EventKind>,
 }
 
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -241,15 +247,18 @@ impl HookClient {
             breaker: Mutex::new(breaker),
             breaker_opened: Notify::new(),
             redescribe,
-            failure_log: Mutex::new(FailureLog::default()),
+            failure_log: Arc::default(),
             metrics: OnceLock::new(),
         }))
     }
 
-    /// Publishes this hook's breaker state in `metrics` from now on.
+    /// Publishes this hook's breaker state in `metrics`, and counts what
+    /// Describe says (`hookwire_hook_unsubscribed`), from now on.
     pub fn attach_metrics(&self, metrics: Arc<Metrics>) {
         metrics.breaker_state(self.name(), self.breaker_open());
-        let _ = self.metrics.set(metrics);
+        if self.metrics.set(metrics).is_ok() {
+            self.count_unsubscribed();
+        }
     }
 
     fn publish_breaker(&self, open: bool) {
@@ -295,9 +304,23 @@ impl HookClient {
                     tools: d.tools.into_iter().map(Into::into).collect(),
                 };
                 *self.described.write().unwrap() = Some(desc.clone());
-                let mut s = self.status.lock().unwrap();
-                s.state = ConnState::Connected;
-                s.last_error = None;
+                {
+                    let mut s = self.status.lock().unwrap();
+                    s.state = ConnState::Connected;
+                    s.last_error = None;
+                }
+                let missing = self.unsubscribed_events();
+                if !missing.is_empty() {
+                    let events: Vec<&str> = missing.iter().map(|e| e.name()).collect();
+                    tracing::warn!(
+                        hook = %self.config.name,
+                        events = %events.join(","),
+                        failure = ?self.config.failure,
+                        mode = ?self.config.mode,
+                        "hook server's Describe does not list events its config names; a blocking hook fails at each of them (class unsubscribed) under its failure policy"
+                    );
+                }
+                self.count_unsubscribed();
                 Ok(desc)
             }
             Err(f) => {
@@ -405,6 +428,48 @@ impl HookClient {
         }
     }
 
+    /// Configured events the server's Describe does not list (empty before
+    /// the first Describe, or when the config names no events).
+    pub fn unsubscribed_events(&self) -> Vec<EventKind> {
+        match &*self.described.read().unwrap() {
+            Some(d) => self
+                .config
+                .events
+                .iter()
+                .copied()
+                .filter(|e| !d.events.contains(e))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether `kind` is configured for this hook but its server's Describe
+    /// no longer lists it: a contract broken by configuration drift, never
+    /// a silent skip.
+    pub fn unsubscribed(&self, kind: EventKind) -> bool {
+        self.config.events.contains(&kind)
+            && self
+                .described
+                .read()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|d| !d.events.contains(&kind))
+    }
+
+    /// One gauge per configured event: 1 while Describe does not list it.
+    fn count_unsubscribed(&self) {
+        let Some(m) = self.metrics.get() else {
+            return;
+        };
+        if self.description().is_none() {
+            return;
+        }
+        let missing = self.unsubscribed_events();
+        for e in &self.config.events {
+            m.hook_unsubscribed(&self.config.name, e.name(), missing.contains(e));
+        }
+    }
+
     /// Events this hook receives: Describe's list narrowed by config. Before
     /// the first successful Describe, the configured list (if any).
     pub fn subscriptions(&self) -> Option<Vec<EventKind>> {
@@ -490,8 +555,19 @@ impl HookClient {
         self.breaker.lock().unwrap().is_open()
     }
 
-    pub fn open_stream(&self, metadata: Vec<(&'static str, String)>) -> RunStream {
-        RunStream::open(self.client(), self.config.observe_queue, metadata)
+    pub fn open_stream(
+        &self,
+        metadata: Vec<(&'static str, String)>,
+        metrics: Arc<crate::telemetry::Metrics>,
+    ) -> RunStream {
+        RunStream::open(
+            self.client(),
+            self.config.observe_queue,
+            metadata,
+            self.config.name.clone(),
+            metrics,
+            self.failure_log.clone(),
+        )
     }
 
     pub async fn call_tool(
@@ -532,6 +608,7 @@ impl HookClient {
             events: self.subscriptions().unwrap_or_default(),
             description: self.description(),
             last_error: s.last_error.clone(),
+            unsubscribed: self.unsubscribed_events(),
         }
     }
 }

@@ -82,6 +82,20 @@ pub async fn serve_with_admin(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let models = build_models(&config)?;
+    serve_with_models(listener, admin, config, models, shutdown).await
+}
+
+/// [`serve_with_admin`] with the model providers given rather than built
+/// from `config.models` (one per configured model name): the seam for tests
+/// and embedders that bring a provider of their own.
+pub async fn serve_with_models(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    config: Config,
+    models: HashMap<String, Arc<dyn ModelProvider>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let inst = Instruments::new(&config.telemetry);
     let local = listener.local_addr().map_err(ServeError::Listener)?;
     let (auth, tls) = preflight::security(&config, local)?;
@@ -94,7 +108,9 @@ pub async fn serve_with_admin(
             let _ = admin_stop_rx.await;
         }))
     });
-    let engine = preflight::engine(&config, inst, Some(preflight::STARTUP_DESCRIBE)).await?;
+    let engine =
+        preflight::engine_with_models(&config, models, inst, Some(preflight::STARTUP_DESCRIBE))
+            .await?;
     engine.registry().start();
 
     let (reporter, health) = tonic_health::server::health_reporter();

@@ -4,12 +4,14 @@
 //! hook servers that answer `Describe` within the start-up wait are asked
 //! for their tools, which must not be owned twice.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::model::ModelProvider;
 use crate::server::{build_models, ServeError};
 use crate::telemetry::Instruments;
 use crate::tls::ServerTlsConfig;
@@ -56,7 +58,18 @@ pub async fn engine(
     inst: Instruments,
     describe: Option<Duration>,
 ) -> Result<Arc<Engine>, ServeError> {
-    let engine = Arc::new(Engine::new(config.clone(), build_models(config)?, inst)?);
+    engine_with_models(config, build_models(config)?, inst, describe).await
+}
+
+/// [`engine`] with the model providers given rather than built from
+/// `config.models` (see `serve_with_models`).
+pub async fn engine_with_models(
+    config: &Config,
+    models: HashMap<String, Arc<dyn ModelProvider>>,
+    inst: Instruments,
+    describe: Option<Duration>,
+) -> Result<Arc<Engine>, ServeError> {
+    let engine = Arc::new(Engine::new(config.clone(), models, inst)?);
     if let Some(wait) = describe {
         engine.registry().describe_all(wait).await;
         engine.registry().check_tool_ownership()?;

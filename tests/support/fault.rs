@@ -38,6 +38,9 @@ pub enum Misbehave {
     /// Answers an observe-only event (`on` is text_delta, run_end or
     /// session_end), which expects no verdict.
     AnswerObserve,
+    /// Leaves `on` out of its Describe (configured, so hookwire expects it)
+    /// and answers every event it gets.
+    Unsubscribed,
     /// Keeps "the current event" in one place per stream: once this many
     /// events of kind `on` are in flight, answers each of them with the seq
     /// of the latest (the bug of a handler that is not ready for several
@@ -56,6 +59,7 @@ impl Misbehave {
             Misbehave::Duplicate | Misbehave::LatestSeq(_) => "duplicate",
             Misbehave::Spurious | Misbehave::AnswerObserve => "spurious",
             Misbehave::RefuseStream => "stream_refused",
+            Misbehave::Unsubscribed => "unsubscribed",
         }
     }
 }
@@ -74,6 +78,10 @@ pub struct FaultHook {
     pub fault_sent: Arc<tokio::sync::Notify>,
     /// Streams opened.
     pub streams: Arc<AtomicUsize>,
+    /// With `Duplicate`: the second verdict waits for this.
+    pub release: Option<Arc<tokio::sync::Notify>>,
+    /// With a tool event: misbehave only on this call index.
+    pub only_index: Option<u32>,
 }
 
 pub fn proceed(kind: pb::EventKind) -> pb::hook_verdict::Verdict {
@@ -177,9 +185,14 @@ impl pb::hook_service_server::HookService for FaultHook {
         &self,
         _: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let events: Vec<pb::EventKind> = self
+            .events
+            .iter()
+            .copied()
+            .filter(|e| !(self.how == Misbehave::Unsubscribed && *e == self.on))
+            .collect();
         Ok(Response::new(hookwire::hook_server::describe(
-            "fault",
-            &self.events,
+            "fault", &events,
         )))
     }
 
@@ -242,7 +255,8 @@ impl pb::hook_service_server::HookService for FaultHook {
                         | Misbehave::Late(_)
                         | Misbehave::RefuseStream
                         | Misbehave::Deaf
-                        | Misbehave::LatestSeq(_) => {}
+                        | Misbehave::LatestSeq(_)
+                        | Misbehave::Unsubscribed => {}
                     }
                     continue;
                 }
@@ -253,7 +267,13 @@ impl pb::hook_service_server::HookService for FaultHook {
                     verdict: Some(proceed(kind)),
                     ..Default::default()
                 };
-                if kind != this.on {
+                let index = match &ev.payload {
+                    Some(pb::hook_event::Payload::ToolCall(t)) => Some(t.call_index),
+                    Some(pb::hook_event::Payload::ToolResult(t)) => Some(t.call_index),
+                    _ => None,
+                };
+                let other_call = this.only_index.is_some() && index != this.only_index;
+                if kind != this.on || other_call {
                     let _ = tx.send(Ok(ok)).await;
                     continue;
                 }
@@ -263,6 +283,9 @@ impl pb::hook_service_server::HookService for FaultHook {
                     | Misbehave::RefuseStream
                     | Misbehave::Deaf
                     | Misbehave::AnswerObserve => {}
+                    Misbehave::Unsubscribed => {
+                        let _ = tx.send(Ok(ok)).await;
+                    }
                     Misbehave::Late(d) => {
                         let tx = tx.clone();
                         tokio::spawn(async move {
@@ -295,7 +318,18 @@ impl pb::hook_service_server::HookService for FaultHook {
                     }
                     Misbehave::Duplicate => {
                         let _ = tx.send(Ok(ok.clone())).await;
-                        let _ = tx.send(Ok(ok)).await;
+                        match &this.release {
+                            None => {
+                                let _ = tx.send(Ok(ok)).await;
+                            }
+                            Some(release) => {
+                                let (tx, release) = (tx.clone(), release.clone());
+                                tokio::spawn(async move {
+                                    release.notified().await;
+                                    let _ = tx.send(Ok(ok)).await;
+                                });
+                            }
+                        }
                     }
                     Misbehave::LatestSeq(n) => {
                         in_flight += 1;
@@ -357,6 +391,8 @@ impl FaultHook {
             faulted: Default::default(),
             fault_sent: Default::default(),
             streams: Default::default(),
+            release: None,
+            only_index: None,
         }
     }
 

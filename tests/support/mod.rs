@@ -9,6 +9,7 @@ pub mod fakellm;
 pub mod fault;
 pub mod go;
 pub mod jwt;
+pub mod logwatch;
 pub mod node;
 pub mod python;
 pub mod raw;
@@ -73,6 +74,39 @@ impl TestServer {
             listener,
             Some(admin),
             config,
+            async {
+                let _ = rx.await;
+            },
+        ));
+        let server = TestServer {
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        };
+        (server, admin_addr)
+    }
+
+    /// Like `start_with_admin`, with some configured models replaced by the
+    /// given providers (by model name): e.g. one that panics on purpose.
+    pub async fn start_with_models(
+        yaml: &str,
+        replace: Vec<(&str, Arc<dyn hookwire::model::ModelProvider>)>,
+    ) -> (TestServer, std::net::SocketAddr) {
+        let config = Config::parse(yaml, "test config").expect("test config is valid");
+        let mut models = hookwire::server::build_models(&config).expect("models build");
+        for (name, provider) in replace {
+            models.insert(name.to_string(), provider);
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(hookwire::server::serve_with_models(
+            listener,
+            Some(admin),
+            config,
+            models,
             async {
                 let _ = rx.await;
             },
@@ -365,6 +399,18 @@ impl FnHook {
         }
     }
 
+    /// Waits until `n` events of `kind` (snake_case name) were received.
+    #[allow(dead_code)]
+    pub async fn wait_for_count(&self, kind: &str, n: usize) {
+        loop {
+            let arrived = self.arrived.notified();
+            if self.seen_kinds().iter().filter(|k| *k == kind).count() >= n {
+                return;
+            }
+            arrived.await;
+        }
+    }
+
     fn push(&self, ev: pb::HookEvent) {
         self.seen.lock().unwrap().push(ev);
         self.arrived.notify_waiters();
@@ -382,6 +428,12 @@ impl FnHook {
 
     pub async fn start(self) -> TestHook {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.start_on(listener)
+    }
+
+    /// Serves on `listener` (e.g. a fixed port, to restart a hook server at
+    /// the same address).
+    pub fn start_on(self, listener: tokio::net::TcpListener) -> TestHook {
         let addr = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel::<()>();
         let handle = self.clone();
@@ -577,6 +629,18 @@ pub struct TestHook {
     pub task: tokio::task::JoinHandle<()>,
 }
 
+impl TestHook {
+    /// Shuts the server down gracefully and waits until it has stopped:
+    /// its listener is closed and its connections are gone.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let task = std::mem::replace(&mut self.task, tokio::spawn(async {}));
+        let _ = task.await;
+    }
+}
+
 impl Drop for TestHook {
     fn drop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
@@ -646,6 +710,8 @@ pub fn weather_tool() -> pb::ToolSpec {
 
 /// Scripted model rules shared by the suites.
 pub const SCRIPTED_RULES: &str = r#"
+      - when: { last_user_contains: "mixed calls" }
+        tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { town: "Oslo" } } ]
       - when: { last_user_contains: "three tools" }
         tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { city: "Oslo" } }, { name: get_weather, arguments: { city: "Rome" } } ]
       - when: { last_user_contains: "bad args" }

@@ -1,13 +1,16 @@
 """policy: keeps dangerous tools away from the model.
 
-  model_request  narrows active_tools to the offered tools minus the denied
-                 ones, so the model is not even offered them
-  tool_call      denied tool -> skip with an error result the model reads;
-                 tool that needs approval -> ask (the client approves or not)
+  model_request      narrows active_tools to the offered tools minus the
+                     denied ones, so the model is not even offered them
+  invalid_tool_call  a model that calls a hidden tool anyway: hookwire treats
+                     it as an unknown tool (it never runs); the policy
+                     answers skip with the same error result as below
+  tool_call          denied tool -> skip with an error result the model reads;
+                     tool that needs approval -> ask (the client approves or not)
 
 Narrowing the offer is the first line; the tool_call check still matters
-because a synthetic `respond`, another hook's patch or a model that ignores
-its tool list can still produce a call.
+because a synthetic `respond` or another agent's config can still produce a
+call to an offered but denied tool.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ DENIED_KEY = "policy.denied_tools"
 
 class Policy(Feature):
     name = "policy"
-    events = frozenset({ev("model_request"), ev("tool_call")})
+    events = frozenset({ev("model_request"), ev("invalid_tool_call"), ev("tool_call")})
 
     def __init__(self, deny: set[str], ask: set[str], deny_for: dict[str, set[str]] | None = None):
         self.deny = deny
@@ -41,6 +44,8 @@ class Policy(Feature):
         if payload == "model_request":
             return self._narrow(event, run)
         if payload == "tool_call":
+            return self._check_call(event, run)
+        if payload == "invalid_tool_call":
             return self._check_call(event, run)
         return None
 
@@ -73,7 +78,8 @@ class Policy(Feature):
         )
 
     def _check_call(self, event: pb.HookEvent, run: RunState) -> pb.HookVerdict | None:
-        call = event.tool_call.call
+        invalid = event.WhichOneof("payload") == "invalid_tool_call"
+        call = event.invalid_tool_call.call if invalid else event.tool_call.call
         if call.name in self.denied(event):
             run.notes["denied"] += 1
             # Read the list from the event's scratchpad (it is the run's, shared
@@ -81,18 +87,22 @@ class Policy(Feature):
             denied = json.loads(event.context.scratchpad.get(DENIED_KEY, b"[]"))
             if call.name not in denied:
                 denied.append(call.name)
+            skip = pb.Skip(
+                result=f"The tool {call.name!r} is not allowed by policy. "
+                "Do not call it again; answer without it.",
+                is_error=True,
+            )
+            action = (
+                pb.InvalidToolCallVerdict(skip=skip) if invalid else pb.ToolCallVerdict(skip=skip)
+            )
             return verdict(
                 event,
-                pb.ToolCallVerdict(
-                    skip=pb.Skip(
-                        result=f"The tool {call.name!r} is not allowed by policy. "
-                        "Do not call it again; answer without it.",
-                        is_error=True,
-                    )
-                ),
+                action,
                 reason=f"tool {call.name} is denied by policy",
                 scratchpad=[pb.ScratchpadUpdate(key=DENIED_KEY, set=json.dumps(denied).encode())],
             )
+        if invalid:
+            return None  # hookwire's default error result for the model
         if call.name in self.ask:
             run.notes["asked"] += 1
             args = call.arguments_json

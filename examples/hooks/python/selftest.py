@@ -179,7 +179,8 @@ def health_is_serving(s: dict) -> None:
 def describe_lists_events_and_tools(s: dict) -> None:
     d = s["all"].stub.Describe(pb.DescribeRequest(hookwire_version="test"), timeout=5)
     require(d.name == "hookwire-example-python" and d.version, d)
-    want = {ev(k) for k in ("run_start", "model_request", "model_response", "tool_call", "tool_result")}
+    want = {ev(k) for k in ("run_start", "model_request", "model_response", "invalid_tool_call",
+                            "tool_call", "tool_result")}
     require(set(d.events) == want, d.events)
     require([t.name for t in d.tools] == ["get_weather", "lookup_customer"], d.tools)
     for t in d.tools:
@@ -264,6 +265,24 @@ def scratchpad_accumulates_denied_tools(s: dict) -> None:
     _, _, v = r.ask(1, "tool_call", pb.ToolCallEvent(call=c, tool=tool("delete_file")),
                     scratchpad={"policy.denied_tools": b'["shell"]'})
     require(json.loads(v.scratchpad[0].set) == ["shell", "delete_file"], v.scratchpad)
+    r.close()
+
+
+@check
+def hidden_tool_called_anyway_is_skipped(s: dict) -> None:
+    """A call to a tool the policy hid reaches it as invalid_tool_call
+    (hookwire never runs it): denied -> skip with the policy's message;
+    any other unknown tool -> hookwire's default error result."""
+    r = Run(s["all"], "r-hidden")
+    c = call("c1", "shell", {"cmd": "ls"})
+    action, a, v = r.ask(1, "invalid_tool_call", pb.InvalidToolCallEvent(
+        call=c, problem=pb.InvalidToolCallEvent.PROBLEM_UNKNOWN_TOOL, error="unknown tool `shell`"))
+    assert action == "skip" and a.is_error and "not allowed by policy" in a.result, a
+    assert "denied" in v.reason
+    c = call("c2", "no_such_tool", {})
+    action, _, _ = r.ask(2, "invalid_tool_call", pb.InvalidToolCallEvent(
+        call=c, problem=pb.InvalidToolCallEvent.PROBLEM_UNKNOWN_TOOL, error="unknown tool `no_such_tool`"))
+    assert action == "proceed", action
     r.close()
 
 
