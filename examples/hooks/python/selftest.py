@@ -277,12 +277,12 @@ def hidden_tool_called_anyway_is_skipped(s: dict) -> None:
     c = call("c1", "shell", {"cmd": "ls"})
     action, a, v = r.ask(1, "invalid_tool_call", pb.InvalidToolCallEvent(
         call=c, problem=pb.InvalidToolCallEvent.PROBLEM_UNKNOWN_TOOL, error="unknown tool `shell`"))
-    assert action == "skip" and a.is_error and "not allowed by policy" in a.result, a
-    assert "denied" in v.reason
+    require(action == "skip" and a.is_error and "not allowed by policy" in a.result, a)
+    require("denied" in v.reason, v.reason)
     c = call("c2", "no_such_tool", {})
     action, _, _ = r.ask(2, "invalid_tool_call", pb.InvalidToolCallEvent(
         call=c, problem=pb.InvalidToolCallEvent.PROBLEM_UNKNOWN_TOOL, error="unknown tool `no_such_tool`"))
-    assert action == "proceed", action
+    require(action == "proceed", action)
     r.close()
 
 
