@@ -10,8 +10,12 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use crate::agent::approvals::{ApprovalError, Approvals, Decision};
+use crate::agent::contain::drive_contained;
 use crate::agent::events::{RunEvent, RunReport};
-use crate::agent::runner::{drive, AgentRuntime, Run};
+use crate::agent::runner::{AgentRuntime, Run};
+use crate::auth::access::{self, Action, Denied, SessionGrant};
+use crate::auth::quota::{QuotaExceeded, QuotaLedger};
+use crate::auth::Principal;
 use crate::config::Config;
 use crate::event::{nearest, EventKind};
 use crate::hooks::client::{HookClient, HookSnapshot};
@@ -47,6 +51,10 @@ pub enum EngineError {
     Approval(#[from] ApprovalError),
     #[error("server is shutting down; retry against another replica")]
     ShuttingDown,
+    #[error("principal `{principal}` may not use agent `{agent}` (agents[].allow)")]
+    AgentDenied { principal: String, agent: String },
+    #[error(transparent)]
+    Quota(#[from] QuotaExceeded),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +85,14 @@ pub struct Engine {
     accepting: AtomicBool,
     idle: Notify,
     inst: Instruments,
+    quotas: Arc<QuotaLedger>,
+}
+
+/// The caller's identity as hooks see it in EventContext.
+fn with_principal(mut ctx: EventContext, p: &Principal) -> EventContext {
+    ctx.principal = p.name.clone();
+    ctx.principal_claims = p.claims.clone();
+    ctx
 }
 
 fn now_ms() -> i64 {
@@ -118,7 +134,6 @@ impl Engine {
             );
         }
         Ok(Engine {
-            config,
             agents,
             registry,
             store: Arc::new(MemoryStore::default()),
@@ -127,6 +142,8 @@ impl Engine {
             accepting: AtomicBool::new(true),
             idle: Notify::new(),
             inst,
+            quotas: Arc::new(QuotaLedger::new(config.quotas.clone())),
+            config,
         })
     }
 
@@ -184,8 +201,62 @@ impl Engine {
         }
     }
 
+    /// Refusals of `access` as the caller sees them: a session the caller
+    /// may not see answers exactly like a missing one.
+    fn denied(&self, d: Denied, session_id: &str) -> EngineError {
+        match d {
+            Denied::Hidden => SessionError::NotFound(session_id.to_string()).into(),
+            Denied::Agent { principal, agent } => EngineError::AgentDenied { principal, agent },
+        }
+    }
+
+    fn quota(&self, p: &Principal, e: QuotaExceeded) -> EngineError {
+        self.inst.metrics.quota_rejected(e.limit, p.class());
+        e.into()
+    }
+
+    /// The session, if `p` may do `action` with it.
+    fn grant(
+        &self,
+        p: &Principal,
+        action: Action,
+        id: &str,
+    ) -> Result<(Session, SessionGrant), EngineError> {
+        let s = self
+            .store
+            .get(id)
+            .ok_or_else(|| SessionError::NotFound(id.to_string()))?;
+        let agent = self.config.agent(&s.agent);
+        let g =
+            access::authorize(p, action, &s.id, &s.owner, agent).map_err(|d| self.denied(d, id))?;
+        Ok((s, g))
+    }
+
+    /// The run's session, if `p` may do `action` with it; a run the caller
+    /// may not see answers exactly like a finished one.
+    fn grant_run(
+        &self,
+        p: &Principal,
+        action: Action,
+        run_id: &str,
+    ) -> Result<(Arc<Run>, SessionGrant), EngineError> {
+        let unknown = || EngineError::UnknownRun(run_id.to_string());
+        let run = self
+            .runs
+            .lock()
+            .unwrap()
+            .get(run_id)
+            .cloned()
+            .ok_or_else(unknown)?;
+        let s = self.store.get(&run.session_id).ok_or_else(unknown)?;
+        let g = access::authorize(p, action, &s.id, &s.owner, Some(&run.agent.config))
+            .map_err(|_| unknown())?;
+        Ok((run, g))
+    }
+
     pub async fn create_session(
         &self,
+        principal: &Principal,
         agent_name: &str,
         extra_hooks: Vec<String>,
         metadata: BTreeMap<String, String>,
@@ -194,14 +265,22 @@ impl Engine {
             return Err(EngineError::ShuttingDown);
         }
         let agent = self.agent(agent_name)?.clone();
+        access::may_use_agent(principal, &agent.config).map_err(|d| self.denied(d, ""))?;
         for h in &extra_hooks {
             if self.registry.get(h).is_none() {
                 return Err(EngineError::UnknownHook(h.clone()));
             }
         }
+        // Held until the session is stored (or refused), so concurrent
+        // creations cannot both take the last slot.
+        let _slot = self
+            .quotas
+            .begin_session(principal, self.store.count_owned(&principal.name))
+            .map_err(|e| self.quota(principal, e))?;
         let session = Session {
             id: uuid::Uuid::new_v4().to_string(),
             agent: agent_name.to_string(),
+            owner: principal.name.clone(),
             extra_hooks: extra_hooks.clone(),
             metadata: metadata.clone(),
             created_at_unix_ms: now_ms(),
@@ -214,11 +293,14 @@ impl Engine {
             let names: Vec<String> = clients.iter().map(|c| c.name().to_string()).collect();
             let hooks = RunHooks::new(
                 clients,
-                EventContext {
-                    session_id: session.id.clone(),
-                    agent: agent_name.to_string(),
-                    ..Default::default()
-                },
+                with_principal(
+                    EventContext {
+                        session_id: session.id.clone(),
+                        agent: agent_name.to_string(),
+                        ..Default::default()
+                    },
+                    principal,
+                ),
                 Instant::now() + agent.config.event_budget,
                 agent.config.event_budget,
                 self.inst.clone(),
@@ -246,20 +328,23 @@ impl Engine {
         Ok(session)
     }
 
-    pub fn get_session(&self, id: &str) -> Result<Session, EngineError> {
-        self.store
-            .get(id)
-            .ok_or_else(|| SessionError::NotFound(id.to_string()).into())
+    pub fn get_session(&self, principal: &Principal, id: &str) -> Result<Session, EngineError> {
+        Ok(self.grant(principal, Action::Read, id)?.0)
     }
 
-    pub fn list_sessions(&self) -> Vec<Session> {
-        self.store.list()
+    /// The sessions `principal` may see: its own, or all for an admin.
+    pub fn list_sessions(&self, principal: &Principal) -> Vec<Session> {
+        match access::list_scope(principal) {
+            access::ListScope::All => self.store.list(None),
+            access::ListScope::OwnedBy(o) => self.store.list(Some(&o)),
+        }
     }
 
-    pub async fn delete_session(&self, id: &str) -> Result<(), EngineError> {
+    pub async fn delete_session(&self, principal: &Principal, id: &str) -> Result<(), EngineError> {
+        let (_, grant) = self.grant(principal, Action::Delete, id)?;
         let session = self
             .store
-            .remove(id)
+            .remove(grant.session_id())
             .ok_or_else(|| SessionError::NotFound(id.to_string()))?;
         if let Some(run) = &session.active_run {
             if let Some(r) = self.runs.lock().unwrap().get(run) {
@@ -271,11 +356,14 @@ impl Engine {
             if !clients.is_empty() {
                 let hooks = RunHooks::new(
                     clients,
-                    EventContext {
-                        session_id: session.id.clone(),
-                        agent: session.agent.clone(),
-                        ..Default::default()
-                    },
+                    with_principal(
+                        EventContext {
+                            session_id: session.id.clone(),
+                            agent: session.agent.clone(),
+                            ..Default::default()
+                        },
+                        principal,
+                    ),
                     Instant::now() + agent.config.event_budget,
                     agent.config.event_budget,
                     self.inst.clone(),
@@ -292,6 +380,7 @@ impl Engine {
     /// Starts a run; its events arrive on the handle until `Finished`.
     pub fn start_run(
         self: &Arc<Self>,
+        principal: &Principal,
         session_id: &str,
         input: String,
         streaming: bool,
@@ -310,8 +399,13 @@ impl Engine {
                 max,
             });
         }
+        let (_, grant) = self.grant(principal, Action::Run, session_id)?;
+        let slot = self
+            .quotas
+            .begin_run(principal)
+            .map_err(|e| self.quota(principal, e))?;
         let run_id = uuid::Uuid::new_v4().to_string();
-        let session = self.store.begin_run(session_id, &run_id)?;
+        let session = self.store.begin_run(grant.session_id(), &run_id)?;
         let agent = match self.agent(&session.agent) {
             Ok(a) => a.clone(),
             Err(e) => {
@@ -339,6 +433,8 @@ impl Engine {
                 streaming,
                 traceparent: String::new(),
                 tracestate: String::new(),
+                principal: principal.name.clone(),
+                principal_claims: principal.claims.clone(),
             },
             deadline,
             agent.config.event_budget,
@@ -370,7 +466,7 @@ impl Engine {
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
         let task = tokio::spawn(async move {
-            let report = drive(run.clone(), transcript, input)
+            let report = drive_contained(run.clone(), transcript, input)
                 .instrument(span.clone())
                 .await;
             let outcome = report.outcome.name();
@@ -379,11 +475,16 @@ impl Engine {
                 outcome,
                 (report.outcome != crate::agent::outcome::RunOutcome::Completed).then_some(outcome),
             );
+            // The run's span ends here, before the run counts as finished:
+            // whoever waits for that (a drain, a test about to flush the
+            // exporter) then finds the span closed and handed to export.
+            drop(span);
             engine
                 .inst
                 .metrics
                 .run_finished(&agent_name, outcome, started.elapsed());
             drop(active);
+            drop(slot);
             engine
                 .store
                 .end_run(&report.session_id, &report.run_id, report.messages.clone());
@@ -401,26 +502,24 @@ impl Engine {
         })
     }
 
-    pub fn cancel_run(&self, run_id: &str) -> Result<(), EngineError> {
-        match self.runs.lock().unwrap().get(run_id) {
-            Some(r) => {
-                r.cancel("cancelled by client");
-                Ok(())
-            }
-            None => Err(EngineError::UnknownRun(run_id.to_string())),
-        }
+    pub fn cancel_run(&self, principal: &Principal, run_id: &str) -> Result<(), EngineError> {
+        let (run, _grant) = self.grant_run(principal, Action::Cancel, run_id)?;
+        run.cancel("cancelled by client");
+        Ok(())
     }
 
     pub fn resolve_approval(
         &self,
+        principal: &Principal,
         run_id: &str,
         call_id: &str,
         approve: bool,
         note: String,
     ) -> Result<(), EngineError> {
+        let (run, _grant) = self.grant_run(principal, Action::ResolveApproval, run_id)?;
         Ok(self
             .approvals
-            .resolve(run_id, call_id, Decision { approve, note })?)
+            .resolve(&run.run_id, call_id, Decision { approve, note })?)
     }
 
     pub fn hooks(&self) -> Vec<HookSnapshot> {

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod conformance;
@@ -17,3 +18,4 @@ pub mod pb;
 pub mod server;
 pub mod session;
 pub mod telemetry;
+pub mod tls;

@@ -10,6 +10,9 @@ use crate::message::Message;
 pub struct Session {
     pub id: String,
     pub agent: String,
+    /// The principal that created it (`anonymous` when auth is off); only
+    /// it (and admins) may see or act on it.
+    pub owner: String,
     /// Extra hooks enabled for this session (after the agent's own).
     pub extra_hooks: Vec<String>,
     pub metadata: BTreeMap<String, String>,
@@ -30,7 +33,10 @@ pub enum SessionError {
 pub trait SessionStore: Send + Sync + 'static {
     fn insert(&self, session: Session);
     fn get(&self, id: &str) -> Option<Session>;
-    fn list(&self) -> Vec<Session>;
+    /// Every session, or only those `owner` owns, oldest first.
+    fn list(&self, owner: Option<&str>) -> Vec<Session>;
+    /// How many sessions `owner` owns (quota `max_sessions`).
+    fn count_owned(&self, owner: &str) -> usize;
     fn remove(&self, id: &str) -> Option<Session>;
     /// Marks a run active; returns the transcript the run starts from.
     fn begin_run(&self, id: &str, run_id: &str) -> Result<Session, SessionError>;
@@ -55,10 +61,26 @@ impl SessionStore for MemoryStore {
         self.sessions.lock().unwrap().get(id).cloned()
     }
 
-    fn list(&self) -> Vec<Session> {
-        let mut v: Vec<Session> = self.sessions.lock().unwrap().values().cloned().collect();
+    fn list(&self, owner: Option<&str>) -> Vec<Session> {
+        let mut v: Vec<Session> = self
+            .sessions
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| owner.is_none_or(|o| s.owner == o))
+            .cloned()
+            .collect();
         v.sort_by(|a, b| (a.created_at_unix_ms, &a.id).cmp(&(b.created_at_unix_ms, &b.id)));
         v
+    }
+
+    fn count_owned(&self, owner: &str) -> usize {
+        self.sessions
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| s.owner == owner)
+            .count()
     }
 
     fn remove(&self, id: &str) -> Option<Session> {
@@ -102,6 +124,7 @@ mod tests {
         store.insert(Session {
             id: "s".into(),
             agent: "a".into(),
+            owner: "o".into(),
             extra_hooks: vec![],
             metadata: Default::default(),
             created_at_unix_ms: 0,
@@ -122,6 +145,10 @@ mod tests {
         assert_eq!(s.transcript.len(), 1);
         assert_eq!(s.active_run, None);
         assert_eq!(s.run_count, 1);
+        assert_eq!(store.list(Some("o")).len(), 1);
+        assert_eq!(store.list(Some("other")).len(), 0);
+        assert_eq!(store.list(None).len(), 1);
+        assert_eq!(store.count_owned("o"), 1);
         assert!(matches!(
             store.begin_run("nope", "r"),
             Err(SessionError::NotFound(_))

@@ -14,6 +14,7 @@ use std::time::Duration;
 use hookwire::hook_server::{self, Reply};
 use hookwire::pb;
 use pb::EventKind as K;
+use support::certs::{write_pem, Ca, Use};
 use support::python::PythonHook;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -61,6 +62,15 @@ impl Hold {
 /// A hook server that allows `limit` concurrent streams per connection
 /// (advertised in its SETTINGS, enforced with REFUSED_STREAM).
 async fn limited_server(hook: FnHook, limit: u32) -> (String, tokio::task::JoinHandle<()>) {
+    limited_server_with(hook, limit, None).await
+}
+
+/// `limited_server`, serving TLS with `identity` when given.
+async fn limited_server_with(
+    hook: FnHook,
+    limit: u32,
+    identity: Option<tonic::transport::Identity>,
+) -> (String, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
@@ -69,8 +79,14 @@ async fn limited_server(hook: FnHook, limit: u32) -> (String, tokio::task::JoinH
         }
         s
     });
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(identity) = identity {
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .unwrap();
+    }
     let task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
+        builder
             .max_concurrent_streams(Some(limit))
             .add_service(hook_server::service(hook))
             .serve_with_incoming(incoming)
@@ -95,10 +111,17 @@ const HOOK_LINES: &str = "events: [run_start]\ntimeout: 120s\nconnections: {idle
 /// flight at once. Returns the /metrics text taken while they were held and
 /// once idle connections closed after they all completed.
 async fn concurrent_runs(hook_addr: &str, runs: usize, hold: &Hold) -> (String, String) {
-    let yaml = config(
-        &[("limited", &format!("http://{hook_addr}"), HOOK_LINES)],
-        "event_budget: 120s",
-    );
+    concurrent_runs_to(&format!("http://{hook_addr}"), HOOK_LINES, runs, hold).await
+}
+
+/// `concurrent_runs` to `endpoint`, the hook configured with `hook_lines`.
+async fn concurrent_runs_to(
+    endpoint: &str,
+    hook_lines: &str,
+    runs: usize,
+    hold: &Hold,
+) -> (String, String) {
+    let yaml = config(&[("limited", endpoint, hook_lines)], "event_budget: 120s");
     let (server, admin) = TestServer::start_with_admin(&yaml).await;
     let client = server.client().await;
     let mut sessions = Vec::with_capacity(runs);
@@ -176,6 +199,42 @@ async fn a_thousand_runs_through_a_hook_server_limited_to_100_streams_all_comple
         1.0,
         "idle surplus connections close:\n{after}"
     );
+}
+
+/// Over TLS the limit is read from the SETTINGS above the TLS layer (TLS
+/// is hookwire's own connector, below the point where the limit is read),
+/// so a TLS hook server limited to 10 streams gets runs spread over
+/// connections of 10 before any stream is refused. Assumed at 100 instead,
+/// all 40 streams would go on one connection, h2 would queue the 30 beyond
+/// the server's 10, and those runs would never reach the hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_hook_servers_stream_limit_is_read_and_runs_spread_before_any_refusal() {
+    const RUNS: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("hooks CA");
+    let leaf = ca.leaf(Use::Server, &["localhost"], &[]);
+    let ca_file = write_pem(dir.path(), "ca.crt", &ca.pem());
+    let hold = Hold::default();
+    let identity = tonic::transport::Identity::from_pem(&leaf.cert, &leaf.key);
+    let (addr, _hook_server) = limited_server_with(hold.hook(), 10, Some(identity)).await;
+    let endpoint = format!("https://{}", addr.replace("127.0.0.1", "localhost"));
+    let lines = format!("{HOOK_LINES}\ntls: {{ca_file: {}}}", ca_file.display());
+    let (during, after) = concurrent_runs_to(&endpoint, &lines, RUNS, &hold).await;
+    assert_eq!(
+        gauge(&during, "hookwire_hook_streams"),
+        RUNS as f64,
+        "{during}"
+    );
+    assert!(
+        gauge(&during, "hookwire_hook_connections") >= 4.0,
+        "40 streams over connections of 10:\n{during}"
+    );
+    assert_eq!(
+        gauge(&during, "hookwire_hook_streams_refused_total"),
+        0.0,
+        "the limit was known before streams went on a connection:\n{during}"
+    );
+    assert_eq!(gauge(&after, "hookwire_hook_connections"), 1.0, "{after}");
 }
 
 /// A TCP proxy that hides the server's stream limit: the

@@ -2,9 +2,10 @@
 //! AgentService.ResolveApproval.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
@@ -18,52 +19,88 @@ pub enum ApprovalError {
     NotPending { run_id: String, call_id: String },
 }
 
+struct Entry {
+    tx: oneshot::Sender<Decision>,
+    /// The asking call's batch: once it is stopped, the request is withdrawn
+    /// even if the waiting call has not noticed yet.
+    stop: Option<CancellationToken>,
+}
+
 #[derive(Default)]
 pub struct Approvals {
-    pending: Mutex<HashMap<(String, String), oneshot::Sender<Decision>>>,
+    pending: Mutex<HashMap<(String, String), Entry>>,
+}
+
+/// A registered approval request. Dropping it withdraws the request, so
+/// however the wait ends (answer, timeout, stopped batch, cancelled or
+/// panicked run), a later `ResolveApproval` gets NOT_FOUND.
+pub struct PendingApproval<'a> {
+    approvals: &'a Approvals,
+    run_id: String,
+    call_id: String,
+    pub answer: oneshot::Receiver<Decision>,
+}
+
+impl Drop for PendingApproval<'_> {
+    fn drop(&mut self) {
+        self.approvals.withdraw(&self.run_id, &self.call_id);
+    }
 }
 
 impl Approvals {
-    pub fn register(&self, run_id: &str, call_id: &str) -> oneshot::Receiver<Decision> {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Entry>> {
+        // Entries stay consistent under a panic elsewhere: keep serving them.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a request; `stop` (the asking call's batch) withdraws it
+    /// once fired.
+    pub fn register(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        stop: Option<CancellationToken>,
+    ) -> PendingApproval<'_> {
         let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap()
-            .insert((run_id.to_string(), call_id.to_string()), tx);
-        rx
+        self.entries().insert(
+            (run_id.to_string(), call_id.to_string()),
+            Entry { tx, stop },
+        );
+        PendingApproval {
+            approvals: self,
+            run_id: run_id.to_string(),
+            call_id: call_id.to_string(),
+            answer: rx,
+        }
     }
 
     pub fn withdraw(&self, run_id: &str, call_id: &str) {
-        self.pending
-            .lock()
-            .unwrap()
+        self.entries()
             .remove(&(run_id.to_string(), call_id.to_string()));
     }
 
-    /// A guard that withdraws the approval when dropped, however the wait
-    /// for it ends: answered, timed out, or abandoned because the run was
-    /// cancelled or ran out of time (its future is then dropped mid-wait).
-    pub fn withdraw_on_drop<'a>(&'a self, run_id: &'a str, call_id: &'a str) -> Withdraw<'a> {
-        Withdraw {
-            approvals: self,
-            run_id,
-            call_id,
-        }
+    /// Withdraws every pending approval of a run (its driver panicked, say):
+    /// a late `ResolveApproval` then gets NOT_FOUND.
+    pub fn withdraw_run(&self, run_id: &str) {
+        self.entries().retain(|(run, _), _| run != run_id);
     }
 
     /// Approvals waiting for an answer, over all runs.
     pub fn pending(&self) -> usize {
-        self.pending.lock().unwrap().len()
+        self.entries().len()
     }
 
     pub fn resolve(&self, run_id: &str, call_id: &str, d: Decision) -> Result<(), ApprovalError> {
-        let tx = self
-            .pending
-            .lock()
-            .unwrap()
+        let entry = self
+            .entries()
             .remove(&(run_id.to_string(), call_id.to_string()));
-        match tx.map(|tx| tx.send(d)) {
-            Some(Ok(())) => Ok(()),
+        match entry {
+            Some(e) if !e.stop.as_ref().is_some_and(CancellationToken::is_cancelled) => {
+                e.tx.send(d).map_err(|_| ApprovalError::NotPending {
+                    run_id: run_id.into(),
+                    call_id: call_id.into(),
+                })
+            }
             _ => Err(ApprovalError::NotPending {
                 run_id: run_id.into(),
                 call_id: call_id.into(),
@@ -72,15 +109,36 @@ impl Approvals {
     }
 }
 
-/// See [`Approvals::withdraw_on_drop`].
-pub struct Withdraw<'a> {
-    approvals: &'a Approvals,
-    run_id: &'a str,
-    call_id: &'a str,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Drop for Withdraw<'_> {
-    fn drop(&mut self) {
-        self.approvals.withdraw(self.run_id, self.call_id);
+    fn yes() -> Decision {
+        Decision {
+            approve: true,
+            note: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_request_is_withdrawn_when_dropped_or_when_its_batch_stops() {
+        let a = Approvals::default();
+        let stop = CancellationToken::new();
+        let p = a.register("r", "c1", Some(stop.clone()));
+        drop(p);
+        assert!(a.resolve("r", "c1", yes()).is_err(), "dropped: withdrawn");
+
+        let mut p = a.register("r", "c2", Some(stop.clone()));
+        stop.cancel();
+        assert!(
+            a.resolve("r", "c2", yes()).is_err(),
+            "refused as soon as the batch stopped, before the call noticed"
+        );
+        assert!(p.answer.try_recv().is_err());
+
+        let mut p = a.register("r", "c3", None);
+        assert_eq!(a.resolve("r", "c3", yes()), Ok(()));
+        assert_eq!(p.answer.try_recv(), Ok(yes()));
+        assert!(a.resolve("r", "c3", yes()).is_err(), "answered once");
     }
 }

@@ -6,6 +6,7 @@
 
 mod env;
 mod load;
+mod security;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ use crate::event::EventKind;
 use crate::model::scripted::Rule;
 
 pub use load::{ConfigError, EMBEDDED_DEFAULT};
+pub use security::*;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
@@ -39,6 +41,14 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub server: ServerConfig,
+    /// TLS on the gRPC port; plaintext when absent.
+    pub tls: Option<ServerTls>,
+    /// How callers authenticate; `none` (loopback only) when absent.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Limits per principal.
+    #[serde(default)]
+    pub quotas: Quotas,
 }
 
 fn default_listen() -> SocketAddr {
@@ -145,6 +155,12 @@ pub struct HookConfig {
     /// The pool of HTTP/2 connections to this hook server.
     #[serde(default)]
     pub connections: ConnectionsConfig,
+    /// TLS settings for an `https://` endpoint.
+    #[serde(default)]
+    pub tls: HookTls,
+    /// Bearer token sent on every call.
+    #[serde(default)]
+    pub credentials: HookCredentials,
 }
 
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
@@ -292,6 +308,16 @@ pub struct AgentConfig {
     pub approval_timeout: Duration,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
+    /// Who may create sessions on this agent; everyone when absent.
+    pub allow: Option<AgentAllow>,
+    /// Roles that may resolve approvals on this agent's sessions without
+    /// owning them.
+    #[serde(default = "default_approver_roles")]
+    pub approver_roles: Vec<String>,
+}
+
+fn default_approver_roles() -> Vec<String> {
+    vec![ROLE_APPROVER.to_string()]
 }
 
 fn default_max_turns() -> u32 {
@@ -331,6 +357,7 @@ pub const DEFAULT_RUN_EVENT_BUFFER: usize = 1024;
 pub const DEFAULT_CLIENT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Smallest `server.run_event_buffer`: one step's events must fit in half.
 pub const MIN_RUN_EVENT_BUFFER: usize = 16;
+pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -349,6 +376,11 @@ pub struct ServerConfig {
     /// events (its queue full) before it is cancelled.
     #[serde(default = "default_client_stall", with = "humantime_serde")]
     pub client_stall_timeout: Duration,
+    /// How often certificate, key, token and JWKS files are checked for
+    /// changes (on use: a connection or call after this long re-reads them);
+    /// 0s checks on every use.
+    #[serde(default = "default_reload_interval", with = "humantime_serde")]
+    pub reload_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -358,6 +390,7 @@ impl Default for ServerConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             run_event_buffer: DEFAULT_RUN_EVENT_BUFFER,
             client_stall_timeout: DEFAULT_CLIENT_STALL_TIMEOUT,
+            reload_interval: DEFAULT_RELOAD_INTERVAL,
         }
     }
 }
@@ -374,6 +407,9 @@ fn default_max_input() -> usize {
 }
 fn default_grace() -> Duration {
     DEFAULT_SHUTDOWN_GRACE
+}
+fn default_reload_interval() -> Duration {
+    DEFAULT_RELOAD_INTERVAL
 }
 
 impl Config {

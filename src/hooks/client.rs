@@ -5,18 +5,20 @@
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
-use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
 
-use crate::config::{HookConfig, HookMode};
+use crate::config::{self, HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
+use crate::hooks::connector::{self, Connector};
+use crate::hooks::credentials::Credentials;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::failure_log::FailureLog;
-use crate::hooks::peer_settings::SettingsWatch;
+use crate::hooks::peer_settings::{Report, SettingsWatch};
 use crate::hooks::pool::{Lease, Pool};
 use crate::hooks::stream::{classify_status, RunStream};
 use crate::hooks::wire::event_kind_from_wire;
@@ -24,6 +26,7 @@ use crate::message::{ToolCall, ToolSpec};
 use crate::pb;
 use crate::pb::hook_service_client::HookServiceClient;
 use crate::telemetry::Metrics;
+use crate::tls::HookTls;
 
 /// What a hook server said about itself.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -47,18 +50,26 @@ struct Status {
     last_error: Option<String>,
 }
 
+/// A hook server's channel with its call credentials applied.
+pub type HookChannel = InterceptedService<Channel, Credentials>;
+
 pub struct HookClient {
     pub config: HookConfig,
     /// Connections to the hook server: every call and stream takes a slot.
     pool: Pool,
+    tls: Option<HookTls>,
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
     /// Signalled when the breaker opens: `maintain` then probes the server.
     breaker_opened: Notify,
-    redescribe: Notify,
-    failure_log: Mutex<FailureLog>,
-    /// Where the breaker gauge lives (set once by the engine).
+    /// Describe again: a connection-level fault, or a connection ended.
+    redescribe: Arc<Notify>,
+    /// Shared with the hook's run streams, which log faults seen after
+    /// their run ended.
+    failure_log: Arc<Mutex<FailureLog>>,
+    /// Where the breaker gauge and the unsubscribed-events gauge live (set
+    /// once by the engine).
     metrics: OnceLock<Arc<Metrics>>,
 }
 
@@ -96,10 +107,14 @@ pub struct HookSnapshot {
     pub events: Vec<EventKind>,
     pub description: Option<Description>,
     pub last_error: Option<String>,
+    /// Configured events the server's Describe does not list (a blocking
+    /// hook fails at each of them under its failure policy).
+    pub unsubscribed: Vec<EventKind>,
 }
 
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const REDESCRIBE_PAUSE: Duration = Duration::from_millis(100);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(300);
 /// While the breaker is open the server is probed with Describe, first after
 /// [`PROBE_FIRST`], then backing off to [`PROBE_MAX`]: runs succeed again
@@ -110,10 +125,121 @@ pub const PROBE_MAX: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How hookwire connects to a hook server (also used by `hookwire hooks
-/// check`, so the checker connects exactly like the engine).
+/// check`, so the checker connects exactly like the engine): lazily, with
+/// `tls` for `https://` endpoints (the webpki roots when `None`).
+///
+/// `closed` is signalled whenever a connection ends, so the client can ask
+/// a (possibly restarted) server for its Describe again.
+pub fn connect(
+    url: &str,
+    connect_timeout: Duration,
+    tls: Option<&HookTls>,
+    closed: Arc<Notify>,
+) -> Result<Channel, String> {
+    Ok(Dialer::new(url, connect_timeout, tls)?.channel(closed, Arc::new(|_| {})))
+}
+
+/// Makes connections to one hook server, each its own lazy channel (the
+/// connection pool opens as many as the server's stream limit needs).
+///
+/// TLS is done by our own connector (`tls::HookTls`), so certificate files
+/// are re-read when they change and failures say what did not match; the
+/// channel itself is then given the `http://` form of the URL, because
+/// tonic refuses an `https://` URL without its own TLS. The server's
+/// SETTINGS are read above the TLS layer, so a TLS hook's stream limit is
+/// known as a plaintext one's is.
+#[derive(Clone)]
+pub struct Dialer {
+    endpoint: Endpoint,
+    connect_timeout: Duration,
+    tls: Option<HookTls>,
+}
+
+impl Dialer {
+    pub fn new(
+        url: &str,
+        connect_timeout: Duration,
+        tls: Option<&HookTls>,
+    ) -> Result<Dialer, String> {
+        let Some(rest) = url.strip_prefix("https://") else {
+            return Ok(Dialer {
+                endpoint: endpoint(url, connect_timeout)?,
+                connect_timeout,
+                tls: None,
+            });
+        };
+        let tls = match tls {
+            Some(t) => t.clone(),
+            None => HookTls::new(url, &config::HookTls::default(), Duration::MAX)
+                .map_err(|e| e.to_string())?,
+        };
+        let mut plain = endpoint_settings(
+            Endpoint::from_shared(format!("http://{rest}"))
+                .map_err(|e| format!("bad endpoint `{url}`: {e}"))?,
+            connect_timeout,
+        );
+        if let Some(name) = tls.server_name() {
+            // The name the certificate is for is also the :authority a proxy
+            // or a virtual host routes on.
+            let port = plain.uri().port_u16().unwrap_or(443);
+            let origin = format!("http://{name}:{port}")
+                .parse()
+                .map_err(|e| format!("tls.server_name `{name}`: {e}"))?;
+            plain = plain.origin(origin);
+        }
+        Ok(Dialer {
+            endpoint: plain,
+            connect_timeout,
+            tls: Some(tls),
+        })
+    }
+
+    /// A new lazy channel (one HTTP/2 connection at a time): `closed` is
+    /// signalled when a connection of it ends, `report` hears the server's
+    /// advertised stream limit on each.
+    pub fn channel(&self, closed: Arc<Notify>, report: Report) -> Channel {
+        match &self.tls {
+            None => {
+                let tcp = connector::plain_tcp(self.connect_timeout);
+                self.endpoint.connect_with_connector_lazy(Connector::new(
+                    SettingsWatch::new(tcp, report),
+                    closed,
+                ))
+            }
+            Some(tls) => self.endpoint.connect_with_connector_lazy(Connector::new(
+                SettingsWatch::new(tls.connector(), report),
+                closed,
+            )),
+        }
+    }
+}
+
+/// Whether `url` names this machine (plaintext is fine there).
+pub fn is_loopback(url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    match uri
+        .host()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+    {
+        Some("localhost") => true,
+        Some(h) => h
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
+/// The endpoint for `url` with hookwire's connection settings (no TLS).
 pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String> {
-    let mut endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("bad endpoint `{url}`: {e}"))?
+    let endpoint =
+        Endpoint::from_shared(url.to_string()).map_err(|e| format!("bad endpoint `{url}`: {e}"))?;
+    Ok(endpoint_settings(endpoint, connect_timeout))
+}
+
+fn endpoint_settings(endpoint: Endpoint, connect_timeout: Duration) -> Endpoint {
+    endpoint
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
         // grpc-go and grpcio servers by default answer pings more frequent
@@ -122,39 +248,54 @@ pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String
         // streams are open.
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(false);
-    if url.starts_with("https://") {
-        endpoint = endpoint
-            .tls_config(ClientTlsConfig::new().with_webpki_roots())
-            .map_err(|e| format!("TLS setup for `{url}`: {e}"))?;
-    }
-    Ok(endpoint)
+        .keep_alive_while_idle(false)
 }
 
 /// A HookService client on `channel`, as hookwire makes every one.
-pub fn client_on(channel: Channel) -> HookServiceClient<Channel> {
+pub fn client_on(channel: HookChannel) -> HookServiceClient<HookChannel> {
     HookServiceClient::new(channel).max_decoding_message_size(16 * 1024 * 1024)
 }
 
 impl HookClient {
-    pub fn new(config: HookConfig) -> Result<Arc<HookClient>, String> {
-        let endpoint = endpoint(
+    /// `reload_interval`: how often TLS and token files are checked for
+    /// changes (`server.reload_interval`).
+    pub fn new(config: HookConfig, reload_interval: Duration) -> Result<Arc<HookClient>, String> {
+        let owner = format!("hook `{}`", config.name);
+        let tls = if config.endpoint.starts_with("https://") {
+            Some(HookTls::new(&owner, &config.tls, reload_interval).map_err(|e| e.to_string())?)
+        } else {
+            if !is_loopback(&config.endpoint) {
+                tracing::warn!(
+                    hook = %config.name,
+                    endpoint = %config.endpoint,
+                    "hook reached over plaintext on the network: events (prompts, tool arguments) travel unencrypted; use https:// with tls"
+                );
+            }
+            None
+        };
+        // A new connection may reach a restarted server with another
+        // Describe: every connection that ends asks for a fresh one.
+        // (Every connection of the pool: the one that ended is replaced,
+        // but the server behind it may have changed.)
+        let redescribe = Arc::new(Notify::new());
+        let dialer = Dialer::new(
             &config.endpoint,
             config.timeout.min(Duration::from_secs(10)),
+            tls.as_ref(),
         )
-        .map_err(|e| format!("hook `{}`: {e}", config.name))?;
+        .map_err(|e| format!("{owner}: {e}"))?;
+        let credentials = Credentials::new(&owner, &config.credentials, reload_interval)?;
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
         // Each connection of the pool reads the server's advertised stream
-        // limit off the wire (see peer_settings); TLS, when the endpoint is
-        // https, is layered above by tonic.
+        // limit off the wire (see peer_settings), and carries the hook's
+        // credentials on every call.
+        let closed = redescribe.clone();
         let connect = Box::new(move |report| {
-            let mut http = HttpConnector::new();
-            http.enforce_http(false);
-            http.set_nodelay(true);
-            endpoint.connect_with_connector_lazy(SettingsWatch::new(http, report))
+            InterceptedService::new(dialer.channel(closed.clone(), report), credentials.clone())
         });
         Ok(Arc::new(HookClient {
             pool: Pool::new(&config.name, &config.connections, connect),
+            tls,
             config,
             described: RwLock::new(None),
             status: Mutex::new(Status {
@@ -163,16 +304,19 @@ impl HookClient {
             }),
             breaker: Mutex::new(breaker),
             breaker_opened: Notify::new(),
-            redescribe: Notify::new(),
-            failure_log: Mutex::new(FailureLog::default()),
+            redescribe,
+            failure_log: Arc::default(),
             metrics: OnceLock::new(),
         }))
     }
 
-    /// Publishes this hook's breaker state in `metrics` from now on.
+    /// Publishes this hook's breaker state in `metrics`, and counts what
+    /// Describe says (`hookwire_hook_unsubscribed`), from now on.
     pub fn attach_metrics(&self, metrics: Arc<Metrics>) {
         metrics.breaker_state(self.name(), self.breaker_open());
-        let _ = self.metrics.set(metrics);
+        if self.metrics.set(metrics).is_ok() {
+            self.count_unsubscribed();
+        }
     }
 
     fn publish_breaker(&self, open: bool) {
@@ -186,7 +330,7 @@ impl HookClient {
     }
 
     /// A client on the leased connection.
-    fn client(lease: &Lease) -> HookServiceClient<Channel> {
+    fn client(lease: &Lease) -> HookServiceClient<HookChannel> {
         client_on(lease.channel())
     }
 
@@ -208,7 +352,7 @@ impl HookClient {
         let call = async {
             let lease = self.pool.acquire(deadline).await?;
             let answer = Self::client(&lease).describe(req).await;
-            answer.map_err(|status| classify_status(&status, false))
+            answer.map_err(|status| self.refine(classify_status(&status, false)))
         };
         let result = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
@@ -228,9 +372,23 @@ impl HookClient {
                     tools: d.tools.into_iter().map(Into::into).collect(),
                 };
                 *self.described.write().unwrap() = Some(desc.clone());
-                let mut s = self.status.lock().unwrap();
-                s.state = ConnState::Connected;
-                s.last_error = None;
+                {
+                    let mut s = self.status.lock().unwrap();
+                    s.state = ConnState::Connected;
+                    s.last_error = None;
+                }
+                let missing = self.unsubscribed_events();
+                if !missing.is_empty() {
+                    let events: Vec<&str> = missing.iter().map(|e| e.name()).collect();
+                    tracing::warn!(
+                        hook = %self.config.name,
+                        events = %events.join(","),
+                        failure = ?self.config.failure,
+                        mode = ?self.config.mode,
+                        "hook server's Describe does not list events its config names; a blocking hook fails at each of them (class unsubscribed) under its failure policy"
+                    );
+                }
+                self.count_unsubscribed();
                 Ok(desc)
             }
             Err(f) => {
@@ -260,7 +418,14 @@ impl HookClient {
             };
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = self.redescribe.notified() => {}
+                _ = self.redescribe.notified() => {
+                    // A server that ends every connection must not turn
+                    // this into a busy loop.
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(REDESCRIBE_PAUSE) => {}
+                    }
+                }
                 _ = self.breaker_opened.notified() => {
                     self.probe_until_closed(&cancel).await;
                 }
@@ -299,6 +464,23 @@ impl HookClient {
         }
     }
 
+    /// A connection that died because the server refused us in TLS (after
+    /// our side of a TLS 1.3 handshake, e.g. a missing or untrusted client
+    /// certificate) is reported as class `tls` with the server's reason,
+    /// not as a reset.
+    pub fn refine(&self, fault: Fault) -> Fault {
+        if !matches!(
+            fault.class,
+            FailureClass::StreamReset | FailureClass::Connect
+        ) {
+            return fault;
+        }
+        match self.tls.as_ref().and_then(HookTls::late_error) {
+            Some(why) => Fault::new(FailureClass::Tls, why),
+            None => fault,
+        }
+    }
+
     /// Records a connection-level fault so the next Describe refreshes the
     /// cached subscriptions and tools.
     pub fn note_fault(&self, fault: &Fault) {
@@ -311,6 +493,48 @@ impl HookClient {
             s.last_error = Some(format!("{}: {}", fault.class, fault.detail));
             drop(s);
             self.redescribe.notify_one();
+        }
+    }
+
+    /// Configured events the server's Describe does not list (empty before
+    /// the first Describe, or when the config names no events).
+    pub fn unsubscribed_events(&self) -> Vec<EventKind> {
+        match &*self.described.read().unwrap() {
+            Some(d) => self
+                .config
+                .events
+                .iter()
+                .copied()
+                .filter(|e| !d.events.contains(e))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether `kind` is configured for this hook but its server's Describe
+    /// no longer lists it: a contract broken by configuration drift, never
+    /// a silent skip.
+    pub fn unsubscribed(&self, kind: EventKind) -> bool {
+        self.config.events.contains(&kind)
+            && self
+                .described
+                .read()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|d| !d.events.contains(&kind))
+    }
+
+    /// One gauge per configured event: 1 while Describe does not list it.
+    fn count_unsubscribed(&self) {
+        let Some(m) = self.metrics.get() else {
+            return;
+        };
+        if self.description().is_none() {
+            return;
+        }
+        let missing = self.unsubscribed_events();
+        for e in &self.config.events {
+            m.hook_unsubscribed(&self.config.name, e.name(), missing.contains(e));
         }
     }
 
@@ -399,7 +623,11 @@ impl HookClient {
         self.breaker.lock().unwrap().is_open()
     }
 
-    pub fn open_stream(&self, metadata: Vec<(&'static str, String)>) -> RunStream {
+    pub fn open_stream(
+        &self,
+        metadata: Vec<(&'static str, String)>,
+        metrics: Arc<crate::telemetry::Metrics>,
+    ) -> RunStream {
         // A stream waits for a free slot no longer than any of its events
         // could wait for a verdict.
         RunStream::open(
@@ -407,6 +635,9 @@ impl HookClient {
             self.config.observe_queue,
             metadata,
             self.config.longest_timeout(),
+            self.config.name.clone(),
+            metrics,
+            self.failure_log.clone(),
         )
     }
 
@@ -424,7 +655,7 @@ impl HookClient {
         let call = async {
             let lease = self.pool.acquire(deadline).await?;
             let answer = Self::client(&lease).call_tool(req).await;
-            answer.map_err(|status| classify_status(&status, false))
+            answer.map_err(|status| self.refine(classify_status(&status, false)))
         };
         match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(r)) => {
@@ -453,6 +684,7 @@ impl HookClient {
             events: self.subscriptions().unwrap_or_default(),
             description: self.description(),
             last_error: s.last_error.clone(),
+            unsubscribed: self.unsubscribed_events(),
         }
     }
 }
@@ -466,7 +698,7 @@ mod tests {
             "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    breaker: {breaker}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
-        HookClient::new(cfg.hooks[0].clone()).unwrap()
+        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
     }
 
     #[tokio::test(start_paused = true)]

@@ -20,8 +20,9 @@ pub enum Advertised {
     Limit(usize),
     /// A SETTINGS frame without it: no limit.
     NoLimit,
-    /// Not a SETTINGS frame (TLS bytes, when TLS is layered above this
-    /// connector), or the connection ended first.
+    /// Not a SETTINGS frame (a peer that does not speak HTTP/2 first, or
+    /// bytes from below a TLS layer), or the connection ended first. The
+    /// hook connector reads above its TLS, so https hooks are read too.
     Unreadable,
 }
 

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use crate::hooks::peer_settings::Advertised;
 
-/// The limit assumed for a connection whose SETTINGS could not be read (TLS
-/// layered above the point where hookwire reads the connection): RFC 9113
+/// The limit assumed for a connection whose SETTINGS could not be read (the
+/// connection ended first, or its first frame was not SETTINGS): RFC 9113
 /// recommends servers allow no fewer than 100 streams, and common proxies
 /// allow 100-128. A server that allows fewer refuses the surplus, which
 /// lowers the limit.

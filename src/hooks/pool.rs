@@ -10,23 +10,22 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-use tokio::time::Instant;
-use tonic::transport::Channel;
-
 use crate::config::ConnectionsConfig;
+use crate::hooks::client::HookChannel;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::peer_settings::Report;
 use crate::hooks::placement::{Choice, ConnId, Placement};
 use crate::telemetry::metrics::PoolMetrics;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// Makes the channel of one new connection (lazy: it connects on its first
 /// call), whose connector reports the server's advertised limit.
-pub type Connect = Box<dyn Fn(Report) -> Channel + Send + Sync>;
+pub type Connect = Box<dyn Fn(Report) -> HookChannel + Send + Sync>;
 
 struct State {
     placement: Placement,
-    channels: HashMap<ConnId, Channel>,
+    channels: HashMap<ConnId, HookChannel>,
     /// Whether a task is closing idle connections.
     sweeping: bool,
 }
@@ -59,7 +58,7 @@ pub struct Lease {
 struct LeaseInner {
     pool: Arc<Inner>,
     conn: ConnId,
-    channel: Channel,
+    channel: HookChannel,
 }
 
 impl Drop for LeaseInner {
@@ -70,7 +69,7 @@ impl Drop for LeaseInner {
 }
 
 impl Lease {
-    pub fn channel(&self) -> Channel {
+    pub fn channel(&self) -> HookChannel {
         self.inner.channel.clone()
     }
 

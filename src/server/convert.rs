@@ -26,6 +26,7 @@ pub fn session(s: &Session, hooks: Vec<String>, with_transcript: bool) -> pb::Se
         },
         run_count: s.run_count,
         active_run_id: s.active_run.clone().unwrap_or_default(),
+        owner: s.owner.clone(),
     }
 }
 
@@ -199,5 +200,10 @@ pub fn hook_info(h: &HookSnapshot) -> pb::HookInfo {
         server_name: d.name,
         server_version: d.version,
         last_error: h.last_error.clone().unwrap_or_default(),
+        unsubscribed_events: h
+            .unsubscribed
+            .iter()
+            .map(|e| pb::EventKind::from(*e) as i32)
+            .collect(),
     }
 }

@@ -7,11 +7,12 @@ use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::agent::events::RunEvent;
+use crate::auth::Principal;
 use crate::engine::Engine;
 use crate::pb;
 use crate::pb::agent_service_server::AgentService;
 use crate::server::convert;
-use crate::server::status::missing;
+use crate::server::status::{missing, no_principal};
 
 pub struct AgentApi {
     pub engine: Arc<Engine>,
@@ -28,6 +29,15 @@ fn trace_headers<T>(req: &Request<T>) -> (String, String) {
     (get("traceparent"), get("tracestate"))
 }
 
+/// The caller, as the auth layer authenticated it. A call without one did
+/// not pass the layer: refused, never served as nobody in particular.
+fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
+    req.extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(no_principal)
+}
+
 type RunStream = Pin<Box<dyn Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -36,13 +46,19 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
+        let who = principal(&req)?;
         let r = req.into_inner();
         if r.agent.is_empty() {
             return Err(missing("agent"));
         }
         let s = self
             .engine
-            .create_session(&r.agent, r.extra_hooks, r.metadata.into_iter().collect())
+            .create_session(
+                &who,
+                &r.agent,
+                r.extra_hooks,
+                r.metadata.into_iter().collect(),
+            )
             .await?;
         let hooks = self.engine.session_hook_names(&s);
         Ok(Response::new(convert::session(&s, hooks, true)))
@@ -52,23 +68,25 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
+        let who = principal(&req)?;
         let id = req.into_inner().session_id;
         if id.is_empty() {
             return Err(missing("session_id"));
         }
-        let s = self.engine.get_session(&id)?;
+        let s = self.engine.get_session(&who, &id)?;
         let hooks = self.engine.session_hook_names(&s);
         Ok(Response::new(convert::session(&s, hooks, true)))
     }
 
     async fn list_sessions(
         &self,
-        _: Request<pb::ListSessionsRequest>,
+        req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let who = principal(&req)?;
         Ok(Response::new(pb::ListSessionsResponse {
             sessions: self
                 .engine
-                .list_sessions()
+                .list_sessions(&who)
                 .iter()
                 .map(|s| convert::session(s, self.engine.session_hook_names(s), false))
                 .collect(),
@@ -79,24 +97,28 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let who = principal(&req)?;
         let id = req.into_inner().session_id;
         if id.is_empty() {
             return Err(missing("session_id"));
         }
-        self.engine.delete_session(&id).await?;
+        self.engine.delete_session(&who, &id).await?;
         Ok(Response::new(pb::DeleteSessionResponse {}))
     }
 
     type RunStream = RunStream;
 
     async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<RunStream>, Status> {
+        let who = principal(&req)?;
         let trace = trace_headers(&req);
         let r = req.into_inner();
         if r.session_id.is_empty() {
             return Err(missing("session_id"));
         }
-        let session = self.engine.get_session(&r.session_id)?;
-        let mut handle = self.engine.start_run(&r.session_id, r.input, true, trace)?;
+        let session = self.engine.get_session(&who, &r.session_id)?;
+        let mut handle = self
+            .engine
+            .start_run(&who, &r.session_id, r.input, true, trace)?;
         let run_id = handle.run_id.clone();
         let stream = async_stream(move |tx| async move {
             let mut seq = 0;
@@ -132,6 +154,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::RunRequest>,
     ) -> Result<Response<pb::RunResult>, Status> {
+        let who = principal(&req)?;
         let trace = trace_headers(&req);
         let r = req.into_inner();
         if r.session_id.is_empty() {
@@ -139,7 +162,7 @@ impl AgentService for AgentApi {
         }
         let mut handle = self
             .engine
-            .start_run(&r.session_id, r.input, false, trace)?;
+            .start_run(&who, &r.session_id, r.input, false, trace)?;
         // Same drive loop as Run; the events are consumed (and dropped) here.
         while let Some(ev) = handle.events.recv().await {
             if let RunEvent::Finished(report) = ev {
@@ -157,11 +180,12 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::CancelRunRequest>,
     ) -> Result<Response<pb::CancelRunResponse>, Status> {
+        let who = principal(&req)?;
         let id = req.into_inner().run_id;
         if id.is_empty() {
             return Err(missing("run_id"));
         }
-        self.engine.cancel_run(&id)?;
+        self.engine.cancel_run(&who, &id)?;
         Ok(Response::new(pb::CancelRunResponse {}))
     }
 
@@ -169,6 +193,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::ResolveApprovalRequest>,
     ) -> Result<Response<pb::ResolveApprovalResponse>, Status> {
+        let who = principal(&req)?;
         let r = req.into_inner();
         if r.run_id.is_empty() {
             return Err(missing("run_id"));
@@ -177,14 +202,15 @@ impl AgentService for AgentApi {
             return Err(missing("call_id"));
         }
         self.engine
-            .resolve_approval(&r.run_id, &r.call_id, r.approve, r.note)?;
+            .resolve_approval(&who, &r.run_id, &r.call_id, r.approve, r.note)?;
         Ok(Response::new(pb::ResolveApprovalResponse {}))
     }
 
     async fn list_hooks(
         &self,
-        _: Request<pb::ListHooksRequest>,
+        req: Request<pb::ListHooksRequest>,
     ) -> Result<Response<pb::ListHooksResponse>, Status> {
+        principal(&req)?;
         Ok(Response::new(pb::ListHooksResponse {
             hooks: self.engine.hooks().iter().map(convert::hook_info).collect(),
         }))

@@ -3,6 +3,7 @@
 use tonic::{Code, Status};
 
 use crate::agent::approvals::ApprovalError;
+use crate::auth::AuthError;
 use crate::engine::EngineError;
 use crate::session::SessionError;
 
@@ -20,6 +21,8 @@ impl From<EngineError> for Status {
             EngineError::UnknownRun(_) => Code::NotFound,
             EngineError::Approval(ApprovalError::NotPending { .. }) => Code::NotFound,
             EngineError::ShuttingDown => Code::Unavailable,
+            EngineError::AgentDenied { .. } => Code::PermissionDenied,
+            EngineError::Quota(_) => Code::ResourceExhausted,
         };
         Status::new(code, e.to_string())
     }
@@ -61,4 +64,15 @@ pub fn decode_rejection(s: &Status, max_input_bytes: usize) -> Option<Status> {
 /// A required request field was empty.
 pub fn missing(field: &str) -> Status {
     Status::invalid_argument(format!("`{field}` is required"))
+}
+
+/// A call the auth layer refused.
+pub fn unauthenticated(e: &AuthError) -> Status {
+    Status::unauthenticated(e.to_string())
+}
+
+/// A call that reached a service without passing the auth layer: a wiring
+/// bug, refused rather than served as nobody in particular.
+pub fn no_principal() -> Status {
+    Status::unauthenticated("no authenticated principal on this call")
 }
