@@ -329,20 +329,29 @@ async fn scratchpad_changes_come_only_from_accepted_verdicts() {
     let s = session(&mut c, "a").await;
     let r = invoke(&mut c, &s, "weather").await;
     assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
-    let failed: Vec<(String, &str)> = r
-        .hook_verdicts
-        .iter()
-        .filter(|v| !v.failed_open.is_empty())
-        .map(|v| (support::script::kind_name(v.event), v.failed_open.as_str()))
-        .collect();
+    let failed = |hook: &str| -> Vec<(String, &str)> {
+        r.hook_verdicts
+            .iter()
+            .filter(|v| v.hook == hook && !v.failed_open.is_empty())
+            .map(|v| (support::script::kind_name(v.event), v.failed_open.as_str()))
+            .collect()
+    };
     assert_eq!(
-        failed,
+        failed("writer"),
         [
             ("run_start".to_string(), "wrong_kind"),
             ("model_request".to_string(), "invalid_verdict"),
             ("tool_call".to_string(), "deadline")
         ],
         "every rejection happened"
+    );
+    // The observer's answer to run_start (an event that expects no verdict)
+    // breaks its stream: reported once, as the fault it is, and the run
+    // goes on (observe-mode failures never fail a run).
+    assert_eq!(
+        failed("observer"),
+        [("run_start".to_string(), "spurious")],
+        "the observer's spurious verdict is reported, never applied"
     );
     assert!(!observer.streams().is_empty(), "the observer got events");
     assert_eq!(
