@@ -172,3 +172,39 @@ async fn bad_options_and_an_unreachable_server_are_clear_errors() {
         "{stderr}"
     );
 }
+
+/// Against a server with authentication on, `hookwire load` presents the
+/// token the other client commands take (`--token` / HOOKWIRE_TOKEN):
+/// without it every call is refused, and the report says so.
+#[tokio::test]
+async fn load_presents_the_token_a_server_with_authentication_requires() {
+    let tokens = support::auth::Tokens::write();
+    let mut yaml = config(&[], "");
+    yaml.push_str(&tokens.auth_yaml());
+    let server = TestServer::start(&yaml).await;
+    support::auth::client(&server.addr, Some(support::auth::ALICE)).await;
+    let (ok, stdout, stderr) = hookwire_load(
+        &server.addr,
+        &[
+            "--concurrency",
+            "2",
+            "--duration",
+            "200ms",
+            "--json",
+            "--token",
+            support::auth::ALICE,
+        ],
+    )
+    .await;
+    assert!(
+        ok,
+        "with the token every run completes:\n{stdout}\n{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(report["runs"].as_u64().unwrap() > 0, "{stdout}");
+    let (ok, stdout, stderr) =
+        hookwire_load(&server.addr, &["--concurrency", "1", "--duration", "100ms"]).await;
+    assert!(!ok, "without it nothing completes:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("Unauthenticated"), "{stdout}\n{stderr}");
+    server.stop().await;
+}

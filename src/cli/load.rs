@@ -6,13 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::Context;
 use serde::Serialize;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
 
+use crate::cli::connection::{self, Client, ServerOpts};
 use crate::pb;
-use crate::pb::agent_service_client::AgentServiceClient;
 
 /// Workers per HTTP/2 connection to the server: one connection would make
 /// its single connection task the client's bottleneck at high concurrency.
@@ -31,6 +29,8 @@ pub struct Options {
     pub runs_per_session: u32,
     /// How long runs still in flight at the end may take to finish.
     pub drain: Duration,
+    /// TLS and token, as for the other client commands.
+    pub server: ServerOpts,
 }
 
 /// What one run came to.
@@ -138,19 +138,6 @@ fn outcome_name(v: i32) -> String {
         .unwrap_or_else(|_| format!("unknown({v})"))
 }
 
-async fn connect(addr: &str) -> anyhow::Result<Channel> {
-    Endpoint::from_shared(addr.to_string())
-        .with_context(|| {
-            format!("bad server address `{addr}` (expected e.g. http://127.0.0.1:50051)")
-        })?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .with_context(|| {
-            format!("cannot connect to hookwire at {addr} (is `hookwire serve` running?)")
-        })
-}
-
 /// What a worker saw, and the first error's text.
 #[derive(Default)]
 struct Seen {
@@ -171,7 +158,7 @@ impl Seen {
 }
 
 async fn worker(
-    mut client: AgentServiceClient<Channel>,
+    mut client: Client,
     opts: std::sync::Arc<Options>,
     start: Instant,
     stop_at: Instant,
@@ -235,16 +222,16 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         .concurrency
         .div_ceil(WORKERS_PER_CONNECTION)
         .min(MAX_CONNECTIONS);
-    let mut channels = Vec::with_capacity(connections);
+    let mut clients = Vec::with_capacity(connections);
     for _ in 0..connections {
-        channels.push(connect(&opts.addr).await?);
+        clients.push(connection::connect(&opts.addr, &opts.server).await?);
     }
     let opts = std::sync::Arc::new(opts);
     let start = Instant::now();
     let stop_at = start + opts.duration;
     let mut workers = tokio::task::JoinSet::new();
     for i in 0..opts.concurrency {
-        let client = AgentServiceClient::new(channels[i % connections].clone());
+        let client = clients[i % connections].clone();
         workers.spawn(worker(client, opts.clone(), start, stop_at));
     }
     let mut seen = Seen::default();

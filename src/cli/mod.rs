@@ -140,6 +140,8 @@ pub enum Command {
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        server: connection::ServerOpts,
     },
     /// Configuration tools.
     Config {
@@ -442,6 +444,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             runs_per_session,
             drain,
             json,
+            server,
         } => {
             let report = load::run(load::Options {
                 addr,
@@ -451,6 +454,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 input,
                 runs_per_session,
                 drain,
+                server,
             })
             .await?;
             if json {
