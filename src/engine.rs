@@ -1,5 +1,9 @@
 //! The service's domain: sessions, runs, approvals and hooks, independent of
-//! gRPC. `server::grpc` adapts it to AgentService.
+//! gRPC. `server::grpc` adapts it to AgentService. State lives in the store
+//! (`crate::store`); this replica's own runs are in `runs`, and `replica`
+//! keeps them leased and reaps the runs of replicas that were lost.
+
+mod replica;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,8 +13,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::agent::approvals::{ApprovalError, Approvals, Decision};
+use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::events::{RunEvent, RunReport};
+use crate::agent::ledger::Ledger;
+use crate::agent::outcome::RunOutcome;
 use crate::agent::runner::{drive, AgentRuntime, Run};
 use crate::config::Config;
 use crate::event::{nearest, EventKind};
@@ -21,7 +27,8 @@ use crate::hooks::failure::HookFailure;
 use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::registry::{HookRegistry, RegistryError};
 use crate::model::ModelProvider;
-use crate::session::{MemoryStore, Session, SessionError, SessionStore};
+use crate::session::Session;
+use crate::store::{NewSession, RunEnd, SessionFilter, SessionPage, SessionStore, StoreError};
 use crate::telemetry::{propagation, spans, Instruments};
 use tracing::Instrument;
 
@@ -32,7 +39,7 @@ pub enum EngineError {
     #[error("unknown hook `{0}`: sessions may only enable hooks configured under `hooks:`")]
     UnknownHook(String),
     #[error(transparent)]
-    Session(#[from] SessionError),
+    Store(#[from] StoreError),
     #[error("input must not be empty")]
     EmptyInput,
     #[error("input is {size} bytes; the limit is {max} (server.max_input_bytes)")]
@@ -41,10 +48,6 @@ pub enum EngineError {
     SessionRejected { hook: String, reason: String },
     #[error("session_start failed: {0}")]
     SessionHookFailed(HookFailure),
-    #[error("run `{0}` not found (it may have finished)")]
-    UnknownRun(String),
-    #[error(transparent)]
-    Approval(#[from] ApprovalError),
     #[error("server is shutting down; retry against another replica")]
     ShuttingDown,
 }
@@ -69,18 +72,15 @@ pub struct Engine {
     agents: HashMap<String, Arc<AgentRuntime>>,
     registry: Arc<HookRegistry>,
     store: Arc<dyn SessionStore>,
+    /// This process's id in the store (lease holder name).
+    replica: String,
     approvals: Arc<Approvals>,
+    /// Runs executing on this replica.
     runs: Mutex<HashMap<String, Arc<Run>>>,
     accepting: AtomicBool,
     idle: Notify,
     inst: Instruments,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    background: replica::Background,
 }
 
 impl Engine {
@@ -88,6 +88,7 @@ impl Engine {
         config: Config,
         models: HashMap<String, Arc<dyn ModelProvider>>,
         inst: Instruments,
+        store: Arc<dyn SessionStore>,
     ) -> Result<Engine, EngineSetupError> {
         let registry = Arc::new(HookRegistry::new(&config)?);
         // Breaker gauges exist (closed) from the start; calls only touch
@@ -117,13 +118,32 @@ impl Engine {
             config,
             agents,
             registry,
-            store: Arc::new(MemoryStore::default()),
+            store,
+            replica: replica::replica_id(),
             approvals: Arc::new(Approvals::default()),
             runs: Mutex::new(HashMap::new()),
             accepting: AtomicBool::new(true),
             idle: Notify::new(),
             inst,
+            background: replica::Background::default(),
         })
+    }
+
+    pub fn store(&self) -> &Arc<dyn SessionStore> {
+        &self.store
+    }
+
+    /// This replica's id in the store.
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    fn local_run(&self, run_id: &str) -> Option<Arc<Run>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+            .cloned()
     }
 
     pub fn registry(&self) -> &Arc<HookRegistry> {
@@ -180,11 +200,14 @@ impl Engine {
         }
     }
 
+    /// Creates a session owned by `owner` (the caller's principal;
+    /// [`crate::session::ANONYMOUS`] without authentication).
     pub async fn create_session(
         &self,
         agent_name: &str,
         extra_hooks: Vec<String>,
         metadata: BTreeMap<String, String>,
+        owner: &str,
     ) -> Result<Session, EngineError> {
         if !self.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
@@ -195,15 +218,12 @@ impl Engine {
                 return Err(EngineError::UnknownHook(h.clone()));
             }
         }
-        let session = Session {
+        let session = NewSession {
             id: uuid::Uuid::new_v4().to_string(),
             agent: agent_name.to_string(),
+            owner: owner.to_string(),
             extra_hooks: extra_hooks.clone(),
             metadata: metadata.clone(),
-            created_at_unix_ms: now_ms(),
-            transcript: Vec::new(),
-            run_count: 0,
-            active_run: None,
         };
         let clients = self.session_hooks(&agent, &extra_hooks);
         if !clients.is_empty() {
@@ -238,30 +258,45 @@ impl Engine {
                 }
             }
         }
-        self.store.insert(session.clone());
-        Ok(session)
+        Ok(self.store.create_session(&session).await?)
     }
 
-    pub fn get_session(&self, id: &str) -> Result<Session, EngineError> {
-        self.store
-            .get(id)
-            .ok_or_else(|| SessionError::NotFound(id.to_string()).into())
+    /// The session with its transcript.
+    pub async fn get_session(&self, id: &str) -> Result<Session, EngineError> {
+        let mut s = self.store.get_session(id).await?;
+        s.transcript = self.store.transcript(id).await?;
+        Ok(s)
     }
 
-    pub fn list_sessions(&self) -> Vec<Session> {
-        self.store.list()
+    /// The session without its transcript.
+    pub async fn session_info(&self, id: &str) -> Result<Session, EngineError> {
+        Ok(self.store.get_session(id).await?)
+    }
+
+    pub async fn list_sessions(&self, filter: &SessionFilter) -> Result<SessionPage, EngineError> {
+        Ok(self.store.list_sessions(filter).await?)
     }
 
     pub async fn delete_session(&self, id: &str) -> Result<(), EngineError> {
-        let session = self
-            .store
-            .remove(id)
-            .ok_or_else(|| SessionError::NotFound(id.to_string()))?;
+        let session = self.store.delete_session(id).await?;
         if let Some(run) = &session.active_run {
-            if let Some(r) = self.runs.lock().unwrap().get(run) {
+            // Wherever it runs, its replica is told to stop it.
+            match self.store.request_cancel(run, "session deleted").await {
+                Ok(()) | Err(StoreError::RunNotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(run = %run, error = %e, "cannot record the cancel of a deleted session's run")
+                }
+            }
+            if let Some(r) = self.local_run(run) {
                 r.cancel("session deleted");
             }
         }
+        self.session_end(&session, "deleted");
+        Ok(())
+    }
+
+    /// Fires session_end (observe) at the session's hooks.
+    fn session_end(&self, session: &Session, reason: &str) {
         if let Ok(agent) = self.agent(&session.agent) {
             let clients = self.session_hooks(agent, &session.extra_hooks);
             if !clients.is_empty() {
@@ -277,16 +312,15 @@ impl Engine {
                     self.inst.clone(),
                 );
                 hooks.observe(0, EventKind::SessionEnd, || Payload::SessionEnd {
-                    reason: "deleted".into(),
+                    reason: reason.into(),
                 });
                 hooks.close();
             }
         }
-        Ok(())
     }
 
     /// Starts a run; its events arrive on the handle until `Finished`.
-    pub fn start_run(
+    pub async fn start_run(
         self: &Arc<Self>,
         session_id: &str,
         input: String,
@@ -307,11 +341,35 @@ impl Engine {
             });
         }
         let run_id = uuid::Uuid::new_v4().to_string();
-        let session = self.store.begin_run(session_id, &run_id)?;
-        let agent = match self.agent(&session.agent) {
-            Ok(a) => a.clone(),
+        let lease = self
+            .store
+            .begin_run(session_id, &run_id, &self.replica)
+            .await?;
+        let ledger = Ledger {
+            store: self.store.clone(),
+            lease,
+        };
+        // The history is read once per run, in one query; nothing of the
+        // session is copied or rewritten.
+        let loaded = async {
+            let session = self.store.get_session(session_id).await?;
+            let agent = self.agent(&session.agent)?.clone();
+            let transcript = self.store.transcript(session_id).await?;
+            Ok::<_, EngineError>((session, agent, transcript))
+        }
+        .await;
+        let (session, agent, transcript) = match loaded {
+            Ok(l) => l,
             Err(e) => {
-                self.store.end_run(session_id, &run_id, vec![]);
+                let end = RunEnd {
+                    outcome: RunOutcome::Failed,
+                    reason: e.to_string(),
+                    usage: Default::default(),
+                    turns: 0,
+                };
+                if let Err(w) = ledger.end(&[], &end).await {
+                    tracing::warn!(run = %run_id, error = %w, "cannot record a run that could not start");
+                }
                 return Err(e);
             }
         };
@@ -353,13 +411,13 @@ impl Engine {
             deadline,
             tx,
             self.inst.clone(),
+            ledger,
         ));
         self.runs
             .lock()
-            .unwrap()
+            .unwrap_or_else(|e| e.into_inner())
             .insert(run_id.clone(), run.clone());
         let engine = self.clone();
-        let transcript = session.transcript;
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
         let task = tokio::spawn(async move {
@@ -377,10 +435,9 @@ impl Engine {
                 .metrics
                 .run_finished(&agent_name, outcome, started.elapsed());
             drop(active);
-            engine
-                .store
-                .end_run(&report.session_id, &report.run_id, report.messages.clone());
-            let mut runs = engine.runs.lock().unwrap();
+            // drive recorded the run's end; only now does it leave this
+            // replica (a drain waits for the record).
+            let mut runs = engine.runs.lock().unwrap_or_else(|e| e.into_inner());
             runs.remove(&report.run_id);
             if runs.is_empty() {
                 engine.idle.notify_waiters();
@@ -394,26 +451,30 @@ impl Engine {
         })
     }
 
-    pub fn cancel_run(&self, run_id: &str) -> Result<(), EngineError> {
-        match self.runs.lock().unwrap().get(run_id) {
-            Some(r) => {
-                r.cancel("cancelled by client");
-                Ok(())
-            }
-            None => Err(EngineError::UnknownRun(run_id.to_string())),
+    /// Cancels a run wherever it executes: recorded in the store (which
+    /// denies its pending approvals) and delivered to its replica.
+    pub async fn cancel_run(&self, run_id: &str) -> Result<(), EngineError> {
+        const REASON: &str = "cancelled by client";
+        self.store.request_cancel(run_id, REASON).await?;
+        if let Some(r) = self.local_run(run_id) {
+            r.cancel(REASON);
         }
+        Ok(())
     }
 
-    pub fn resolve_approval(
+    /// Answers an approval wherever its run executes; the first answer
+    /// recorded wins.
+    pub async fn resolve_approval(
         &self,
         run_id: &str,
         call_id: &str,
         approve: bool,
         note: String,
     ) -> Result<(), EngineError> {
-        Ok(self
-            .approvals
-            .resolve(run_id, call_id, Decision { approve, note })?)
+        let d = Decision { approve, note };
+        self.store.resolve_approval(run_id, call_id, &d).await?;
+        self.approvals.deliver(run_id, call_id, d);
+        Ok(())
     }
 
     pub fn hooks(&self) -> Vec<HookSnapshot> {
@@ -421,7 +482,7 @@ impl Engine {
     }
 
     pub fn active_runs(&self) -> usize {
-        self.runs.lock().unwrap().len()
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Refuses new sessions and runs from now on.
@@ -436,7 +497,13 @@ impl Engine {
             .await
             .is_err()
         {
-            let runs: Vec<Arc<Run>> = self.runs.lock().unwrap().values().cloned().collect();
+            let runs: Vec<Arc<Run>> = self
+                .runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .cloned()
+                .collect();
             tracing::warn!(runs = runs.len(), "shutdown grace elapsed; cancelling runs");
             for r in runs {
                 r.cancel("server shutting down");
@@ -444,7 +511,28 @@ impl Engine {
             // Cancelled runs still fire run_end and commit; give them a
             // bounded moment (deploy/ sizes the pod's grace period on it).
             let _ = tokio::time::timeout(CANCEL_WIND_DOWN, self.until_idle()).await;
+            // Runs that did not even end then are recorded as interrupted
+            // now, so their sessions are free when this replica is gone.
+            let stuck: Vec<Arc<Run>> = self
+                .runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            for r in stuck {
+                let end = RunEnd {
+                    outcome: RunOutcome::Interrupted,
+                    reason: "the replica shut down before the run ended".into(),
+                    usage: Default::default(),
+                    turns: 0,
+                };
+                if let Err(e) = r.ledger.end(&[], &end).await {
+                    tracing::warn!(run = %r.run_id, error = %e, "cannot record the run's end at shutdown");
+                }
+            }
         }
+        self.background.stop().await;
         self.registry.stop();
     }
 
@@ -452,7 +540,12 @@ impl Engine {
     async fn until_idle(&self) {
         loop {
             let notified = self.idle.notified();
-            if self.runs.lock().unwrap().is_empty() {
+            if self
+                .runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
                 return;
             }
             notified.await;

@@ -15,4 +15,5 @@ pub mod model;
 pub mod pb;
 pub mod server;
 pub mod session;
+pub mod store;
 pub mod telemetry;

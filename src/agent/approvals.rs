@@ -1,5 +1,6 @@
-//! Pending approval requests raised by `ask` verdicts, answered through
-//! AgentService.ResolveApproval.
+//! Approval requests raised by `ask` verdicts. The store records them and
+//! their answers (ResolveApproval may reach any replica); this is the
+//! replica-local side: the runs of this replica waiting for an answer.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -12,46 +13,54 @@ pub struct Decision {
     pub note: String,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ApprovalError {
-    #[error("no pending approval for call `{call_id}` in run `{run_id}` (already answered, timed out, or never asked)")]
-    NotPending { run_id: String, call_id: String },
-}
+type Key = (String, String);
 
 #[derive(Default)]
 pub struct Approvals {
-    pending: Mutex<HashMap<(String, String), oneshot::Sender<Decision>>>,
+    waiting: Mutex<HashMap<Key, oneshot::Sender<Decision>>>,
+}
+
+/// A registered wait; dropping it (answered, timed out, or the run ended
+/// while waiting) forgets the waiter.
+pub struct Waiter<'a> {
+    approvals: &'a Approvals,
+    key: Key,
+    pub answer: oneshot::Receiver<Decision>,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.approvals
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
 }
 
 impl Approvals {
-    pub fn register(&self, run_id: &str, call_id: &str) -> oneshot::Receiver<Decision> {
+    pub fn register(&self, run_id: &str, call_id: &str) -> Waiter<'_> {
         let (tx, rx) = oneshot::channel();
-        self.pending
+        let key = (run_id.to_string(), call_id.to_string());
+        self.waiting
             .lock()
-            .unwrap()
-            .insert((run_id.to_string(), call_id.to_string()), tx);
-        rx
-    }
-
-    pub fn withdraw(&self, run_id: &str, call_id: &str) {
-        self.pending
-            .lock()
-            .unwrap()
-            .remove(&(run_id.to_string(), call_id.to_string()));
-    }
-
-    pub fn resolve(&self, run_id: &str, call_id: &str, d: Decision) -> Result<(), ApprovalError> {
-        let tx = self
-            .pending
-            .lock()
-            .unwrap()
-            .remove(&(run_id.to_string(), call_id.to_string()));
-        match tx.map(|tx| tx.send(d)) {
-            Some(Ok(())) => Ok(()),
-            _ => Err(ApprovalError::NotPending {
-                run_id: run_id.into(),
-                call_id: call_id.into(),
-            }),
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), tx);
+        Waiter {
+            approvals: self,
+            key,
+            answer: rx,
         }
+    }
+
+    /// Hands a recorded decision to the run waiting for it on this replica,
+    /// if any; whether one was waiting.
+    pub fn deliver(&self, run_id: &str, call_id: &str, d: Decision) -> bool {
+        let tx = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(run_id.to_string(), call_id.to_string()));
+        tx.is_some_and(|tx| tx.send(d).is_ok())
     }
 }

@@ -36,6 +36,8 @@ pub enum Stop {
     ModelFailed(String),
     Cancelled(String),
     TimedOut,
+    /// The run's replica can no longer record it (its lease was lost).
+    Interrupted(String),
 }
 
 #[derive(Debug)]
@@ -120,6 +122,8 @@ pub struct Machine {
     /// Transcript before the run, then the run's committed messages.
     history: Vec<Message>,
     run_from: usize,
+    /// History before this index is recorded in the store.
+    flushed: usize,
     turn: u32,
     usage: Usage,
     state: State,
@@ -139,6 +143,7 @@ impl Machine {
             max_turns,
             history: transcript,
             run_from,
+            flushed: run_from,
             turn: 0,
             usage: Usage::default(),
             state: State::Start(input),
@@ -153,6 +158,21 @@ impl Machine {
     /// Events produced by the last transition, for the client.
     pub fn drain_events(&mut self) -> impl Iterator<Item = RunEvent> + '_ {
         self.events.drain(..)
+    }
+
+    /// Messages committed to history since the last call, for the runner
+    /// to record; each is handed out once.
+    pub fn take_committed(&mut self) -> &[Message] {
+        let from = self.flushed;
+        self.flushed = self.history.len();
+        &self.history[from..]
+    }
+
+    /// Ends the run from any state: nothing committed after the last
+    /// [`Machine::take_committed`] is kept (it could not be recorded).
+    pub fn abort(&mut self, stop: Stop) -> Step {
+        self.history.truncate(self.flushed);
+        self.stop(stop)
     }
 
     /// The first step.
@@ -324,6 +344,7 @@ impl Machine {
                 "run exceeded its run_timeout".into(),
                 String::new(),
             ),
+            Stop::Interrupted(r) => self.finish(RunOutcome::Interrupted, r, String::new()),
         }
     }
 
@@ -548,6 +569,45 @@ mod tests {
             text_response("canned"),
         ))));
         assert!(matches!(step, Step::ModelResponse(_)));
+    }
+
+    #[test]
+    fn commits_are_handed_out_once_per_step_and_abort_keeps_only_recorded_ones() {
+        let mut m = machine(4);
+        m.start();
+        assert!(
+            m.take_committed().is_empty(),
+            "the old transcript is not new"
+        );
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        assert_eq!(m.take_committed(), &[Message::user("hi")]);
+        assert!(m.take_committed().is_empty());
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        let Step::ToolBatch(msg) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+        else {
+            panic!()
+        };
+        assert!(
+            m.take_committed().is_empty(),
+            "a turn commits with its batch"
+        );
+        m.feed(Feed::ToolBatch(Ok(BatchDecision::Settled(vec![
+            result("a"),
+            result("b"),
+        ]))));
+        // The batch is committed in the machine but its recording failed.
+        let e = finish(m.abort(Stop::Interrupted("lease lost".into())));
+        assert_eq!(e.outcome, RunOutcome::Interrupted);
+        assert_eq!(
+            e.messages,
+            vec![Message::user("hi")],
+            "{msg:?} was never recorded"
+        );
     }
 
     #[test]

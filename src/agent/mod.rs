@@ -5,6 +5,7 @@
 pub mod approvals;
 pub mod batch;
 pub mod events;
+pub mod ledger;
 pub mod machine;
 pub mod outcome;
 pub mod runner;

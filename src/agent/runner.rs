@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::batch::{run_batch, CallOutcome};
 use crate::agent::events::{RunEvent, RunReport};
+use crate::agent::ledger::Ledger;
 use crate::agent::machine::*;
 use crate::agent::outcome::RunOutcome;
 use crate::agent::tools::process_call;
@@ -64,12 +65,15 @@ pub struct Run {
     pub approvals: Arc<Approvals>,
     pub deadline: Instant,
     pub cancel: CancellationToken,
-    cancel_reason: Mutex<Option<String>>,
+    /// Why the run was stopped from outside (cancelled, or interrupted).
+    cancel_reason: Mutex<Option<Stop>>,
     events: mpsc::UnboundedSender<RunEvent>,
     records: Mutex<Vec<VerdictRecord>>,
     /// Text deltas held back until model_response hooks accept the turn.
     held: Mutex<Vec<String>>,
     pub inst: Instruments,
+    /// Where the run records what it commits, under its lease.
+    pub ledger: Ledger,
 }
 
 impl Run {
@@ -85,6 +89,7 @@ impl Run {
         deadline: Instant,
         events: mpsc::UnboundedSender<RunEvent>,
         inst: Instruments,
+        ledger: Ledger,
     ) -> Run {
         Run {
             run_id,
@@ -101,14 +106,24 @@ impl Run {
             records: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
             inst,
+            ledger,
         }
     }
 
     pub fn cancel(&self, reason: &str) {
+        self.stop_from_outside(Stop::Cancelled(reason.to_string()));
+    }
+
+    /// Stops the run because this replica can no longer record it.
+    pub fn interrupt(&self, reason: &str) {
+        self.stop_from_outside(Stop::Interrupted(reason.to_string()));
+    }
+
+    fn stop_from_outside(&self, stop: Stop) {
         self.cancel_reason
             .lock()
-            .unwrap()
-            .get_or_insert_with(|| reason.to_string());
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(stop);
         self.cancel.cancel();
     }
 
@@ -152,7 +167,12 @@ impl Run {
             ))));
         }
         let timeout = ask.timeout.unwrap_or(self.agent.config.approval_timeout);
-        let rx = self.approvals.register(&self.run_id, &call.id);
+        // Waiting locally before the request is recorded, so an answer
+        // delivered right after it is never missed.
+        let mut waiter = self.approvals.register(&self.run_id, &call.id);
+        if let Err(stop) = self.ledger.request_approval(&call.id).await {
+            return Some(CallOutcome::Stop(stop));
+        }
         self.emit(RunEvent::ApprovalRequested {
             turn,
             index,
@@ -161,15 +181,23 @@ impl Run {
             hook: hook.to_string(),
             timeout,
         });
-        let decision =
-            tokio::time::timeout_at((Instant::now() + timeout).min(self.deadline), rx).await;
-        self.approvals.withdraw(&self.run_id, &call.id);
+        let decision = match tokio::time::timeout_at(
+            (Instant::now() + timeout).min(self.deadline),
+            &mut waiter.answer,
+        )
+        .await
+        {
+            Ok(Ok(d)) => Some(d),
+            // Timed out: unless an answer was recorded at the last moment
+            // (the store decides which came first), it is denied.
+            _ => self.ledger.expire_approval(&call.id).await,
+        };
         match decision {
-            Ok(Ok(Decision { approve: true, .. })) => None,
-            Ok(Ok(Decision {
+            Some(Decision { approve: true, .. }) => None,
+            Some(Decision {
                 approve: false,
                 note,
-            })) => denied(if note.is_empty() {
+            }) => denied(if note.is_empty() {
                 format!("the user denied the call of tool `{}`", call.name)
             } else {
                 format!("the user denied the call of tool `{}`: {note}", call.name)
@@ -186,9 +214,12 @@ impl Run {
     async fn guarded<T>(&self, fut: impl Future<Output = Result<T, Stop>>) -> Result<T, Stop> {
         tokio::select! {
             biased;
-            _ = self.cancel.cancelled() => Err(Stop::Cancelled(
-                self.cancel_reason.lock().unwrap().clone().unwrap_or_else(|| "cancelled".into()),
-            )),
+            _ = self.cancel.cancelled() => Err(self
+                .cancel_reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_else(|| Stop::Cancelled("cancelled".into()))),
             _ = tokio::time::sleep_until(self.deadline) => Err(Stop::TimedOut),
             r = fut => r,
         }
@@ -291,15 +322,29 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                 Feed::ModelResponse(r)
             }
             Step::ToolBatch(message) => {
+                // The turn is recorded as in flight before any tool starts:
+                // if this replica dies, its calls get synthetic results
+                // rather than vanish (and are never replayed).
+                let staged = run.ledger.stage_turn(Some(&message)).await;
                 let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
                 let concurrency = cfg.tool_concurrency;
-                let r = run
-                    .guarded(run_batch(calls.len(), concurrency, |i| {
-                        let span = spans::execute_tool(&calls[i].name, &calls[i].id);
-                        process_call(run.clone(), turn, i as u32, calls[i].clone(), tools.clone())
+                let r = match staged {
+                    Err(stop) => Err(stop),
+                    Ok(()) => {
+                        run.guarded(run_batch(calls.len(), concurrency, |i| {
+                            let span = spans::execute_tool(&calls[i].name, &calls[i].id);
+                            process_call(
+                                run.clone(),
+                                turn,
+                                i as u32,
+                                calls[i].clone(),
+                                tools.clone(),
+                            )
                             .instrument(span)
-                    }))
-                    .await;
+                        }))
+                        .await
+                    }
+                };
                 Feed::ToolBatch(r)
             }
             Step::TurnEnd(message) => Feed::TurnEnd(
@@ -320,11 +365,46 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
             ),
         };
         step = machine.feed(feed);
+        // Record what this step committed before the next one starts (the
+        // last step's commit goes with the run's end).
+        if !matches!(step, Step::Finish(_)) {
+            let committed = machine.take_committed();
+            if !committed.is_empty() {
+                if let Err(stop) = run.ledger.append(committed).await {
+                    step = machine.abort(stop);
+                }
+            }
+        }
     };
+    let ending = record_end(&run, &mut machine, ending).await;
     for ev in machine.drain_events() {
         run.emit(ev);
     }
     finish(&run, ending)
+}
+
+/// Records the run's end with its last commit. A replica that lost the
+/// lease records nothing: the run is reported `interrupted`, with only
+/// what was recorded before.
+async fn record_end(run: &Run, machine: &mut Machine, mut ending: Ending) -> Ending {
+    let tail = machine.take_committed().to_vec();
+    let end = crate::store::RunEnd {
+        outcome: ending.outcome,
+        reason: ending.reason.clone(),
+        usage: ending.usage,
+        turns: ending.turns,
+    };
+    if let Err(e) = run.ledger.end(&tail, &end).await {
+        tracing::warn!(run = %run.run_id, error = %e, "cannot record the run's end");
+        if let Stop::Interrupted(reason) = crate::agent::ledger::stop_for(&e) {
+            let keep = ending.messages.len().saturating_sub(tail.len());
+            ending.messages.truncate(keep);
+            ending.outcome = RunOutcome::Interrupted;
+            ending.reason = reason;
+            ending.final_text.clear();
+        }
+    }
+    ending
 }
 
 /// Calls the model under its `chat` span, streaming or holding deltas.

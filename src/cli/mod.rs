@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, StoreSetting};
 use crate::event::EventKind;
 use crate::telemetry::LogFormat;
 
@@ -44,6 +44,18 @@ pub enum Command {
         /// Log line format (logs go to stdout).
         #[arg(long, env = "HOOKWIRE_LOG_FORMAT", value_enum, default_value = "text")]
         log_format: LogFormat,
+        /// Where sessions live: memory, sqlite:///path/to/file.db or
+        /// postgres://user@host:5432/db (password from PGPASSWORD; only this
+        /// variable, not the flag, may carry one in the URL). Overrides
+        /// `store:` in the config.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// Directory of the default store (SQLite file `hookwire.db`), used
+        /// when neither --store nor `store:` is given. Default:
+        /// $XDG_DATA_HOME/hookwire, else ~/.local/share/hookwire, else
+        /// ./.hookwire.
+        #[arg(long, env = "HOOKWIRE_DATA_DIR", value_name = "DIR")]
+        data_dir: Option<PathBuf>,
     },
     /// Run one prompt against a server and render the streamed timeline.
     Run {
@@ -92,7 +104,12 @@ pub enum Command {
 
 #[derive(Subcommand, Debug)]
 pub enum SessionsAction {
-    List,
+    /// List sessions (all pages), oldest first.
+    List {
+        /// Only sessions of this agent.
+        #[arg(long)]
+        agent: Option<String>,
+    },
     /// Show a session with its transcript.
     Show {
         id: String,
@@ -189,11 +206,14 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             listen,
             admin_listen,
             log_format,
+            store,
+            data_dir,
         } => {
             let mut cfg = match &config {
                 Some(path) => Config::load(path)?,
                 None => Config::embedded_default(),
             };
+            cfg.store = Some(resolve_store(store, cfg.store.take(), data_dir)?);
             let telemetry = crate::telemetry::init(&cfg.telemetry, log_format)?;
             if let Some(l) = listen {
                 cfg.listen = l;
@@ -287,6 +307,49 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The store `serve` uses: --store, else HOOKWIRE_STORE (which alone may
+/// carry a password), else the config's `store:`, else SQLite in the data
+/// directory.
+fn resolve_store(
+    flag: Option<String>,
+    configured: Option<StoreSetting>,
+    data_dir: Option<PathBuf>,
+) -> anyhow::Result<StoreSetting> {
+    if let Some(url) = flag {
+        return StoreSetting::parse(&url, false).map_err(|e| anyhow::anyhow!("--store: {e}"));
+    }
+    if let Some(url) = std::env::var("HOOKWIRE_STORE")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        return StoreSetting::parse(&url, true).map_err(|e| anyhow::anyhow!("HOOKWIRE_STORE: {e}"));
+    }
+    if let Some(s) = configured {
+        return Ok(s);
+    }
+    let dir = data_dir.unwrap_or_else(default_data_dir);
+    Ok(StoreSetting::Sqlite {
+        path: dir.join("hookwire.db"),
+    })
+}
+
+/// Per-user data (XDG): sessions outlive the checkout or the build that
+/// made them, and never land in a source tree by accident.
+fn default_data_dir() -> PathBuf {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(x) = env("XDG_DATA_HOME") {
+        return x.join("hookwire");
+    }
+    if let Some(h) = env("HOME") {
+        return h.join(".local/share/hookwire");
+    }
+    PathBuf::from(".hookwire")
 }
 
 async fn shutdown_signal() {

@@ -6,6 +6,7 @@
 
 mod env;
 mod load;
+mod store;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ use crate::event::EventKind;
 use crate::model::scripted::Rule;
 
 pub use load::{ConfigError, EMBEDDED_DEFAULT};
+pub use store::StoreSetting;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
@@ -39,6 +41,10 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub server: ServerConfig,
+    /// Where sessions live (see [`StoreSetting`]). Unset: `hookwire serve`
+    /// uses SQLite in its data directory; the library's `serve` uses memory.
+    #[serde(default)]
+    pub store: Option<StoreSetting>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -268,6 +274,8 @@ pub struct TelemetryConfig {
 
 pub const DEFAULT_MAX_INPUT_BYTES: usize = 256 * 1024;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
+pub const DEFAULT_RUN_LEASE: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_TRANSCRIPT_BYTES: u64 = 8 * 1024 * 1024;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -278,6 +286,20 @@ pub struct ServerConfig {
     /// How long in-flight runs may finish after SIGTERM before cancellation.
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// How long a run's lease lasts; its replica renews it every third of
+    /// that. When a replica dies, another ends its runs `interrupted` once
+    /// their lease expired.
+    #[serde(default = "default_run_lease", with = "humantime_serde")]
+    pub run_lease: Duration,
+    /// Idle sessions (no run, no activity) are deleted after this long,
+    /// firing session_end with reason `expired`. Unset: kept until deleted.
+    #[serde(default, with = "humantime_serde")]
+    pub session_ttl: Option<Duration>,
+    /// Largest transcript per session (bytes of stored messages). A run
+    /// cannot start on a session at the limit, and a run whose commit would
+    /// pass it ends `failed`; a run's final commit is never refused.
+    #[serde(default = "default_max_transcript")]
+    pub max_transcript_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -285,8 +307,18 @@ impl Default for ServerConfig {
         ServerConfig {
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            run_lease: DEFAULT_RUN_LEASE,
+            session_ttl: None,
+            max_transcript_bytes: DEFAULT_MAX_TRANSCRIPT_BYTES,
         }
     }
+}
+
+fn default_run_lease() -> Duration {
+    DEFAULT_RUN_LEASE
+}
+fn default_max_transcript() -> u64 {
+    DEFAULT_MAX_TRANSCRIPT_BYTES
 }
 
 fn default_max_input() -> usize {

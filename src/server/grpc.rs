@@ -12,6 +12,8 @@ use crate::pb;
 use crate::pb::agent_service_server::AgentService;
 use crate::server::convert;
 use crate::server::status::missing;
+use crate::session::ANONYMOUS;
+use crate::store::SessionFilter;
 
 pub struct AgentApi {
     pub engine: Arc<Engine>,
@@ -42,7 +44,12 @@ impl AgentService for AgentApi {
         }
         let s = self
             .engine
-            .create_session(&r.agent, r.extra_hooks, r.metadata.into_iter().collect())
+            .create_session(
+                &r.agent,
+                r.extra_hooks,
+                r.metadata.into_iter().collect(),
+                ANONYMOUS,
+            )
             .await?;
         let hooks = self.engine.session_hook_names(&s);
         Ok(Response::new(convert::session(&s, hooks, true)))
@@ -56,22 +63,35 @@ impl AgentService for AgentApi {
         if id.is_empty() {
             return Err(missing("session_id"));
         }
-        let s = self.engine.get_session(&id)?;
+        let s = self.engine.get_session(&id).await?;
         let hooks = self.engine.session_hook_names(&s);
         Ok(Response::new(convert::session(&s, hooks, true)))
     }
 
     async fn list_sessions(
         &self,
-        _: Request<pb::ListSessionsRequest>,
+        req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let r = req.into_inner();
+        if r.page_size < 0 {
+            return Err(Status::invalid_argument(
+                "`page_size` must not be negative (0 means the default, 100)",
+            ));
+        }
+        let filter = SessionFilter {
+            owner: None,
+            agent: (!r.agent.is_empty()).then_some(r.agent),
+            page_size: u32::try_from(r.page_size).unwrap_or(0),
+            page_token: r.page_token,
+        };
+        let page = self.engine.list_sessions(&filter).await?;
         Ok(Response::new(pb::ListSessionsResponse {
-            sessions: self
-                .engine
-                .list_sessions()
+            sessions: page
+                .sessions
                 .iter()
                 .map(|s| convert::session(s, self.engine.session_hook_names(s), false))
                 .collect(),
+            next_page_token: page.next_page_token,
         }))
     }
 
@@ -95,8 +115,11 @@ impl AgentService for AgentApi {
         if r.session_id.is_empty() {
             return Err(missing("session_id"));
         }
-        let session = self.engine.get_session(&r.session_id)?;
-        let mut handle = self.engine.start_run(&r.session_id, r.input, true, trace)?;
+        let session = self.engine.session_info(&r.session_id).await?;
+        let mut handle = self
+            .engine
+            .start_run(&r.session_id, r.input, true, trace)
+            .await?;
         let run_id = handle.run_id.clone();
         let stream = async_stream(move |tx| async move {
             let mut seq = 0;
@@ -126,7 +149,8 @@ impl AgentService for AgentApi {
         }
         let mut handle = self
             .engine
-            .start_run(&r.session_id, r.input, false, trace)?;
+            .start_run(&r.session_id, r.input, false, trace)
+            .await?;
         // Same drive loop as Run; the events are consumed (and dropped) here.
         while let Some(ev) = handle.events.recv().await {
             if let RunEvent::Finished(report) = ev {
@@ -148,7 +172,7 @@ impl AgentService for AgentApi {
         if id.is_empty() {
             return Err(missing("run_id"));
         }
-        self.engine.cancel_run(&id)?;
+        self.engine.cancel_run(&id).await?;
         Ok(Response::new(pb::CancelRunResponse {}))
     }
 
@@ -164,7 +188,8 @@ impl AgentService for AgentApi {
             return Err(missing("call_id"));
         }
         self.engine
-            .resolve_approval(&r.run_id, &r.call_id, r.approve, r.note)?;
+            .resolve_approval(&r.run_id, &r.call_id, r.approve, r.note)
+            .await?;
         Ok(Response::new(pb::ResolveApprovalResponse {}))
     }
 

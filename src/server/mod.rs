@@ -34,6 +34,12 @@ pub enum ServeError {
     Reflection(String),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("store `{setting}`: {source}")]
+    Store {
+        setting: String,
+        #[source]
+        source: crate::store::StoreError,
+    },
 }
 
 /// Builds every configured model.
@@ -82,7 +88,30 @@ pub async fn serve_with_admin(
             let _ = admin_stop_rx.await;
         }))
     });
-    let engine = Arc::new(Engine::new(config.clone(), build_models(&config)?, inst)?);
+    let setting = config
+        .store
+        .clone()
+        .unwrap_or(crate::config::StoreSetting::Memory);
+    let store = crate::store::open(
+        &setting,
+        crate::store::StoreOptions {
+            lease: config.server.run_lease,
+            max_transcript_bytes: config.server.max_transcript_bytes,
+        },
+    )
+    .await
+    .map_err(|source| ServeError::Store {
+        setting: setting.to_string(),
+        source,
+    })?;
+    tracing::info!(store = %setting, "session store open");
+    let engine = Arc::new(Engine::new(
+        config.clone(),
+        build_models(&config)?,
+        inst,
+        store.clone(),
+    )?);
+    engine.start_background();
     engine.registry().describe_all(STARTUP_DESCRIBE).await;
     engine.registry().check_tool_ownership()?;
     engine.registry().start();
@@ -168,6 +197,9 @@ pub async fn serve_with_admin(
     if let Some(t) = admin_task {
         let _ = t.await;
     }
+    // Outcomes were recorded during the drain; close connections last.
+    engine.stop_background().await;
+    store.close().await;
     served?;
     Ok(())
 }

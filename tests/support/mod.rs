@@ -46,7 +46,10 @@ impl TestServer {
         for _ in 0..200 {
             if let Ok(c) = AgentServiceClient::connect(self.addr.clone()).await {
                 let mut c = c;
-                if c.list_sessions(pb::ListSessionsRequest {}).await.is_ok() {
+                if c.list_sessions(pb::ListSessionsRequest::default())
+                    .await
+                    .is_ok()
+                {
                     return c;
                 }
             }
