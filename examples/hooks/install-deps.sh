@@ -6,6 +6,8 @@
 #   examples/hooks/install-deps.sh            # both examples
 #   examples/hooks/install-deps.sh python     # only the Python one
 #   examples/hooks/install-deps.sh go         # only the Go one
+#   examples/hooks/install-deps.sh postgres   # only PostgreSQL (not an example:
+#                                             # the store tests' real server)
 #
 # Python: grpcio, grpcio-tools (bundles protoc for the Python stubs) and
 #   grpcio-health-checking from PyPI, into the python3 on PATH (or $PYTHON).
@@ -15,7 +17,7 @@ set -eu
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${PYTHON:-python3}
-WHAT=${*:-python go}
+WHAT=${*:-python go postgres}
 
 # golang-github-golang-protobuf-1-5-dev is named explicitly: grpc-go accepts
 # the 1.3 API package too, and apt would pick that one, which cannot encode
@@ -49,8 +51,21 @@ for part in $WHAT; do
                 apt-get install -y -qq --no-install-recommends $missing >/dev/null
         fi
         ;;
+    postgres)
+        # ---- PostgreSQL, for the store tests (tests/support/postgres.rs
+        # starts a throwaway server from /usr/lib/postgresql/*/bin; the
+        # package's own cluster is not used).
+        if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+            echo "install-deps: postgresql already installed"
+        else
+            echo "install-deps: apt-get install postgresql"
+            as_root apt-get update -qq
+            as_root env DEBIAN_FRONTEND=noninteractive \
+                apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+        fi
+        ;;
     *)
-        echo "install-deps: unknown part '$part' (python, go)" >&2
+        echo "install-deps: unknown part '$part' (python, go, postgres)" >&2
         exit 2
         ;;
     esac

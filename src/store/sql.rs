@@ -211,7 +211,16 @@ impl SqlStore {
             .await
             .map_err(|e| StoreError::Backend(format!("migrating postgres: {e}")))?;
         let (wake, _) = broadcast::channel(256);
-        let listener = tokio::spawn(listen(pool.clone(), wake.clone()));
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
+        let listener = tokio::spawn(listen(pool.clone(), wake.clone(), ready_tx));
+        // Listening before the first write, so no hint of ours is missed
+        // (polling would still find it, a little later).
+        if tokio::time::timeout(Duration::from_secs(10), ready)
+            .await
+            .is_err()
+        {
+            tracing::warn!("postgres LISTEN not ready after 10s; relying on polling until it is");
+        }
         Ok(SqlStore {
             pool: Pool::Postgres(pool),
             options,
@@ -243,11 +252,19 @@ impl SqlStore {
 /// Postgres LISTEN loop: each notification's payload goes to subscribers.
 /// After a reconnect (missed notifications), every replica is woken so it
 /// re-reads the tables.
-async fn listen(pool: PgPool, wake: broadcast::Sender<String>) {
+async fn listen(
+    pool: PgPool,
+    wake: broadcast::Sender<String>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
     loop {
         match PgListener::connect_with(&pool).await {
             Ok(mut l) => match l.listen(WAKE_CHANNEL).await {
                 Ok(()) => loop {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(());
+                    }
                     match l.try_recv().await {
                         Ok(Some(n)) => {
                             let _ = wake.send(n.payload().to_string());

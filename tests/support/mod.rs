@@ -6,6 +6,7 @@
 pub mod fakellm;
 pub mod fault;
 pub mod go;
+pub mod postgres;
 pub mod python;
 
 use std::future::Future;

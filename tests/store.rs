@@ -1,0 +1,483 @@
+//! The store contract: every engine (memory, SQLite, a real PostgreSQL)
+//! passes the same tests, generated per engine by `contract!`.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookwire::agent::approvals::Decision;
+use hookwire::agent::outcome::RunOutcome;
+use hookwire::config::StoreSetting;
+use hookwire::message::{Block, Message, Role, ToolCall};
+use hookwire::store::{
+    self, NewSession, RunEnd, SessionFilter, SessionStore, Signal, StoreError, StoreOptions,
+};
+
+/// A lease short enough to be expired after [`EXPIRED`]: the tests only
+/// ever wait for at least that long, never for at most.
+const SHORT_LEASE: Duration = Duration::from_millis(1);
+const EXPIRED: Duration = Duration::from_millis(20);
+
+fn opts(lease: Duration, max_bytes: u64) -> StoreOptions {
+    StoreOptions {
+        lease,
+        max_transcript_bytes: max_bytes,
+    }
+}
+
+async fn open(engine: &str, o: StoreOptions) -> Arc<dyn SessionStore> {
+    let setting = match engine {
+        "memory" => StoreSetting::Memory,
+        "sqlite" => {
+            let dir = tempfile::tempdir().unwrap().keep();
+            StoreSetting::Sqlite {
+                path: dir.join("h.db"),
+            }
+        }
+        "postgres" => StoreSetting::parse(&support::postgres::database(), false).unwrap(),
+        other => panic!("{other}"),
+    };
+    store::open(&setting, o).await.expect("store opens")
+}
+
+fn new_session(id: &str, agent: &str, owner: &str) -> NewSession {
+    NewSession {
+        id: id.into(),
+        agent: agent.into(),
+        owner: owner.into(),
+        extra_hooks: vec!["h".into()],
+        metadata: [("k".to_string(), "v".to_string())].into(),
+    }
+}
+
+fn end(outcome: RunOutcome) -> RunEnd {
+    RunEnd {
+        outcome,
+        reason: String::new(),
+        usage: Default::default(),
+        turns: 1,
+    }
+}
+
+fn call_turn(ids: &[&str]) -> Message {
+    Message {
+        role: Role::Assistant,
+        blocks: ids
+            .iter()
+            .map(|id| {
+                Block::ToolCall(ToolCall {
+                    id: id.to_string(),
+                    name: "t".into(),
+                    arguments_json: "{}".into(),
+                })
+            })
+            .collect(),
+    }
+}
+
+async fn sessions_are_created_read_listed_by_page_and_deleted(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    let created = s
+        .create_session(&new_session("s1", "a", "alice"))
+        .await
+        .unwrap();
+    assert_eq!(created.owner, "alice");
+    assert_eq!(created.extra_hooks, vec!["h".to_string()]);
+    for i in 2..=5 {
+        let agent = if i % 2 == 0 { "b" } else { "a" };
+        s.create_session(&new_session(&format!("s{i}"), agent, "bob"))
+            .await
+            .unwrap();
+    }
+    let got = s.get_session("s1").await.unwrap();
+    assert_eq!(got.metadata.get("k").map(String::as_str), Some("v"));
+    // Pages of two, in creation order, covering every session once.
+    let mut seen = Vec::new();
+    let mut f = SessionFilter {
+        page_size: 2,
+        ..Default::default()
+    };
+    loop {
+        let page = s.list_sessions(&f).await.unwrap();
+        assert!(page.sessions.len() <= 2);
+        seen.extend(page.sessions.iter().map(|s| s.id.clone()));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        f.page_token = page.next_page_token;
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 5, "{seen:?}");
+    let by_agent = s
+        .list_sessions(&SessionFilter {
+            agent: Some("b".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_agent.sessions.len(), 2);
+    assert!(by_agent.sessions.iter().all(|s| s.agent == "b"));
+    let by_owner = s
+        .list_sessions(&SessionFilter {
+            owner: Some("alice".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_owner.sessions.len(), 1);
+    assert_eq!(
+        s.list_sessions(&SessionFilter {
+            page_token: "garbage".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err(),
+        StoreError::BadPageToken
+    );
+    s.delete_session("s1").await.unwrap();
+    assert_eq!(
+        s.get_session("s1").await.unwrap_err(),
+        StoreError::SessionNotFound("s1".into())
+    );
+    assert!(matches!(
+        s.delete_session("s1").await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    s.close().await;
+}
+
+async fn one_active_run_per_session_and_transcript_in_order(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let lease = s.begin_run("s", "r1", "A").await.unwrap();
+    assert_eq!(
+        s.begin_run("s", "r2", "B").await.unwrap_err(),
+        StoreError::Busy {
+            session: "s".into(),
+            run: "r1".into()
+        }
+    );
+    assert!(matches!(
+        s.begin_run("nope", "r3", "A").await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    s.append(&lease, &[Message::user("one")]).await.unwrap();
+    s.append(
+        &lease,
+        &[Message::assistant_text("two"), Message::user("three")],
+    )
+    .await
+    .unwrap();
+    s.end_run(
+        &lease,
+        &[Message::assistant_text("four")],
+        &end(RunOutcome::Completed),
+    )
+    .await
+    .unwrap();
+    let texts: Vec<String> = s
+        .transcript("s")
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(texts, ["one", "two", "three", "four"]);
+    let info = s.get_session("s").await.unwrap();
+    assert_eq!(info.active_run, None);
+    assert_eq!(info.run_count, 1);
+    // Free again; and an ended run's lease writes nothing.
+    let l2 = s.begin_run("s", "r2", "B").await.unwrap();
+    assert_eq!(
+        s.append(&lease, &[Message::user("late")])
+            .await
+            .unwrap_err(),
+        StoreError::LeaseLost("r1".into())
+    );
+    s.end_run(&l2, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    assert_eq!(s.transcript("s").await.unwrap().len(), 4);
+    s.close().await;
+}
+
+async fn a_claimed_run_fences_out_its_old_holder(engine: &str) {
+    let s = open(engine, opts(SHORT_LEASE, 1 << 20)).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let old = s.begin_run("s", "r", "A").await.unwrap();
+    s.append(&old, &[Message::user("go")]).await.unwrap();
+    s.stage_turn(&old, Some(&call_turn(&["c1", "c2"])))
+        .await
+        .unwrap();
+    tokio::time::sleep(EXPIRED).await;
+    let claimed = s.claim_expired("B", 10).await.unwrap();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    let c = &claimed[0];
+    assert_eq!(c.lost_replica, "A");
+    assert!(c.lease.epoch > old.epoch);
+    assert_eq!(c.session.as_ref().map(|s| s.agent.as_str()), Some("a"));
+    assert_eq!(c.pending_turn, Some(call_turn(&["c1", "c2"])));
+    // The old holder can no longer write anything.
+    assert_eq!(
+        s.append(&old, &[Message::user("x")]).await.unwrap_err(),
+        StoreError::LeaseLost("r".into())
+    );
+    assert!(matches!(s.renew(&old).await, Err(StoreError::LeaseLost(_))));
+    assert!(matches!(
+        s.stage_turn(&old, None).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    assert!(matches!(
+        s.end_run(&old, &[], &end(RunOutcome::Completed)).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    // The claimer closes the staged turn; every call gets a result.
+    let closing = store::close_pending_turn(c.pending_turn.clone());
+    s.end_run(&c.lease, &closing, &end(RunOutcome::Interrupted))
+        .await
+        .unwrap();
+    let t = s.transcript("s").await.unwrap();
+    assert_eq!(t.len(), 3);
+    let results: Vec<_> = t[2].tool_results_iter().collect();
+    assert_eq!(results.len(), 2);
+    assert!(results
+        .iter()
+        .all(|r| r.is_error && r.content == store::LOST_REPLICA_RESULT));
+    assert_eq!(s.get_session("s").await.unwrap().active_run, None);
+    // Claimed once only.
+    tokio::time::sleep(EXPIRED).await;
+    assert!(s.claim_expired("C", 10).await.unwrap().is_empty());
+    s.close().await;
+}
+
+async fn a_settled_batch_is_no_longer_staged(engine: &str) {
+    let s = open(engine, opts(SHORT_LEASE, 1 << 20)).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    s.stage_turn(&l, Some(&call_turn(&["c1"]))).await.unwrap();
+    s.append(&l, &[call_turn(&["c1"]), Message::user("results")])
+        .await
+        .unwrap();
+    tokio::time::sleep(EXPIRED).await;
+    let claimed = s.claim_expired("B", 10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].pending_turn, None, "the turn was committed");
+    s.close().await;
+}
+
+async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    let mut hints = s.subscribe();
+    s.request_approval(&l, "c1").await.unwrap();
+    let yes = Decision {
+        approve: true,
+        note: String::new(),
+    };
+    s.resolve_approval("r", "c1", &yes).await.unwrap();
+    assert_eq!(
+        hints.recv().await.unwrap(),
+        "A",
+        "the run's replica is woken"
+    );
+    assert_eq!(
+        s.resolve_approval("r", "c1", &yes).await.unwrap_err(),
+        StoreError::ApprovalNotPending {
+            run_id: "r".into(),
+            call_id: "c1".into()
+        }
+    );
+    assert!(matches!(
+        s.resolve_approval("r", "never-asked", &yes).await,
+        Err(StoreError::ApprovalNotPending { .. })
+    ));
+    assert_eq!(
+        s.signals("A").await.unwrap(),
+        vec![Signal::Approval {
+            run_id: "r".into(),
+            call_id: "c1".into(),
+            decision: yes.clone()
+        }]
+    );
+    assert!(s.signals("B").await.unwrap().is_empty());
+    // Answered before the wait gave up: the answer stands.
+    assert_eq!(s.expire_approval(&l, "c1").await.unwrap(), Some(yes));
+    // Timed out first: a later answer is refused.
+    s.request_approval(&l, "c2").await.unwrap();
+    assert_eq!(s.expire_approval(&l, "c2").await.unwrap(), None);
+    assert!(matches!(
+        s.resolve_approval(
+            "r",
+            "c2",
+            &Decision {
+                approve: true,
+                note: String::new()
+            }
+        )
+        .await,
+        Err(StoreError::ApprovalNotPending { .. })
+    ));
+    // A cancel is a signal for the run's replica and denies what waits.
+    s.request_approval(&l, "c3").await.unwrap();
+    s.request_cancel("r", "cancelled by client").await.unwrap();
+    let sig = s.signals("A").await.unwrap();
+    assert!(sig.contains(&Signal::Cancel {
+        run_id: "r".into(),
+        reason: "cancelled by client".into()
+    }));
+    assert!(sig.iter().any(|x| matches!(x, Signal::Approval { call_id, decision, .. } if call_id == "c3" && !decision.approve)));
+    assert!(matches!(
+        s.resolve_approval(
+            "r",
+            "c3",
+            &Decision {
+                approve: true,
+                note: String::new()
+            }
+        )
+        .await,
+        Err(StoreError::ApprovalNotPending { .. })
+    ));
+    s.end_run(&l, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.request_cancel("r", "again").await.unwrap_err(),
+        StoreError::RunNotFound("r".into())
+    );
+    assert!(
+        s.signals("A").await.unwrap().is_empty(),
+        "ended runs signal nothing"
+    );
+    s.close().await;
+}
+
+async fn transcript_size_is_limited(engine: &str) {
+    let s = open(engine, opts(Duration::from_secs(30), 200)).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    s.append(&l, &[Message::user("x".repeat(50))])
+        .await
+        .unwrap();
+    let err = s
+        .append(&l, &[Message::user("y".repeat(300))])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::TranscriptFull { limit: 200, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("server.max_transcript_bytes"));
+    // The final commit is kept; the next run is refused.
+    s.end_run(
+        &l,
+        &[Message::assistant_text("z".repeat(300))],
+        &end(RunOutcome::Failed),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.transcript("s").await.unwrap().len(), 2);
+    assert!(matches!(
+        s.begin_run("s", "r2", "A").await,
+        Err(StoreError::TranscriptFull { .. })
+    ));
+    s.close().await;
+}
+
+async fn idle_sessions_expire_but_busy_ones_do_not(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("idle", "a", "o"))
+        .await
+        .unwrap();
+    s.create_session(&new_session("busy", "a", "o"))
+        .await
+        .unwrap();
+    let l = s.begin_run("busy", "r", "A").await.unwrap();
+    tokio::time::sleep(EXPIRED).await;
+    let gone = s
+        .expire_sessions(Duration::from_millis(1), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        gone.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        ["idle"]
+    );
+    assert!(matches!(
+        s.get_session("idle").await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    s.end_run(&l, &[], &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+    assert!(s
+        .expire_sessions(Duration::from_secs(3600), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    s.close().await;
+}
+
+async fn deleting_a_session_with_an_active_run_lets_the_run_end(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    s.delete_session("s").await.unwrap();
+    s.request_cancel("r", "session deleted").await.unwrap();
+    assert!(matches!(
+        s.append(&l, &[Message::user("x")]).await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    s.end_run(&l, &[Message::user("x")], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    s.close().await;
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $( #[tokio::test] async fn $name() { super::$name("memory").await } )*
+        }
+        mod sqlite {
+            $( #[tokio::test] async fn $name() { super::$name("sqlite").await } )*
+        }
+        mod postgres {
+            $( #[tokio::test] async fn $name() { super::$name("postgres").await } )*
+        }
+    };
+}
+
+contract!(
+    sessions_are_created_read_listed_by_page_and_deleted,
+    one_active_run_per_session_and_transcript_in_order,
+    a_claimed_run_fences_out_its_old_holder,
+    a_settled_batch_is_no_longer_staged,
+    approvals_first_answer_wins_and_cancel_denies,
+    transcript_size_is_limited,
+    idle_sessions_expire_but_busy_ones_do_not,
+    deleting_a_session_with_an_active_run_lets_the_run_end,
+);
+
+/// Two stores opening one fresh Postgres database at once: sqlx's migrator
+/// holds an advisory lock, so each migration is applied once and both open.
+#[tokio::test]
+async fn postgres_two_stores_migrating_at_once_migrate_once() {
+    let url = support::postgres::database();
+    let setting = StoreSetting::parse(&url, false).unwrap();
+    let (a, b) = tokio::join!(
+        store::open(&setting, StoreOptions::default()),
+        store::open(&setting, StoreOptions::default())
+    );
+    let (a, b) = (a.expect("first opens"), b.expect("second opens"));
+    let pg = support::postgres::server();
+    assert_eq!(
+        pg.query(&url, "SELECT count(*) FROM _sqlx_migrations WHERE success"),
+        "1"
+    );
+    a.close().await;
+    b.close().await;
+}
