@@ -8,6 +8,7 @@ pub mod fault;
 pub mod go;
 pub mod postgres;
 pub mod python;
+pub mod replica;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -143,6 +143,8 @@ impl Postgres {
             std::process::id(),
             path(&pg.dir)
         );
+        // Deliberately never waited for: it outlives this process.
+        #[allow(clippy::zombie_processes)]
         Command::new("sh")
             .arg("-c")
             .arg(script)
