@@ -608,3 +608,106 @@ async fn rolling_restart_under_load_loses_no_committed_message_single(store: Sto
     }
     assert!(every_call_has_a_result(&got.transcript));
 }
+
+// ------------------------------------------------------------ retention
+
+/// An idle session is deleted after server.session_ttl and its hooks get
+/// session_end with reason `expired`; ListSessions pages and filters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sessions_expire_with_session_end_and_lists_page() {
+    let hook = FnHook::new("watch", &[pb::EventKind::SessionEnd])
+        .start()
+        .await;
+    let yaml = config(&[("watch", &hook.addr, "")], "")
+        .replace("hooks:\n", "server:\n  session_ttl: 1s\nhooks:\n");
+    let server = TestServer::start(&yaml).await;
+    let mut c = server.client().await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(session(&mut c, "a").await);
+    }
+    let page = c
+        .list_sessions(pb::ListSessionsRequest {
+            page_size: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.sessions.len(), 2);
+    assert!(!page.next_page_token.is_empty());
+    let rest = c
+        .list_sessions(pb::ListSessionsRequest {
+            page_size: 2,
+            page_token: page.next_page_token,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rest.sessions.len(), 1);
+    assert!(rest.next_page_token.is_empty());
+    let none = c
+        .list_sessions(pb::ListSessionsRequest {
+            agent: "other".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(none.sessions.is_empty());
+    let bad = c
+        .list_sessions(pb::ListSessionsRequest {
+            page_token: "nonsense".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    within("session_end", hook.hook.wait_for("session_end")).await;
+    let ends: Vec<String> = hook
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(pb::hook_event::Payload::SessionEnd(s)) => Some(s.reason.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(ends.iter().all(|r| r == "expired"), "{ends:?}");
+    let gone = c
+        .get_session(pb::GetSessionRequest {
+            session_id: ids[0].clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+    server.stop().await;
+}
+
+/// A session at server.max_transcript_bytes refuses new runs with
+/// RESOURCE_EXHAUSTED naming the setting.
+#[tokio::test]
+async fn a_full_transcript_refuses_runs_naming_the_limit() {
+    let yaml = format!("{}server:\n  max_transcript_bytes: 300\n", config(&[], ""));
+    let server = TestServer::start(&yaml).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let first = invoke(&mut c, &s, &"x".repeat(200)).await;
+    assert_eq!(outcome(&first), pb::RunOutcome::Completed);
+    let err = c
+        .invoke(pb::RunRequest {
+            session_id: s,
+            input: "more".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("server.max_transcript_bytes"),
+        "{err:?}"
+    );
+    server.stop().await;
+}
