@@ -50,7 +50,7 @@ print(", ".join(f"{n} {k}" for k, n in sorted(c.items())))' "$out")
     done
     printf 'validate %-28s strict, Kubernetes %s\n' "$dir" "${KUBE_VERSIONS// /, }"
     python3 "$deploy/check_wiring.py" "$dir" <"$out" || die "wiring of $dir"
-    printf 'wiring   %-28s services, ports, config, probes, securityContext\n' "$dir"
+    printf 'wiring   %-28s services, ports, config, probes, securityContext, store\n' "$dir"
 done
 
 # The configs are checked by hookwire's own loader (unknown fields, dangling
