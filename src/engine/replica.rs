@@ -185,6 +185,11 @@ impl Engine {
     }
 
     async fn end_lost_run(&self, c: ClaimedRun) {
+        // Our own run whose lease we failed to renew: it stops here too (its
+        // next write would be refused anyway).
+        if let Some(r) = self.local_run(&c.lease.run_id) {
+            r.interrupt("this replica could not renew the run's lease in time");
+        }
         let reason = format!(
             "the replica running it ({}) was lost; its lease expired",
             c.lost_replica

@@ -51,9 +51,17 @@ impl<'s> MigrationSource<'s> for Source {
 }
 
 pub async fn sqlite() -> Result<Migrator, sqlx::migrate::MigrateError> {
-    Migrator::new(Source(SQLITE)).await
+    migrator(SQLITE).await
 }
 
 pub async fn postgres() -> Result<Migrator, sqlx::migrate::MigrateError> {
-    Migrator::new(Source(POSTGRES)).await
+    migrator(POSTGRES).await
+}
+
+async fn migrator(m: Embedded) -> Result<Migrator, sqlx::migrate::MigrateError> {
+    let mut m = Migrator::new(Source(m)).await?;
+    // Migrations only add, so a rolled-back binary runs on a database a
+    // newer one migrated (it does not know the newer versions).
+    m.set_ignore_missing(true);
+    Ok(m)
 }

@@ -223,7 +223,9 @@ pub trait SessionStore: Send + Sync + 'static {
     /// to `replica`.
     async fn signals(&self, replica: &str) -> Result<Vec<Signal>, StoreError>;
 
-    /// Claims up to `limit` runs whose lease expired, for `replica` to end.
+    /// Claims up to `limit` runs whose lease expired, for `replica` to end
+    /// (its own too: one whose end could not be recorded, or whose renewals
+    /// failed for a whole lease).
     async fn claim_expired(&self, replica: &str, limit: u32)
         -> Result<Vec<ClaimedRun>, StoreError>;
     /// Deletes up to `limit` sessions idle (no run, no activity) for longer

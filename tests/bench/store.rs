@@ -1,0 +1,309 @@
+//! Figure 8: what the session store costs a run. The engine in-process (no
+//! gRPC, so the store is most of what differs), a one-turn run on the
+//! scripted model, timed from `start_run` to the recorded end:
+//! - per run on SQLite and Postgres against the memory store, same rounds;
+//! - per run on sessions holding 1 000 prior messages against fresh ones
+//!   (target ≤ 1.2×: the history is read once per run; the scripted model's
+//!   request carries it, which is the model payload);
+//! - store writes (transactions) per run, counted by a wrapper.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hookwire::agent::approvals::Decision;
+use hookwire::config::{Config, StoreSetting};
+use hookwire::engine::{Engine, RunHandle};
+use hookwire::message::Message;
+use hookwire::session::Session;
+use hookwire::store::{
+    self, ClaimedRun, NewSession, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore,
+    Signal, StoreError, StoreOptions,
+};
+use tokio::sync::broadcast;
+
+use crate::report::{Row, Target};
+use crate::stats::Spread;
+use crate::Plan;
+
+#[path = "../support/postgres.rs"]
+#[allow(dead_code)]
+mod postgres;
+
+const CONFIG: &str = r#"
+models:
+  - name: m
+    provider: scripted
+    rules:
+      - text: "noted: {{last_user}}"
+agents:
+  - name: solo
+    model: m
+"#;
+
+const PRIOR: usize = 1000;
+
+/// Counts the store's writes (each one transaction) and reads.
+struct Counting {
+    inner: Arc<dyn SessionStore>,
+    writes: AtomicU64,
+}
+
+impl Counting {
+    fn w(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionStore for Counting {
+    fn engine(&self) -> &'static str {
+        self.inner.engine()
+    }
+    async fn create_session(&self, s: &NewSession) -> Result<Session, StoreError> {
+        self.inner.create_session(s).await
+    }
+    async fn get_session(&self, id: &str) -> Result<Session, StoreError> {
+        self.inner.get_session(id).await
+    }
+    async fn list_sessions(&self, f: &SessionFilter) -> Result<SessionPage, StoreError> {
+        self.inner.list_sessions(f).await
+    }
+    async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
+        self.inner.delete_session(id).await
+    }
+    async fn transcript(&self, id: &str) -> Result<Vec<Message>, StoreError> {
+        self.inner.transcript(id).await
+    }
+    async fn begin_run(&self, s: &str, r: &str, rep: &str) -> Result<RunLease, StoreError> {
+        self.w();
+        self.inner.begin_run(s, r, rep).await
+    }
+    async fn renew(&self, l: &RunLease) -> Result<(), StoreError> {
+        self.w();
+        self.inner.renew(l).await
+    }
+    async fn append(&self, l: &RunLease, m: &[Message]) -> Result<(), StoreError> {
+        self.w();
+        self.inner.append(l, m).await
+    }
+    async fn stage_turn(&self, l: &RunLease, t: Option<&Message>) -> Result<(), StoreError> {
+        self.w();
+        self.inner.stage_turn(l, t).await
+    }
+    async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
+        self.w();
+        self.inner.end_run(l, m, e).await
+    }
+    async fn request_approval(&self, l: &RunLease, c: &str) -> Result<(), StoreError> {
+        self.w();
+        self.inner.request_approval(l, c).await
+    }
+    async fn resolve_approval(&self, r: &str, c: &str, d: &Decision) -> Result<(), StoreError> {
+        self.w();
+        self.inner.resolve_approval(r, c, d).await
+    }
+    async fn expire_approval(&self, l: &RunLease, c: &str) -> Result<Option<Decision>, StoreError> {
+        self.w();
+        self.inner.expire_approval(l, c).await
+    }
+    async fn request_cancel(&self, r: &str, why: &str) -> Result<(), StoreError> {
+        self.w();
+        self.inner.request_cancel(r, why).await
+    }
+    async fn signals(&self, rep: &str) -> Result<Vec<Signal>, StoreError> {
+        self.inner.signals(rep).await
+    }
+    async fn claim_expired(&self, rep: &str, n: u32) -> Result<Vec<ClaimedRun>, StoreError> {
+        self.inner.claim_expired(rep, n).await
+    }
+    async fn expire_sessions(&self, ttl: Duration, n: u32) -> Result<Vec<Session>, StoreError> {
+        self.inner.expire_sessions(ttl, n).await
+    }
+    fn subscribe(&self) -> broadcast::Receiver<String> {
+        self.inner.subscribe()
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+struct Bench {
+    engine: Arc<Engine>,
+    store: Arc<Counting>,
+}
+
+async fn bench(setting: &StoreSetting) -> Bench {
+    let config = Config::parse(CONFIG, "bench").expect("bench config");
+    let inner = store::open(setting, StoreOptions::default())
+        .await
+        .expect("store opens");
+    let store = Arc::new(Counting {
+        inner,
+        writes: AtomicU64::new(0),
+    });
+    let models = hookwire::server::build_models(&config).expect("models");
+    let inst = hookwire::telemetry::Instruments::new(&config.telemetry);
+    let engine = Arc::new(Engine::new(config, models, inst, store.clone()).expect("engine"));
+    Bench { engine, store }
+}
+
+async fn sessions(b: &Bench, n: usize, prior: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let s = b
+            .engine
+            .create_session("solo", vec![], Default::default(), "bench")
+            .await
+            .expect("session");
+        if prior > 0 {
+            // History written straight through the store, as earlier runs
+            // would have left it.
+            let st = &b.store.inner;
+            let seed = format!("seed-{}", s.id);
+            let lease = st.begin_run(&s.id, &seed, "bench").await.unwrap();
+            let msgs: Vec<Message> = (0..prior)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        Message::user(format!("question {i}: what is the weather like today?"))
+                    } else {
+                        Message::assistant_text(format!(
+                            "answer {i}: sunny, 21 degrees, light wind"
+                        ))
+                    }
+                })
+                .collect();
+            st.append(&lease, &msgs).await.unwrap();
+            st.end_run(
+                &lease,
+                &[],
+                &RunEnd {
+                    outcome: hookwire::agent::outcome::RunOutcome::Completed,
+                    reason: String::new(),
+                    usage: Default::default(),
+                    turns: 0,
+                },
+            )
+            .await
+            .unwrap();
+        }
+        out.push(s.id);
+    }
+    out
+}
+
+/// Mean µs per run over `runs` runs spread over `sessions`, and writes per run.
+async fn per_run(b: &Bench, sessions: &[String], runs: usize) -> (f64, f64) {
+    let writes = b.store.writes.load(Ordering::Relaxed);
+    let started = Instant::now();
+    for i in 0..runs {
+        let s = &sessions[i % sessions.len()];
+        let RunHandle { events, task, .. } = b
+            .engine
+            .start_run(s, "hello there".into(), false, Default::default())
+            .await
+            .expect("run starts");
+        let report = task.await.expect("run task");
+        drop(events);
+        assert_eq!(
+            report.outcome,
+            hookwire::agent::outcome::RunOutcome::Completed,
+            "{}",
+            report.reason
+        );
+    }
+    let us = started.elapsed().as_secs_f64() * 1e6 / runs as f64;
+    let w = (b.store.writes.load(Ordering::Relaxed) - writes) as f64 / runs as f64;
+    (us, w)
+}
+
+pub async fn measure(plan: &Plan) -> Vec<Row> {
+    let sqlite_dir = tempfile::tempdir().expect("temp dir");
+    let engines = [
+        ("memory", StoreSetting::Memory),
+        (
+            "SQLite",
+            StoreSetting::Sqlite {
+                path: sqlite_dir.path().join("bench.db"),
+            },
+        ),
+        (
+            "Postgres",
+            StoreSetting::parse(&postgres::database(), false).expect("pg url"),
+        ),
+    ];
+    let pools = if plan.full { 20 } else { 2 };
+    let mut benches = Vec::new();
+    for (name, setting) in &engines {
+        let b = bench(setting).await;
+        let fresh = sessions(&b, plan.runs, 0).await;
+        let long = sessions(&b, pools, PRIOR).await;
+        benches.push((*name, b, fresh, long));
+    }
+    // Per round: [engine] -> (fresh µs, long µs, writes per run)
+    let mut fresh_us = vec![Vec::new(); benches.len()];
+    let mut long_us = vec![Vec::new(); benches.len()];
+    let mut writes = vec![Vec::new(); benches.len()];
+    for _ in 0..plan.rounds {
+        for (i, (name, b, fresh, long)) in benches.iter().enumerate() {
+            let (f, w) = per_run(b, fresh, plan.runs).await;
+            let (l, _) = per_run(b, long, plan.runs).await;
+            if plan.verbose {
+                eprintln!(
+                    "  store {name}: fresh {f:.1} us, {PRIOR} prior {l:.1} us, {w:.2} writes/run"
+                );
+            }
+            fresh_us[i].push(f);
+            long_us[i].push(l);
+            writes[i].push(w);
+        }
+    }
+    let ratio =
+        |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| x / y).collect() };
+    let mem = Spread::of(&fresh_us[0]);
+    let mut rows = vec![Row::new(
+        8,
+        "run, memory store (in-process, 1 turn)",
+        "us",
+        mem,
+    )];
+    for i in 1..benches.len() {
+        rows.push(
+            Row::new(
+                8,
+                format!("run, {} store", benches[i].0),
+                "us",
+                Spread::of(&fresh_us[i]),
+            )
+            .against("memory store", mem, &ratio(&fresh_us[i], &fresh_us[0])),
+        );
+    }
+    for i in 0..benches.len() {
+        rows.push(
+            Row::new(
+                8,
+                format!("run on a {PRIOR}-message session, {}", benches[i].0),
+                "us",
+                Spread::of(&long_us[i]),
+            )
+            .against(
+                "fresh session",
+                Spread::of(&fresh_us[i]),
+                &ratio(&long_us[i], &fresh_us[i]),
+            )
+            .target(Target::ratio_at_most(1.2)),
+        );
+    }
+    for i in 0..benches.len() {
+        rows.push(Row::new(
+            8,
+            format!("store writes per 1-turn run, {}", benches[i].0),
+            "writes",
+            Spread::of(&writes[i]),
+        ));
+    }
+    for (_, b, _, _) in &benches {
+        b.store.close().await;
+    }
+    rows
+}
