@@ -29,7 +29,7 @@ epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 step() { printf '==> %s\n' "$*"; }
 die() { printf 'build-image: %s\n' "$*" >&2; exit 1; }
 
-command -v buildah >/dev/null || die "buildah not found (apt-get install buildah; see deploy/ci-deps.sh)"
+command -v buildah >/dev/null || die "buildah not found (apt-get install buildah; or make image, which runs deploy/deps.sh image)"
 
 if [ -z "${HOOKWIRE_BIN:-}" ]; then
     step "cargo build --release (static, $triple)"

@@ -8,12 +8,14 @@
 #   4. check the shipped hookwire configs with `hookwire config check`;
 #   5. lint every Dockerfile with hadolint.
 # Exits non-zero on the first failing step; prints what it checked.
-# Install the tools with deploy/ci-deps.sh.
+# The tools come from the project's virtualenv: install them with `make deps`.
 set -euo pipefail
 
 deploy=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$deploy")
 cd "$root"
+# Run by hand too, not only from make: the pinned tools win over the machine's.
+PATH=$root/.venv/bin:$PATH
 
 # 1.30 is the floor: preStop `sleep` (beta, on by default) first appears there.
 KUBE_VERSIONS=${KUBE_VERSIONS:-"1.30.0 1.37.0"}
@@ -21,8 +23,13 @@ KUBECTL=${KUBECTL:-kubectl}
 
 die() { printf 'deploy-check: FAIL: %s\n' "$*" >&2; exit 1; }
 for tool in "$KUBECTL" kubernetes-validate hadolint python3; do
-    command -v "$tool" >/dev/null || die "$tool not found: run deploy/ci-deps.sh"
+    command -v "$tool" >/dev/null || die "$tool not found: run make deps"
 done
+
+# The version this tree builds: deploy/build-image.sh tags the image with it,
+# and every manifest must run exactly that release.
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+[ -n "$version" ] || die "no version in Cargo.toml"
 
 renders=$(mktemp -d)
 trap 'rm -rf "$renders"' EXIT
@@ -50,7 +57,9 @@ print(", ".join(f"{n} {k}" for k, n in sorted(c.items())))' "$out")
     done
     printf 'validate %-28s strict, Kubernetes %s\n' "$dir" "${KUBE_VERSIONS// /, }"
     python3 "$deploy/check_wiring.py" "$dir" <"$out" || die "wiring of $dir"
-    printf 'wiring   %-28s services, ports, config, probes, securityContext, store\n' "$dir"
+    stale=$(grep -E '^ *image: hookwire' "$out" | grep -vE ":$version\$" || true)
+    [ -z "$stale" ] || die "$dir runs images not tagged $version (Cargo.toml's version):"$'\n'"$stale"
+    printf 'wiring   %-28s services, ports, config, probes, securityContext, store, images :%s\n' "$dir" "$version"
 done
 
 # The configs are checked by hookwire's own loader (unknown fields, dangling

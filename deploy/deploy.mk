@@ -4,8 +4,10 @@
 
 .PHONY: deploy-check image
 
-deploy-check:
+deploy-check: deps
 	deploy/check.sh
 
+## The image's own dependencies (buildah, skopeo, ...) come first.
 image:
+	deploy/deps.sh image
 	deploy/build-image.sh

@@ -63,7 +63,10 @@ pub enum EngineSetupError {
 /// A started run: its events, and the task that drives it.
 pub struct RunHandle {
     pub run_id: String,
-    pub events: mpsc::UnboundedReceiver<RunEvent>,
+    /// Bounded by `server.run_event_buffer`. When it was full as the run
+    /// ended, the last event (`Finished`) is missing: the report is then
+    /// `task`'s result.
+    pub events: mpsc::Receiver<RunEvent>,
     pub task: tokio::task::JoinHandle<RunReport>,
 }
 
@@ -91,10 +94,10 @@ impl Engine {
         store: Arc<dyn SessionStore>,
     ) -> Result<Engine, EngineSetupError> {
         let registry = Arc::new(HookRegistry::new(&config)?);
-        // Breaker gauges exist (closed) from the start; calls only touch
+        // Breaker gauges exist (closed) from the start; clients only touch
         // them when a breaker opens or closes.
         for c in registry.all() {
-            inst.metrics.breaker_state(c.name(), false);
+            c.attach_metrics(inst.metrics.clone());
         }
         let mut agents = HashMap::new();
         for a in &config.agents {
@@ -398,21 +401,24 @@ impl Engine {
             agent.config.event_budget,
             self.inst.clone(),
         );
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(self.config.server.run_event_buffer);
         let agent_name = agent.config.name.clone();
-        let run = Arc::new(Run::new(
-            run_id.clone(),
-            session.id.clone(),
-            agent,
-            hooks,
-            self.registry.clone(),
-            streaming,
-            self.approvals.clone(),
-            deadline,
-            tx,
-            self.inst.clone(),
-            ledger,
-        ));
+        let run = Arc::new(
+            Run::new(
+                run_id.clone(),
+                session.id.clone(),
+                agent,
+                hooks,
+                self.registry.clone(),
+                streaming,
+                self.approvals.clone(),
+                deadline,
+                tx,
+                self.inst.clone(),
+                ledger,
+            )
+            .with_client_stall(self.config.server.client_stall_timeout),
+        );
         self.runs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -479,6 +485,12 @@ impl Engine {
 
     pub fn hooks(&self) -> Vec<HookSnapshot> {
         self.registry.all().iter().map(|c| c.snapshot()).collect()
+    }
+
+    /// Approval requests of this replica's runs still waiting for an
+    /// answer.
+    pub fn pending_approvals(&self) -> usize {
+        self.approvals.pending()
     }
 
     pub fn active_runs(&self) -> usize {

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod conformance;
+pub mod demo;
 pub mod engine;
 pub mod event;
 pub mod hook_server;

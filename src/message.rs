@@ -57,9 +57,11 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Sums a run's turns. Counts come from model endpoints, so they
+    /// saturate instead of overflowing.
     pub fn add(&mut self, other: Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
         self.estimated |= other.estimated;
     }
 }
@@ -109,5 +111,28 @@ impl Message {
             Block::ToolResult(r) => Some(r),
             _ => None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_from_a_lying_endpoint_saturates() {
+        let mut total = Usage {
+            input_tokens: 10,
+            output_tokens: 1,
+            estimated: false,
+        };
+        total.add(Usage {
+            input_tokens: u64::MAX,
+            output_tokens: u64::MAX - 1,
+            estimated: true,
+        });
+        total.add(total);
+        assert_eq!(total.input_tokens, u64::MAX);
+        assert_eq!(total.output_tokens, u64::MAX);
+        assert!(total.estimated);
     }
 }

@@ -5,6 +5,7 @@
 //! (`hooks::wire`, `server::convert`). Domain modules never import it.
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
+#[allow(deprecated)] // the generated code touches its own deprecated fields
 mod generated {
     tonic::include_proto!("hookwire.v1");
 }

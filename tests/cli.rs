@@ -9,8 +9,14 @@ use pb::EventKind as K;
 use support::*;
 
 async fn hookwire_run(addr: &str, prompt: &str) -> (bool, String) {
+    hookwire_run_with(addr, &[], prompt).await
+}
+
+async fn hookwire_run_with(addr: &str, flags: &[&str], prompt: &str) -> (bool, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"))
-        .args(["run", "--addr", addr, "--agent", "a", prompt])
+        .args(["run", "--addr", addr, "--agent", "a"])
+        .args(flags)
+        .arg(prompt)
         .stdin(std::process::Stdio::null())
         .output()
         .await
@@ -84,6 +90,7 @@ async fn a_run_terminated_before_it_started_still_gets_a_header_and_exits_1() {
         &out,
         &[
             "▶ run ",
+            "agent a",
             "⚑ hook guard · run_start · terminate",
             "■ terminated · 0 turn(s)",
             "reply: Weather only, please.",
@@ -126,5 +133,148 @@ async fn without_a_terminal_an_approval_is_denied_at_once() {
         "a denied call never runs:\n{out}"
     );
     assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_run_start_keeps_the_header_and_says_the_cause_once() {
+    // Bind then drop: nothing listens there.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let server = TestServer::start(&config(&[("guard", &dead, "events: [run_start]")], "")).await;
+
+    let (ok, out) = hookwire_run(&server.addr, "hello").await;
+    assert!(!ok, "{out}");
+    ordered(
+        &out,
+        &[
+            "▶ run ",
+            "agent a",
+            "■ hook_failed · 0 turn(s)",
+            "reason: hook `guard` failed on run_start: connect: ",
+        ],
+    );
+    assert_eq!(out.matches("tcp connect error").count(), 1, "{out}");
+    assert!(!out.contains("transport error"), "{out}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_rewrite_that_changes_nothing_is_not_reported() {
+    // Answers rewrite_input on every run, whether or not it found anything.
+    let redactor = FnHook::new("redactor", &[K::RunStart])
+        .on_run_start(|_, ev| async move {
+            Reply::new(hook_server::rewrite_input(
+                ev.input.replace("hunter2", "[REDACTED]"),
+            ))
+            .reason("redactor ran")
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(&[("redactor", &redactor.addr, "")], "")).await;
+
+    let (ok, out) = hookwire_run(&server.addr, "nothing secret here").await;
+    assert!(ok, "{out}");
+    assert!(!out.contains("⚑"), "no verdict changed anything:\n{out}");
+    assert!(!out.contains("✎"), "the input stands as typed:\n{out}");
+
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let events = run_events(&mut c, &s, "nothing secret here").await;
+    assert!(verdicts(&events).is_empty(), "{events:?}");
+    assert!(result_of(&events).hook_verdicts.is_empty());
+    // A real change still is.
+    let events = run_events(&mut c, &s, "my password is hunter2").await;
+    let v = verdicts(&events);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].verdict_kind(), pb::VerdictKind::RewriteInput);
+    assert_eq!(v[0].fields_changed, ["input"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn started_is_the_first_event_and_the_committed_input_follows_the_verdicts() {
+    let redactor = FnHook::new("redactor", &[K::RunStart])
+        .on_run_start(|_, ev| async move {
+            Reply::new(hook_server::rewrite_input(
+                ev.input.replace("hunter2", "[REDACTED]"),
+            ))
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(&[("redactor", &redactor.addr, "")], "")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let events = run_events(&mut c, &s, "my password is hunter2").await;
+    use pb::run_event::Event as E;
+    let kinds: Vec<&str> = events
+        .iter()
+        .take(4)
+        .map(|e| match &e.event {
+            Some(E::Started(_)) => "started",
+            Some(E::HookVerdict(_)) => "hook_verdict",
+            Some(E::InputCommitted(_)) => "input_committed",
+            Some(E::TurnStarted(_)) => "turn_started",
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["started", "hook_verdict", "input_committed", "turn_started"]
+    );
+    let Some(E::Started(st)) = &events[0].event else {
+        panic!()
+    };
+    assert_eq!(
+        (st.session_id.as_str(), st.agent.as_str()),
+        (s.as_str(), "a")
+    );
+    let Some(E::InputCommitted(ic)) = &events[2].event else {
+        panic!()
+    };
+    assert_eq!(ic.input, "my password is [REDACTED]");
+    assert!(ic.rewritten);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn json_lines_use_the_canonical_protobuf_json_mapping() {
+    let redactor = FnHook::new("redactor", &[K::RunStart])
+        .on_run_start(|_, ev| async move {
+            Reply::new(hook_server::rewrite_input(
+                ev.input.replace("hunter2", "[REDACTED]"),
+            ))
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(&[("redactor", &redactor.addr, "")], "")).await;
+    let (ok, out) = hookwire_run_with(&server.addr, &["--json"], "my password is hunter2").await;
+    assert!(ok, "{out}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    // As grpcurl / buf curl print them: lowerCamelCase names, the oneof's
+    // field by its own name, enum names, 64-bit integers as strings.
+    assert_eq!(lines[0]["seq"], "1");
+    assert!(lines[0]["runId"].is_string(), "{}", lines[0]);
+    assert_eq!(lines[0]["started"]["agent"], "a");
+    let verdict = &lines[1]["hookVerdict"];
+    assert_eq!(verdict["event"], "EVENT_KIND_RUN_START");
+    assert_eq!(verdict["verdictKind"], "VERDICT_KIND_REWRITE_INPUT");
+    assert_eq!(verdict["fieldsChanged"], serde_json::json!(["input"]));
+    assert_eq!(lines[2]["inputCommitted"]["rewritten"], true);
+    let last = lines.last().unwrap();
+    let result = &last["finished"]["result"];
+    assert_eq!(result["outcome"], "RUN_OUTCOME_COMPLETED");
+    assert!(result["usage"]["inputTokens"].is_string(), "{result}");
+    assert_eq!(result["finishReason"], "stop");
+    assert!(
+        !out.contains("\"event\":{"),
+        "no wrapper object around the oneof:\n{out}"
+    );
     server.stop().await;
 }

@@ -11,6 +11,7 @@ use hookwire::pb;
 use hookwire::pb::EventKind as K;
 use support::fault::{FaultHook, Misbehave};
 use support::go::GoHook;
+use support::node::NodeHook;
 use support::python::PythonHook;
 use support::*;
 
@@ -37,6 +38,26 @@ fn fails_only(r: &Report, subject: &str, check: &str, reason: &str) {
         r.table()
     );
     assert!(f[0].2.starts_with(reason), "{}", r.table());
+}
+
+/// Every stand-in tool's tool_call failed `check` with a reason starting so,
+/// and nothing else failed (a fault on tool_call hits each call).
+fn fails_on_every_tool_call(r: &Report, check: &str, reason: &str) {
+    let f = failures(r);
+    let subjects: Vec<String> = conformance::script::STAND_INS
+        .iter()
+        .map(|t| format!("tool_call {t}"))
+        .collect();
+    assert_eq!(
+        f.iter().map(|f| f.0.clone()).collect::<Vec<_>>(),
+        subjects,
+        "{}",
+        r.table()
+    );
+    for (_, c, why) in &f {
+        assert_eq!(c, check, "{}", r.table());
+        assert!(why.starts_with(reason), "{}", r.table());
+    }
 }
 
 /// Runs the real binary, as a hook author would.
@@ -171,9 +192,8 @@ const QUICK: Duration = Duration::from_secs(1);
 async fn a_wrong_kind_verdict_fails() {
     let addr = fault(K::ToolCall, Misbehave::WrongKind, &[K::RunStart]).await;
     let r = check(&addr, QUICK).await;
-    fails_only(
+    fails_on_every_tool_call(
         &r,
-        "tool_call lookup_order",
         "verdict",
         "wrong_kind: answered a run_start verdict to a tool_call event",
     );
@@ -251,9 +271,8 @@ async fn a_verdict_for_a_seq_never_sent_fails() {
 async fn invalid_json_arguments_fail() {
     let addr = fault(K::ToolCall, Misbehave::Invalid, &[]).await;
     let r = check(&addr, QUICK).await;
-    fails_only(
+    fails_on_every_tool_call(
         &r,
-        "tool_call lookup_order",
         "verdict",
         "invalid_verdict: rewrite_args.arguments_json is not valid JSON",
     );
@@ -326,7 +345,7 @@ async fn the_cli_exits_non_zero_and_says_why() {
             && l.contains("wrong_kind: answered a run_start verdict to a tool_call event")),
         "{out}"
     );
-    assert!(err.contains("error: 1 of"), "{err}");
+    assert!(err.contains("error: 3 of"), "one per tool_call: {err}");
 
     // An endpoint nobody listens on: one clear row naming it, no hang.
     let port = {
@@ -344,4 +363,164 @@ async fn the_cli_exits_non_zero_and_says_why() {
     let (ok, _, err) = cli(&["hooks", "check", &addr, "--events", "tool_cal"]).await;
     assert!(!ok);
     assert!(err.contains("did you mean `tool_call`"), "{err}");
+}
+
+#[tokio::test]
+async fn tools_the_server_does_not_own_are_offered_and_its_policy_exercised() {
+    // The Python example's policy denies delete_file and asks approval for
+    // send_email; it owns neither, so only offering other tools shows it.
+    let py = PythonHook::start(&[]).await;
+    let r = check(&py.addr, Duration::from_secs(5)).await;
+    assert!(r.passed(), "{}", r.table());
+    let reason = |subject: &str, check: &str| {
+        r.row(subject, check)
+            .unwrap_or_else(|| panic!("no {subject}/{check}:\n{}", r.table()))
+            .reason
+            .clone()
+    };
+    assert!(
+        reason("model_request (turn 1)", "verdict")
+            .starts_with("patch_request — hid denied tools: delete_file"),
+        "{}",
+        r.table()
+    );
+    assert!(
+        reason("tool_call delete_file", "verdict").starts_with("skip"),
+        "{}",
+        r.table()
+    );
+    assert!(
+        reason("tool_call send_email", "verdict").starts_with("ask \"")
+            && reason("tool_call send_email", "verdict")
+                .contains("(approved by the checker, as a client would)"),
+        "{}",
+        r.table()
+    );
+    assert!(reason("tool_call lookup_order", "verdict").starts_with("continue"));
+    // Skipped: its result came from the hook, so no tool_result event; an
+    // approved call goes on to its tool_result.
+    assert!(
+        r.row("tool_result delete_file", "verdict").is_none(),
+        "{}",
+        r.table()
+    );
+    assert!(
+        r.row("tool_result send_email", "verdict").is_some(),
+        "{}",
+        r.table()
+    );
+    // Five tool calls (two owned, three stand-ins) in flight at once.
+    assert_eq!(
+        reason("run stream", "concurrent events"),
+        "5 tool_call events in flight at once, each answered once by its own seq"
+    );
+}
+
+#[tokio::test]
+async fn a_server_not_ready_for_concurrent_events_fails() {
+    let n = conformance::script::STAND_INS.len();
+    let addr = fault(K::ToolCall, Misbehave::LatestSeq(n), &[]).await;
+    let r = check(&addr, QUICK).await;
+    let row = r.row("run stream", "concurrent events").unwrap();
+    assert_eq!(row.status, Status::Fail, "{}", r.table());
+    assert!(
+        row.reason
+            .contains("seq 1 got no verdict, seq 2 got no verdict, seq 3 got 3 verdicts"),
+        "{}",
+        r.table()
+    );
+    assert!(
+        row.reason.contains("answer each by its own seq"),
+        "{}",
+        row.reason
+    );
+}
+
+#[tokio::test]
+async fn an_ask_verdict_is_exercised_and_the_call_goes_on() {
+    let hook = asker("send it?", 0).start().await;
+    let r = check(&hook.addr, QUICK).await;
+    assert!(r.passed(), "{}", r.table());
+    for t in conformance::script::STAND_INS {
+        let v = r.row(&format!("tool_call {t}"), "verdict").unwrap();
+        assert_eq!(
+            v.reason,
+            "ask \"send it?\" (approved by the checker, as a client would)",
+            "{}",
+            r.table()
+        );
+    }
+    // The asker saw every stand-in tool's call.
+    let seen = hook.hook.seen_kinds();
+    assert_eq!(
+        seen.iter().filter(|k| *k == "tool_call").count(),
+        3,
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn tool_call_events_are_in_flight_together_as_with_tool_concurrency() {
+    // Each tool_call is answered only once all of them have arrived: a
+    // checker that awaited each verdict before sending the next event would
+    // never see an answer.
+    let n = conformance::script::STAND_INS.len();
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    let hook = FnHook::new("barrier", &[K::ToolCall])
+        .on_tool_call(move |_, _| {
+            let barrier = barrier.clone();
+            async move {
+                barrier.wait().await;
+                hookwire::hook_server::Reply::new(pb::ToolCallVerdict {
+                    action: Some(pb::tool_call_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
+        .start()
+        .await;
+    let r = check(&hook.addr, QUICK).await;
+    assert!(r.passed(), "{}", r.table());
+    assert_eq!(
+        r.row("run stream", "concurrent events").unwrap().reason,
+        "3 tool_call events in flight at once, each answered once by its own seq"
+    );
+}
+
+#[tokio::test]
+async fn the_node_example_passes() {
+    let node = NodeHook::start().await;
+    let r = check(&node.addr, Duration::from_secs(5)).await;
+    assert!(r.passed(), "{}", r.table());
+    assert_eq!(r.count(Status::Skip), 0, "health is served: {}", r.table());
+    let reason = |subject: &str, check: &str| r.row(subject, check).unwrap().reason.clone();
+    assert!(reason("run_start", "verdict").starts_with("rewrite_input — redacted 1 email"));
+    assert!(reason("tool convert_temperature", "CallTool").contains("21°C is 69.8°F"));
+    assert!(reason("tool_call delete_file", "verdict").starts_with("skip"));
+    assert!(reason("tool_call send_email", "verdict").starts_with("ask"));
+    assert!(reason("run stream", "concurrent events").starts_with("4 tool_call events"));
+    assert_eq!(
+        r.row("run stream", "closes cleanly").unwrap().status,
+        Status::Pass
+    );
+}
+
+#[tokio::test]
+async fn a_node_server_loading_the_proto_with_default_options_is_told_why() {
+    // proto-loader's defaults turn field names into camelCase, so a verdict
+    // written with the proto's names arrives empty.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/node/default_options.js"
+    );
+    let node = NodeHook::script(script, &[]).await;
+    let r = check(&node.addr, QUICK).await;
+    fails_only(
+        &r,
+        "run_start",
+        "verdict",
+        "invalid_verdict: verdict has no typed verdict field set (expected `run_start`)",
+    );
+    let reason = &r.row("run_start", "verdict").unwrap().reason;
+    assert!(reason.contains("keepCase: true"), "{reason}");
+    assert!(reason.contains("docs/writing-hooks.md"), "{reason}");
 }

@@ -147,16 +147,51 @@ async fn fail_open_detaches_by_default_and_keeps_calling_when_told() {
     }
 }
 
+/// A fault hook whose `Describe` fails, so the breaker's background probe
+/// never sees it answer and only the cool-down ends an open breaker.
+struct NoDescribe(FaultHook);
+
+#[tonic::async_trait]
+impl pb::hook_service_server::HookService for NoDescribe {
+    async fn describe(
+        &self,
+        _: tonic::Request<pb::DescribeRequest>,
+    ) -> Result<tonic::Response<pb::DescribeResponse>, tonic::Status> {
+        Err(tonic::Status::unavailable("describe is down"))
+    }
+    type ProcessStream = <FaultHook as pb::hook_service_server::HookService>::ProcessStream;
+    async fn process(
+        &self,
+        req: tonic::Request<tonic::Streaming<pb::HookEvent>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+        self.0.process(req).await
+    }
+    async fn call_tool(
+        &self,
+        req: tonic::Request<pb::CallToolRequest>,
+    ) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
+        self.0.call_tool(req).await
+    }
+}
+
 #[tokio::test]
 async fn circuit_breaker_opens_after_consecutive_failures_and_probes_after_cooldown() {
     let f = FaultHook::new(K::RunStart, Misbehave::Status, &[]);
     let calls = f.received.clone();
-    let (addr, _t) = f.start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let _t = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::hook_service_server::HookServiceServer::new(NoDescribe(
+                f,
+            )))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
     let server = TestServer::start(&config(
         &[(
             "flaky",
             &addr,
-            "failure: closed\nbreaker: {failures: 2, cooldown: 300ms}",
+            "events: [run_start]\nfailure: closed\nbreaker: {failures: 2, cooldown: 300ms}",
         )],
         "",
     ))

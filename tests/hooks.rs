@@ -147,7 +147,7 @@ async fn chain_threads_rewrites_in_priority_order_with_provenance() {
         v.iter().map(|v| v.hook.as_str()).collect::<Vec<_>>(),
         ["high", "low"]
     );
-    assert_eq!(v[0].verdict, "rewrite_input");
+    assert_eq!(v[0].verdict_kind(), pb::VerdictKind::RewriteInput);
     assert_eq!(v[0].fields_changed, ["input"]);
     assert_eq!(v[0].reason, "tag high");
     // The second hook saw the first one's rewrite.

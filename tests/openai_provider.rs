@@ -5,7 +5,7 @@
 //! streaming (status errors, Retry-After, broken and malformed streams,
 //! cancellation).
 //!
-//! fakellm is required, not optional: `pip install fakellm==0.3.5`.
+//! fakellm is required, not optional: `make deps` installs it.
 
 mod support;
 
@@ -279,6 +279,7 @@ rules:
 #[derive(Debug, Clone)]
 struct Captured {
     head: String,
+    body: String,
 }
 
 /// A minimal HTTP/1.1 server: each connection carries one request, whose
@@ -308,10 +309,10 @@ impl FaultServer {
                 };
                 let (reqs, count, handler) = (reqs.clone(), count.clone(), handler.clone());
                 tokio::spawn(async move {
-                    let Some(head) = read_request(&mut socket).await else {
+                    let Some((head, body)) = read_request(&mut socket).await else {
                         return;
                     };
-                    reqs.lock().unwrap().push(Captured { head });
+                    reqs.lock().unwrap().push(Captured { head, body });
                     let n = count.fetch_add(1, Ordering::SeqCst);
                     handler(n, socket).await;
                 });
@@ -339,8 +340,8 @@ impl Drop for FaultServer {
     }
 }
 
-/// Reads one request; returns its head (lower-cased), body discarded.
-async fn read_request(socket: &mut TcpStream) -> Option<String> {
+/// Reads one request; returns its head (lower-cased) and body.
+async fn read_request(socket: &mut TcpStream) -> Option<(String, String)> {
     let mut buf = Vec::new();
     let mut piece = [0u8; 4096];
     let head_end = loop {
@@ -366,7 +367,8 @@ async fn read_request(socket: &mut TcpStream) -> Option<String> {
         }
         buf.extend_from_slice(&piece[..n]);
     }
-    Some(head)
+    let body = String::from_utf8_lossy(&buf[head_end..head_end + length]).into_owned();
+    Some((head, body))
 }
 
 async fn respond(socket: &mut TcpStream, status: &str, extra_headers: &str, body: &str) {
@@ -878,4 +880,211 @@ fn start_up_fails_naming_a_missing_key_variable() {
         err.to_string(),
         "model `gpt`: environment variable `HOOKWIRE_IT_SURELY_UNSET_KEY` (api_key_env) is not set"
     );
+}
+
+/// The last request's body as JSON.
+fn last_body(server: &FaultServer) -> Value {
+    let body = server.requests.lock().unwrap().last().unwrap().body.clone();
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// A history whose assistant turn is tool calls only, then their results.
+fn after_a_tool_call() -> ModelRequest {
+    use hookwire::message::{Block, Role, ToolCall};
+    ModelRequest {
+        history: vec![
+            Message::user("weather in Paris?"),
+            Message {
+                role: Role::Assistant,
+                blocks: vec![Block::ToolCall(ToolCall {
+                    id: "call_1".into(),
+                    name: "get_weather".into(),
+                    arguments_json: r#"{"city":"Paris"}"#.into(),
+                })],
+            },
+            Message::tool_results(vec![ToolResult {
+                call_id: "call_1".into(),
+                name: "get_weather".into(),
+                content: "sunny, 21C".into(),
+                is_error: false,
+            }]),
+        ],
+        tools: weather_tools(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_tool_call_turn_goes_back_with_string_content_as_local_servers_require() {
+    // llama-cpp-python's server answers 500 and Ollama's 400 to an
+    // assistant message whose content is null (which OpenAI accepts).
+    let server = FaultServer::start(|_, mut s| async move {
+        sse_answer(&mut s, "It is sunny.").await;
+    })
+    .await;
+    let model = fast_model(&server, "");
+    let (r, _) = complete(&model, &after_a_tool_call()).await;
+    assert_eq!(r.unwrap().message().text(), "It is sunny.");
+    let body = last_body(&server);
+    let assistant = &body["messages"][1];
+    assert_eq!(assistant["role"], "assistant");
+    assert_eq!(
+        assistant["content"],
+        json!(""),
+        "a string, never null: {assistant}"
+    );
+    assert_eq!(assistant["tool_calls"][0]["id"], "call_1");
+}
+
+#[tokio::test]
+async fn stream_false_asks_for_one_json_answer_and_parses_it_like_a_stream() {
+    let server = FaultServer::start(|_, mut s| async move {
+        let answer = json!({
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "served-model",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant",
+                "content": "Let me check.",
+                "tool_calls": [{"id": "call_9", "type": "function",
+                                "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}],
+            }}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15},
+        });
+        respond(&mut s, "200 OK", "", &answer.to_string()).await;
+    })
+    .await;
+    let model = fast_model(&server, "    stream: false\n");
+    let (r, deltas) = complete(&model, &after_a_tool_call()).await;
+    let r = r.unwrap();
+    let body = last_body(&server);
+    assert_eq!(body["stream"], json!(false));
+    assert!(body.get("stream_options").is_none(), "{body}");
+    let head = server.requests.lock().unwrap()[0].head.clone();
+    assert!(head.contains("accept: application/json"), "{head}");
+    // The same turn a stream would have given, its text as one delta.
+    assert_eq!(deltas, ["Let me check."]);
+    assert_eq!(r.finish_reason, "tool_calls");
+    assert_eq!(r.model, "served-model");
+    assert_eq!((r.usage.input_tokens, r.usage.output_tokens), (11, 4));
+    assert!(!r.usage.estimated);
+    let msg = r.message();
+    assert_eq!(msg.text(), "Let me check.");
+    let call = msg.tool_calls().next().unwrap().clone();
+    assert_eq!(
+        (call.id.as_str(), call.name.as_str()),
+        ("call_9", "get_weather")
+    );
+    assert_eq!(call.arguments_json, r#"{"city":"Oslo"}"#);
+}
+
+#[tokio::test]
+async fn stream_false_against_fakellm_gives_what_streaming_gives() {
+    let server = FakeLlm::start(
+        r#"
+rules:
+  - name: answer
+    when: {tool_result_contains: "sunny"}
+    respond: {content: "It is sunny in Paris."}
+  - name: call_tools
+    when: {messages_contain: "weather", tools_include: get_weather}
+    respond:
+      tool_calls:
+        - {name: get_weather, arguments: {city: Paris}}
+"#,
+    );
+    let streamed = OpenAiModel::from_config(&model_config(&server.base_url(), "")).unwrap();
+    let whole =
+        OpenAiModel::from_config(&model_config(&server.base_url(), "    stream: false\n")).unwrap();
+    let request = ModelRequest {
+        history: vec![Message::user("What's the weather in Paris?")],
+        tools: weather_tools(),
+        ..Default::default()
+    };
+    let (a, _) = complete(&streamed, &request).await;
+    let (b, deltas) = complete(&whole, &request).await;
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(deltas.is_empty(), "{deltas:?}");
+    assert_eq!(b.finish_reason, a.finish_reason);
+    let (ca, cb): (Vec<_>, Vec<_>) = (
+        a.message().tool_calls().cloned().collect(),
+        b.message().tool_calls().cloned().collect(),
+    );
+    assert_eq!(cb.len(), 1);
+    assert_eq!(cb[0].name, ca[0].name);
+    assert_eq!(
+        serde_json::from_str::<Value>(&cb[0].arguments_json).unwrap(),
+        serde_json::from_str::<Value>(&ca[0].arguments_json).unwrap()
+    );
+
+    let mut request = request;
+    request.history.push(b.message());
+    request.history.push(Message::tool_results(vec![ToolResult {
+        call_id: cb[0].id.clone(),
+        name: "get_weather".into(),
+        content: "sunny, 21C".into(),
+        is_error: false,
+    }]));
+    let (r, deltas) = complete(&whole, &request).await;
+    let r = r.unwrap();
+    assert_eq!(r.message().text(), "It is sunny in Paris.");
+    assert_eq!(deltas, ["It is sunny in Paris."]);
+    assert_eq!(r.finish_reason, "stop");
+}
+
+#[tokio::test]
+async fn a_max_tokens_stop_and_estimated_usage_reach_the_result_the_cli_and_metrics() {
+    // Streams an answer cut at the token limit, with no usage chunk.
+    let server = FaultServer::start(|_, mut s| async move {
+        sse_start(&mut s).await;
+        sse_data(&mut s, &text_chunk("The capital of France is")).await;
+        sse_data(
+            &mut s,
+            &json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).to_string(),
+        )
+        .await;
+        sse_data(&mut s, "[DONE]").await;
+        sse_end(&mut s).await;
+    })
+    .await;
+    let yaml = format!(
+        "models:\n  - name: gpt\n    provider: openai\n    base_url: '{}'\n    model: tiny\n    max_tokens: 5\nagents:\n  - name: a\n    model: gpt\n",
+        server.base_url()
+    );
+    let (hw, admin) = support::TestServer::start_with_admin(&yaml).await;
+    let mut c = hw.client().await;
+    let s = support::session(&mut c, "a").await;
+    let r = support::invoke(&mut c, &s, "What is the capital of France?").await;
+    assert_eq!(support::outcome(&r), hookwire::pb::RunOutcome::Completed);
+    assert_eq!(r.final_text, "The capital of France is");
+    assert_eq!(r.finish_reason, "length");
+    assert!(r.truncated, "the result says the answer was cut off");
+    assert!(r.usage.unwrap().estimated, "no usage chunk: estimated");
+
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"))
+        .args(["run", "--addr", &hw.addr, "--agent", "a", "And of Spain?"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("✔ completed (truncated) · 1 turn(s)"),
+        "{text}"
+    );
+    assert!(text.contains("(estimated)"), "{text}");
+    assert!(
+        text.contains(
+            "the answer is cut off: the model stopped at its token limit (finish_reason length)"
+        ),
+        "{text}"
+    );
+
+    let metrics = support::http_get(admin, "/metrics").await;
+    assert!(
+        metrics.contains(r#"hookwire_model_tokens_total{model="tiny",provider="openai",token_type="output",estimated="true"}"#),
+        "{metrics}"
+    );
+    hw.stop().await;
 }

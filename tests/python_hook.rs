@@ -76,11 +76,11 @@ async fn python_rewrites_input_and_rust_patches_the_request_with_provenance() {
         "the secret never entered history"
     );
     let v = verdicts(&events);
-    assert!(v
-        .iter()
-        .any(|v| v.hook == "py" && v.verdict == "rewrite_input" && v.fields_changed == ["input"]));
+    assert!(v.iter().any(|v| v.hook == "py"
+        && v.verdict_kind() == pb::VerdictKind::RewriteInput
+        && v.fields_changed == ["input"]));
     assert!(v.iter().any(|v| v.hook == "rust"
-        && v.verdict == "patch_request"
+        && v.verdict_kind() == pb::VerdictKind::PatchRequest
         && v.fields_changed == ["extra_context"]));
     server.stop().await;
 }

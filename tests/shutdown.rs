@@ -59,6 +59,8 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
             &format!("127.0.0.1:{admin}"),
         ])
         .args(["--log-format", "json"])
+        .env("HOOKWIRE_DATA_DIR", dir.path())
+        .env_remove("HOOKWIRE_STORE")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)

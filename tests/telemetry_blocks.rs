@@ -79,7 +79,14 @@ async fn span_tree_names_kinds_and_attributes_are_exported() {
         let run = spans::invoke_agent("support", "openai", "sess-1", "run-1");
         run.in_scope(|| {
             let chat = spans::chat("gpt-x", "openai");
-            spans::record_chat_response(&chat, "gpt-x-0613", &["tool_calls"], Some(42), Some(7));
+            spans::record_chat_response(
+                &chat,
+                "gpt-x-0613",
+                "chatcmpl-9",
+                &["tool_calls"],
+                Some(42),
+                Some(7),
+            );
             drop(chat);
 
             let tool = spans::execute_tool("lookup", "call-1");
@@ -138,6 +145,7 @@ async fn span_tree_names_kinds_and_attributes_are_exported() {
     assert_eq!(chat.attr(attrs::GEN_AI_OPERATION_NAME), Some("chat"));
     assert_eq!(chat.attr(attrs::GEN_AI_REQUEST_MODEL), Some("gpt-x"));
     assert_eq!(chat.attr(attrs::GEN_AI_RESPONSE_MODEL), Some("gpt-x-0613"));
+    assert_eq!(chat.attr(attrs::GEN_AI_RESPONSE_ID), Some("chatcmpl-9"));
     assert_eq!(
         chat.attr(attrs::GEN_AI_RESPONSE_FINISH_REASONS),
         Some("[tool_calls]")
@@ -186,6 +194,29 @@ async fn span_tree_names_kinds_and_attributes_are_exported() {
     assert_eq!(hook.attr(attrs::HOOKWIRE_HOOK_LATENCY_MS), Some("2.5"));
     let event = hook.event("hook.failed_open").expect("span event");
     assert_eq!(event.attr("hookwire.hook.failure_class"), Some("deadline"));
+
+    // The kinds OpenInference backends (Phoenix) group spans by.
+    for (span, kind) in [
+        (&run, "AGENT"),
+        (&chat, "LLM"),
+        (&tool, "TOOL"),
+        (&hook, "GUARDRAIL"),
+    ] {
+        assert_eq!(
+            span.attr(attrs::OPENINFERENCE_SPAN_KIND),
+            Some(kind),
+            "{}",
+            span.name
+        );
+    }
+
+    // No per-span poll bookkeeping (tracing-opentelemetry's busy/idle
+    // timings) next to the real attributes.
+    for s in [&run, &chat, &tool, &hook] {
+        for noise in ["busy_ns", "idle_ns"] {
+            assert_eq!(s.attr(noise), None, "{noise} on {}", s.name);
+        }
+    }
 
     // No attribute is set twice on any span.
     for s in [&run, &chat, &tool, &hook] {

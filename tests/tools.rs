@@ -256,11 +256,12 @@ async fn approval_approve_deny_and_timeout() {
         "Tool said: the user denied the call of tool `get_weather`: not today"
     );
 
-    let (r, _, ran) = approval_run(None, 100).await;
+    let (r, _, ran) = approval_run(None, 500).await;
     assert_eq!(ran, 0);
     assert!(
-        r.final_text.contains("timed out") && r.final_text.contains("denied"),
-        "{}",
+        r.final_text
+            .contains("approval for tool `get_weather` timed out after 500ms and was denied"),
+        "the deadline as given, not rounded down to whole seconds: {}",
         r.final_text
     );
 }

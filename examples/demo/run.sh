@@ -5,11 +5,12 @@
 # policy denying a tool, and a tool executed by the remote hook server.
 # Everything started here is stopped on exit, however the script ends.
 #
-# Needs: the Python example's packages (examples/hooks/install-deps.sh).
+# Needs: the Python example's packages (`make deps` puts them in .venv/).
 # HOOKWIRE_BIN=path skips the cargo build (the test suite uses it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi
 PYTHON=${PYTHON:-python3}
 CONFIG=examples/demo/hookwire.yaml
 PROMPT="My API key is sk-live-4f9a8b7c6d5e4f3a. What's the weather in Paris? And look up customer C-1001 for me."
@@ -64,7 +65,7 @@ echo "── Python hook server (redactor, policy --deny lookup_customer, tools)
 
 # The same config, pointed at the port the hook server got.
 sed "s#http://127.0.0.1:50061#http://127.0.0.1:$port#" "$CONFIG" >"$work/hookwire.yaml"
-"$hookwire" serve --config "$work/hookwire.yaml" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+"$hookwire" serve --config "$work/hookwire.yaml" --data-dir "$work" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
     >"$work/hookwire.log" 2>&1 &
 pids+=($!)
 wait_for "$work/hookwire.log" "hookwire serving" "${pids[-1]}"

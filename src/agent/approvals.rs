@@ -20,8 +20,9 @@ pub struct Approvals {
     waiting: Mutex<HashMap<Key, oneshot::Sender<Decision>>>,
 }
 
-/// A registered wait; dropping it (answered, timed out, or the run ended
-/// while waiting) forgets the waiter.
+/// A registered wait; dropping it (answered, timed out, or abandoned because
+/// the run was cancelled or ran out of time: its future is then dropped
+/// mid-wait) forgets the waiter.
 pub struct Waiter<'a> {
     approvals: &'a Approvals,
     key: Key,
@@ -51,6 +52,11 @@ impl Approvals {
             key,
             answer: rx,
         }
+    }
+
+    /// Approvals this replica's runs wait for, over all runs.
+    pub fn pending(&self) -> usize {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Hands a recorded decision to the run waiting for it on this replica,

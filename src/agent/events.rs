@@ -8,8 +8,12 @@ use crate::message::{Message, ToolCall, ToolResult, Usage};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunEvent {
-    Started {
+    /// Always first, before any hook is called.
+    Started,
+    /// The input entered history (every run_start hook let it).
+    InputCommitted {
         input: String,
+        rewritten: bool,
     },
     TurnStarted {
         turn: u32,
@@ -68,4 +72,17 @@ pub struct RunReport {
     /// Messages this run committed to the transcript.
     pub messages: Vec<Message>,
     pub hook_verdicts: Vec<VerdictRecord>,
+    /// The provider's finish reason of the last model turn ("" when none
+    /// finished).
+    pub finish_reason: String,
+}
+
+/// The finish reason providers give when the output hit the token limit.
+pub const FINISH_LENGTH: &str = "length";
+
+impl RunReport {
+    /// The last model turn was cut off at the token limit.
+    pub fn truncated(&self) -> bool {
+        self.finish_reason == FINISH_LENGTH
+    }
 }

@@ -102,12 +102,15 @@ pub struct Ending {
     pub messages: Vec<Message>,
     pub usage: Usage,
     pub turns: u32,
+    /// The provider's finish reason of the last accepted model turn.
+    pub finish_reason: String,
 }
 
 #[derive(Debug)]
 enum State {
     Start(String),
-    AwaitRunStart,
+    /// Holds the input as received, to tell whether hooks rewrote it.
+    AwaitRunStart(String),
     AwaitModelRequest,
     AwaitModel,
     AwaitModelResponse,
@@ -126,6 +129,7 @@ pub struct Machine {
     flushed: usize,
     turn: u32,
     usage: Usage,
+    finish_reason: String,
     state: State,
     events: VecDeque<RunEvent>,
 }
@@ -146,6 +150,7 @@ impl Machine {
             flushed: run_from,
             turn: 0,
             usage: Usage::default(),
+            finish_reason: String::new(),
             state: State::Start(input),
             events: VecDeque::new(),
         }
@@ -175,10 +180,15 @@ impl Machine {
         self.stop(stop)
     }
 
-    /// The first step.
+    /// The first step. `Started` is the run's first event, before any hook
+    /// decided anything.
     pub fn start(&mut self) -> Step {
-        match std::mem::replace(&mut self.state, State::AwaitRunStart) {
-            State::Start(input) => Step::RunStart(input),
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Start(input) => {
+                self.events.push_back(RunEvent::Started);
+                self.state = State::AwaitRunStart(input.clone());
+                Step::RunStart(input)
+            }
             other => panic!("start called twice (state {other:?})"),
         }
     }
@@ -187,9 +197,10 @@ impl Machine {
     pub fn feed(&mut self, feed: Feed) -> Step {
         let state = std::mem::replace(&mut self.state, State::Done);
         match (state, feed) {
-            (State::AwaitRunStart, Feed::RunStart(r)) => match r {
+            (State::AwaitRunStart(received), Feed::RunStart(r)) => match r {
                 Ok(input) => {
-                    self.events.push_back(RunEvent::Started {
+                    self.events.push_back(RunEvent::InputCommitted {
+                        rewritten: input != received,
                         input: input.clone(),
                     });
                     self.history.push(Message::user(input));
@@ -219,6 +230,7 @@ impl Machine {
             (State::AwaitModelResponse, Feed::ModelResponse(r)) => match r {
                 Ok(ResponseDecision::Accept(resp)) => {
                     let message = resp.message();
+                    self.finish_reason = resp.finish_reason.clone();
                     self.events.push_back(RunEvent::AssistantMessage {
                         turn: self.turn,
                         message: message.clone(),
@@ -357,6 +369,7 @@ impl Machine {
             messages: self.history[self.run_from..].to_vec(),
             usage: self.usage,
             turns: self.turn,
+            finish_reason: self.finish_reason.clone(),
         })
     }
 
@@ -397,6 +410,7 @@ mod tests {
                 estimated: false,
             },
             model: "m".into(),
+            ..Default::default()
         }
     }
 
@@ -608,6 +622,50 @@ mod tests {
             vec![Message::user("hi")],
             "{msg:?} was never recorded"
         );
+    }
+
+    #[test]
+    fn started_comes_first_and_the_committed_input_after_run_start() {
+        let mut m = machine(2);
+        m.start();
+        let first: Vec<_> = m.drain_events().collect();
+        assert_eq!(first, vec![RunEvent::Started], "before any hook ran");
+        m.feed(Feed::RunStart(Ok("hi [masked]".into())));
+        let next: Vec<_> = m.drain_events().collect();
+        assert_eq!(
+            next[0],
+            RunEvent::InputCommitted {
+                input: "hi [masked]".into(),
+                rewritten: true
+            }
+        );
+        let mut m = machine(2);
+        m.start();
+        m.feed(Feed::RunStart(Ok("hi".into())));
+        assert!(m.drain_events().any(|e| e
+            == RunEvent::InputCommitted {
+                input: "hi".into(),
+                rewritten: false
+            }));
+    }
+
+    #[test]
+    fn the_last_accepted_turn_gives_the_finish_reason() {
+        let mut m = machine(2);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let mut cut = text_response("half an ans");
+        cut.finish_reason = "length".into();
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(cut))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))));
+        let e = finish(m.feed(Feed::TurnEnd(Ok(EndDecision::Finish))));
+        assert_eq!(e.outcome, RunOutcome::Completed);
+        assert_eq!(e.finish_reason, "length");
     }
 
     #[test]

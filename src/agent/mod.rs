@@ -4,6 +4,7 @@
 
 pub mod approvals;
 pub mod batch;
+pub mod client_queue;
 pub mod events;
 pub mod ledger;
 pub mod machine;

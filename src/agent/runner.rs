@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -11,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::batch::{run_batch, CallOutcome};
+use crate::agent::client_queue::{ClientQueue, Refused, Unwritable};
 use crate::agent::events::{RunEvent, RunReport};
 use crate::agent::ledger::Ledger;
 use crate::agent::machine::*;
@@ -28,7 +30,7 @@ use crate::hooks::registry::HookRegistry;
 use crate::hooks::verdict::Ask;
 use crate::message::{Message, ToolCall, ToolSpec};
 use crate::model::{ModelProvider, ModelRequest, ModelResponse};
-use crate::telemetry::{attrs, spans, Instruments};
+use crate::telemetry::{spans, ContentView, Instruments};
 use tracing::{Instrument, Span};
 
 /// A configured agent with its model.
@@ -67,13 +69,16 @@ pub struct Run {
     pub cancel: CancellationToken,
     /// Why the run was stopped from outside (cancelled, or interrupted).
     cancel_reason: Mutex<Option<Stop>>,
-    events: mpsc::UnboundedSender<RunEvent>,
+    /// Bounded (`server.run_event_buffer`): see [`Run::emit`].
+    events: ClientQueue,
     records: Mutex<Vec<VerdictRecord>>,
     /// Text deltas held back until model_response hooks accept the turn.
     held: Mutex<Vec<String>>,
     pub inst: Instruments,
     /// Where the run records what it commits, under its lease.
     pub ledger: Ledger,
+    /// What this run's spans show of its content (sticky redactions).
+    pub content: ContentView,
 }
 
 impl Run {
@@ -87,7 +92,7 @@ impl Run {
         streaming: bool,
         approvals: Arc<Approvals>,
         deadline: Instant,
-        events: mpsc::UnboundedSender<RunEvent>,
+        events: mpsc::Sender<RunEvent>,
         inst: Instruments,
         ledger: Ledger,
     ) -> Run {
@@ -102,12 +107,21 @@ impl Run {
             deadline,
             cancel: CancellationToken::new(),
             cancel_reason: Mutex::new(None),
-            events,
+            events: ClientQueue::new(events, crate::config::DEFAULT_CLIENT_STALL_TIMEOUT),
             records: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
+            content: ContentView::new(inst.content),
             inst,
             ledger,
         }
+    }
+
+    /// How long the run waits for a client that reads none of its events
+    /// before it gives up (`server.client_stall_timeout`).
+    pub fn with_client_stall(mut self, stall: Duration) -> Run {
+        let tx = self.events.into_sender();
+        self.events = ClientQueue::new(tx, stall);
+        self
     }
 
     pub fn cancel(&self, reason: &str) {
@@ -127,12 +141,71 @@ impl Run {
         self.cancel.cancel();
     }
 
+    /// Queues an event for the client without waiting. The queue is
+    /// bounded ([`ClientQueue`]), and the runner waits for it to be at most
+    /// half full before every step ([`Run::wait_for_room`]), so a slow
+    /// reader slows the run down. Text deltas that find it full are merged
+    /// and sent later; any other event that finds it full (a step with more
+    /// events than half the queue, for a client that is not reading) ends
+    /// the run as cancelled, naming the limit.
     pub fn emit(&self, ev: RunEvent) {
-        // A client that went away cannot see the result: stop spending
-        // model and hook time on it.
-        if self.events.send(ev).is_err() && !self.cancel.is_cancelled() {
-            self.cancel("client disconnected");
+        match self.events.push(ev) {
+            Ok(()) => {}
+            // A client that went away cannot see the result: stop spending
+            // model and hook time on it.
+            Err(Refused::Closed) => self.cancel_once("client disconnected"),
+            Err(Refused::Full) => self.cancel_once(&format!(
+                "the client did not read the run's events: {} unread (server.run_event_buffer)",
+                self.events.capacity()
+            )),
         }
+    }
+
+    fn cancel_once(&self, reason: &str) {
+        if !self.cancel.is_cancelled() {
+            self.cancel(reason);
+        }
+    }
+
+    /// Waits for room for `n` events, until the run is cancelled or out of
+    /// time; a client that reads nothing for the stall timeout ends the run.
+    async fn room(&self, n: usize) -> Option<tokio::sync::mpsc::PermitIterator<'_, RunEvent>> {
+        let r = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return None,
+            _ = tokio::time::sleep_until(self.deadline) => return None,
+            r = self.events.reserve(n) => r,
+        };
+        match r {
+            Ok(p) => Some(p),
+            Err(Unwritable::Closed) => {
+                self.cancel_once("client disconnected");
+                None
+            }
+            Err(Unwritable::Stalled) => {
+                self.cancel_once(&format!(
+                    "the client read none of the run's events for {:?} (server.client_stall_timeout)",
+                    self.events.stall_timeout()
+                ));
+                None
+            }
+        }
+    }
+
+    /// Queues an event, waiting for room if the client reads slowly.
+    pub async fn deliver(&self, ev: RunEvent) {
+        match self.room(1).await.as_mut().and_then(|p| p.next()) {
+            Some(p) => p.send(ev),
+            None => self.emit(ev),
+        }
+    }
+
+    /// Waits until at least half of the client's event queue is free, so
+    /// the events of the next step fit without waiting: this is how a slow
+    /// client slows the run down.
+    pub async fn wait_for_room(&self) {
+        // The permits are given back at once: only the room matters.
+        let _ = self.room(self.events.capacity() / 2).await;
     }
 
     pub fn emit_records(&self, records: &[VerdictRecord]) {
@@ -168,7 +241,10 @@ impl Run {
         }
         let timeout = ask.timeout.unwrap_or(self.agent.config.approval_timeout);
         // Waiting locally before the request is recorded, so an answer
-        // delivered right after it is never missed.
+        // delivered right after it is never missed. The waiter is withdrawn
+        // when dropped, however the wait ends (answered, timed out, or the
+        // run cancelled or out of time mid-wait); the store's record of a
+        // request left pending is denied when the run's end is recorded.
         let mut waiter = self.approvals.register(&self.run_id, &call.id);
         if let Err(stop) = self.ledger.request_approval(&call.id).await {
             return Some(CallOutcome::Stop(stop));
@@ -203,9 +279,9 @@ impl Run {
                 format!("the user denied the call of tool `{}`: {note}", call.name)
             }),
             _ => denied(format!(
-                "approval for tool `{}` timed out after {}s and was denied",
+                "approval for tool `{}` timed out after {} and was denied",
                 call.name,
-                timeout.as_secs()
+                humantime_serde::re::humantime::format_duration(timeout)
             )),
         }
     }
@@ -257,7 +333,10 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
     let mut chat_span: Option<Span> = None;
     let ending = loop {
         for ev in machine.drain_events() {
-            run.emit(ev);
+            run.deliver(ev).await;
+        }
+        if !matches!(step, Step::Finish(_)) {
+            run.wait_for_room().await;
         }
         let turn = machine.turn();
         let feed = match step {
@@ -272,6 +351,11 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                         .await
                         .map_err(Stop::HookFailed)?;
                     run.emit_records(&out.records);
+                    if out.redaction.is_some() && run.content.is_enabled() {
+                        // The user message the machine commits for this input.
+                        let committed = Message::user(out.payload.clone());
+                        run.content.redact_message(&committed, out.redaction);
+                    }
                     match out.stop {
                         Some((hook, t)) => Err(terminate(hook, t)),
                         None => Ok(out.payload),
@@ -355,6 +439,7 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                         .await
                         .map_err(Stop::HookFailed)?;
                     run.emit_records(&out.records);
+                    run.content.redact_message(&out.payload, out.redaction);
                     match out.stop {
                         None => Ok(EndDecision::Finish),
                         Some((_, TurnEndStop::ContinueRun(m))) => Ok(EndDecision::ContinueRun(m)),
@@ -378,7 +463,7 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
     };
     let ending = record_end(&run, &mut machine, ending).await;
     for ev in machine.drain_events() {
-        run.emit(ev);
+        run.deliver(ev).await;
     }
     finish(&run, ending)
 }
@@ -420,21 +505,8 @@ async fn call_model(
     let provider = model.provider_name();
     let span = spans::chat(model.model_name(), provider);
     // Input content, once, from the request every model_request hook shaped.
-    let content = run.inst.content;
-    if content.is_enabled() {
-        match &redaction {
-            Some(r) => content.record(&span, attrs::GEN_AI_INPUT_MESSAGES, r),
-            None => {
-                content.record(
-                    &span,
-                    attrs::GEN_AI_SYSTEM_INSTRUCTIONS,
-                    &request.system_text(),
-                );
-                let messages = serde_json::to_string(&request.history).unwrap_or_default();
-                content.record(&span, attrs::GEN_AI_INPUT_MESSAGES, &messages);
-            }
-        }
-    }
+    run.content
+        .record_request(&span, request, redaction.as_deref());
     let started = std::time::Instant::now();
     let hold = run.agent.config.stream_deltas == StreamDeltas::Hold
         && run.hooks.has_blocking(EventKind::ModelResponse);
@@ -470,6 +542,7 @@ async fn call_model(
             spans::record_chat_response(
                 &span,
                 &resp.model,
+                &resp.id,
                 &[resp.finish_reason.as_str()],
                 Some(resp.usage.input_tokens),
                 Some(resp.usage.output_tokens),
@@ -480,6 +553,7 @@ async fn call_model(
                 started.elapsed(),
                 Some(resp.usage.input_tokens),
                 Some(resp.usage.output_tokens),
+                resp.usage.estimated,
             );
         }
         Err(_) => {
@@ -490,6 +564,7 @@ async fn call_model(
                 started.elapsed(),
                 None,
                 None,
+                false,
             );
         }
     }
@@ -539,15 +614,15 @@ async fn review_response(
                 }
             }
             // Output content, once, now that every model_response hook ran
-            // (never for a retried or rejected turn).
-            if let Some(span) = chat.filter(|_| run.inst.content.is_enabled()) {
-                let output = match out.redaction {
-                    Some(r) => r,
-                    None => serde_json::to_string(&out.payload.message()).unwrap_or_default(),
-                };
-                run.inst
-                    .content
-                    .record(&span, attrs::GEN_AI_OUTPUT_MESSAGES, &output);
+            // (never for a retried or rejected turn). A redaction covers
+            // the message from here on (later chat inputs included).
+            if run.content.is_enabled() {
+                let message = out.payload.message();
+                run.content.redact_message(&message, out.redaction);
+                if let Some(span) = chat {
+                    run.content
+                        .record_response(&span, &message, &out.payload.finish_reason);
+                }
             }
             Ok(ResponseDecision::Accept(out.payload))
         }
@@ -588,6 +663,7 @@ fn finish(run: &Run, mut ending: Ending) -> RunReport {
         turns: ending.turns,
         messages: ending.messages,
         hook_verdicts: run.records.lock().unwrap().clone(),
+        finish_reason: ending.finish_reason,
     };
     run.emit(RunEvent::Finished(report.clone()));
     report

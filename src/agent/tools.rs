@@ -15,7 +15,6 @@ use crate::hooks::compose::{
 };
 use crate::hooks::payload::{CallProblem, Payload};
 use crate::message::{ToolCall, ToolResult, ToolSpec};
-use crate::telemetry::attrs;
 use tracing::Span;
 
 /// Checks a call against the offered tools and the tool's argument schema;
@@ -108,6 +107,7 @@ pub async fn process_call(
             Err(f) => return CallOutcome::Stop(Stop::HookFailed(f)),
         };
         run.emit_records(&out.records);
+        run.content.redact_arguments(&call, out.redaction);
         return match out.stop {
             None => CallOutcome::Result(result(
                 &call,
@@ -147,32 +147,26 @@ pub async fn process_call(
     run.emit_records(&out.records);
     let effective = out.payload;
     // Argument content, once, after every tool_call hook ran (the effective
-    // arguments or a hook's redaction); never on terminate.
+    // arguments or a hook's redaction, which also covers the call in later
+    // chat inputs); never on terminate.
+    run.content.redact_arguments(&call, out.redaction);
     if !matches!(out.stop, Some((_, ToolCallStop::Terminate(_)))) {
-        let args = out
-            .redaction
-            .as_deref()
-            .unwrap_or(&effective.arguments_json);
-        run.inst
-            .content
-            .record(&Span::current(), attrs::GEN_AI_TOOL_CALL_ARGUMENTS, args);
+        run.content
+            .record_arguments(&Span::current(), &call, &effective);
     }
-    let record_result = |content: &str| {
-        run.inst
-            .content
-            .record(&Span::current(), attrs::GEN_AI_TOOL_CALL_RESULT, content);
-    };
+    let record_result = |r: &ToolResult| run.content.record_result(&Span::current(), r);
     match out.stop {
         None => {}
         Some((_, ToolCallStop::Skip(s))) => {
-            record_result(&s.result);
-            return CallOutcome::Result(result(&effective, s.result, s.is_error));
+            let r = result(&effective, s.result, s.is_error);
+            record_result(&r);
+            return CallOutcome::Result(r);
         }
         Some((hook, ToolCallStop::Terminate(t))) => return terminate(hook, t),
         Some((hook, ToolCallStop::Ask(ask))) => {
             if let Some(denied) = run.ask_approval(turn, index, &effective, &hook, ask).await {
                 if let CallOutcome::Result(r) = &denied {
-                    record_result(&r.content);
+                    record_result(r);
                 }
                 return denied;
             }
@@ -223,7 +217,8 @@ pub async fn process_call(
         // A terminated result is not recorded at all.
         Some((hook, t)) => terminate(hook, t),
         None => {
-            record_result(out.redaction.as_deref().unwrap_or(&out.payload.content));
+            run.content.redact_result(&out.payload, out.redaction);
+            record_result(&out.payload);
             CallOutcome::Result(out.payload)
         }
     }

@@ -37,6 +37,16 @@ fn event_name(v: i32) -> String {
         .unwrap_or_else(|_| v.to_string())
 }
 
+fn verdict_name(v: i32) -> String {
+    pb::VerdictKind::try_from(v)
+        .map(|k| {
+            k.as_str_name()
+                .trim_start_matches("VERDICT_KIND_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| v.to_string())
+}
+
 fn outcome_name(v: i32) -> String {
     pb::RunOutcome::try_from(v)
         .map(|k| {
@@ -82,13 +92,14 @@ pub async fn run(
     let mut out = std::io::stdout();
     let mut mid_line = false;
     let mut final_outcome = None;
-    // run_start verdicts arrive before `started` (which carries the input as
-    // they left it): hold them so the timeline reads header, verdicts, input.
-    let mut before_start: Option<Vec<String>> = Some(Vec::new());
-    let mut input_rewritten = false;
+    let json_lines = if json {
+        Some(super::json::ProtoJson::new("hookwire.v1.RunEvent")?)
+    } else {
+        None
+    };
     while let Some(ev) = stream.message().await.map_err(status_err)? {
-        if json {
-            writeln!(out, "{}", serde_json::to_string(&ev)?)?;
+        if let Some(j) = &json_lines {
+            writeln!(out, "{}", j.line(&ev)?)?;
         }
         let Some(e) = ev.event else { continue };
         use pb::run_event::Event as E;
@@ -127,11 +138,10 @@ pub async fn run(
                     "▶ run {} · session {} · agent {}",
                     ev.run_id, s.session_id, s.agent
                 )?;
-                for line in before_start.take().unwrap_or_default() {
-                    writeln!(out, "{line}")?;
-                }
-                if input_rewritten {
-                    writeln!(out, "  ✎ input as committed: {}", s.input)?;
+            }
+            E::InputCommitted(c) => {
+                if c.rewritten {
+                    writeln!(out, "  ✎ input as committed: {}", c.input)?;
                 }
             }
             E::TurnStarted(t) => {
@@ -179,7 +189,7 @@ pub async fn run(
                     "  ⚑ hook {} · {} · {}",
                     h.hook,
                     event_name(h.event),
-                    h.verdict
+                    verdict_name(h.verdict_kind)
                 );
                 if !h.fields_changed.is_empty() {
                     line.push_str(&format!(" [{}]", h.fields_changed.join(", ")));
@@ -196,24 +206,11 @@ pub async fn run(
                 if !h.reason.is_empty() {
                     line.push_str(&format!(" — {}", h.reason));
                 }
-                match &mut before_start {
-                    Some(held) => {
-                        input_rewritten |= h.verdict == "rewrite_input";
-                        held.push(line);
-                    }
-                    None => writeln!(out, "{line}")?,
-                }
+                writeln!(out, "{line}")?;
             }
             E::ApprovalRequested(_) => {}
             E::Finished(f) => {
                 nl(&mut mid_line, &mut out)?;
-                // Ended before it started (a run_start terminate or failure).
-                if let Some(held) = before_start.take() {
-                    writeln!(out, "▶ run {} · session {session_id}", ev.run_id)?;
-                    for line in held {
-                        writeln!(out, "{line}")?;
-                    }
-                }
                 if let Some(r) = f.result {
                     let usage = r.usage.unwrap_or_default();
                     let mark = if r.outcome == pb::RunOutcome::Completed as i32 {
@@ -223,13 +220,21 @@ pub async fn run(
                     };
                     writeln!(
                         out,
-                        "{mark} {} · {} turn(s) · {} in / {} out tokens{}",
+                        "{mark} {}{} · {} turn(s) · {} in / {} out tokens{}",
                         outcome_name(r.outcome),
+                        if r.truncated { " (truncated)" } else { "" },
                         r.turns,
                         usage.input_tokens,
                         usage.output_tokens,
                         if usage.estimated { " (estimated)" } else { "" }
                     )?;
+                    if r.truncated {
+                        writeln!(
+                            out,
+                            "  ⚠ the answer is cut off: the model stopped at its token limit (finish_reason {}); raise max_tokens",
+                            r.finish_reason
+                        )?;
+                    }
                     if !r.reason.is_empty() {
                         writeln!(out, "  reason: {}", r.reason)?;
                     }

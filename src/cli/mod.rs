@@ -2,6 +2,7 @@
 //! (list and conformance check) and config tools.
 
 mod client;
+mod json;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,10 +15,19 @@ use crate::config::{Config, StoreSetting};
 use crate::event::EventKind;
 use crate::telemetry::LogFormat;
 
+/// `hookwire --version`: the crate version and the git commit it was built
+/// from ("unknown" without git; see build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("HOOKWIRE_COMMIT"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "hookwire",
-    version,
+    version = VERSION,
     about = "Run LLM agent sessions with remote gRPC hook servers at every lifecycle event."
 )]
 pub struct Cli {
@@ -29,11 +39,16 @@ pub struct Cli {
 pub enum Command {
     /// Serve AgentService, gRPC health and reflection.
     Serve {
-        /// YAML config file; without it the embedded default runs (agent
-        /// `demo` on the scripted model, no hooks). HOOKWIRE_HOOK_<NAME>_ENDPOINT
-        /// and HOOKWIRE_MODEL_<NAME>_BASE_URL override endpoints in it.
+        /// YAML config file; without it the embedded demo runs: agent `demo`
+        /// on the scripted model with a built-in demo hook server (redacts
+        /// sk-… keys at run_start, owns get_weather, denies delete_* tools).
+        /// HOOKWIRE_HOOK_<NAME>_ENDPOINT and HOOKWIRE_MODEL_<NAME>_BASE_URL
+        /// override endpoints in it.
         #[arg(long, env = "HOOKWIRE_CONFIG")]
         config: Option<PathBuf>,
+        /// Without --config: serve the demo agent with no hooks at all.
+        #[arg(long)]
+        no_demo_hooks: bool,
         /// gRPC listen address (overrides `listen:` in the config).
         #[arg(long, env = "HOOKWIRE_LISTEN")]
         listen: Option<SocketAddr>,
@@ -71,7 +86,8 @@ pub enum Command {
         /// Extra configured hooks to enable on a new session.
         #[arg(long = "hook")]
         hooks: Vec<String>,
-        /// Print one JSON object per run event per line.
+        /// Print each run event as one line of JSON, in the canonical
+        /// protobuf JSON mapping (as grpcurl and buf curl print it).
         #[arg(long)]
         json: bool,
         /// The user input.
@@ -168,9 +184,12 @@ Checks, each a row of the report:
                 first) are valid; CallTool with them answers a non-error result in time
   per event     a blocking event gets exactly one verdict with its seq, within the deadline it was sent,
                 of the event's kind and valid (the same rules hookwire applies); an observe-only event
-                (text_delta, run_end, session_end) gets none
-  per stream    opens the way hookwire opens it; no verdict for a seq never sent; the server ends its
-                side with OK once hookwire half-closes it
+                (text_delta, run_end, session_end) gets none. Turn 1 calls the owned tools and three
+                stand-ins the server does not own (lookup_order, delete_file, send_email), so a policy's
+                skip and ask are exercised; an ask is approved, as a client would
+  per stream    opens the way hookwire opens it; the turn's tool_call (then tool_result) events are sent
+                all at once, as with tool_concurrency > 1, and each must be answered by its own seq; no
+                verdict for a seq never sent; the server ends its side with OK once hookwire half-closes it
 
 Exit status: 0 when no check failed, 1 otherwise (2 for a usage error).";
 
@@ -193,9 +212,25 @@ fn parse_tool_args(s: &str) -> Result<(String, String), String> {
 
 #[derive(Subcommand, Debug)]
 pub enum ConfigAction {
-    /// Validate a config file, with the environment's endpoint overrides
-    /// applied as `serve` would; exit 0 when valid, 1 with the error otherwise.
-    Check { file: PathBuf },
+    /// Check a config file as `serve` would before listening; exit 0 when it
+    /// would start, 1 with the error otherwise.
+    ///
+    /// The same checks, in the same order: the file (with the environment's
+    /// endpoint overrides), the trace exporter, every model (URLs, headers,
+    /// API key variables), every hook endpoint, the store setting (the one
+    /// serve would use without --store: HOOKWIRE_STORE, `store:`, else
+    /// SQLite in HOOKWIRE_DATA_DIR or the default data directory; checked
+    /// without connecting: a Postgres URL the driver accepts, its
+    /// password_env set, a SQLite path that can hold the file), then the
+    /// hook servers that answer Describe within 3 s, whose tools must not be
+    /// owned twice. An unreachable hook server is reported but, as for
+    /// `serve`, not an error.
+    Check {
+        file: PathBuf,
+        /// Do not contact hook servers (so tool ownership is not checked).
+        #[arg(long)]
+        offline: bool,
+    },
 }
 
 /// Entry point of the binary; errors surface as a message and exit 1.
@@ -203,18 +238,37 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve {
             config,
+            no_demo_hooks,
             listen,
             admin_listen,
             log_format,
             store,
             data_dir,
         } => {
-            let mut cfg = match &config {
-                Some(path) => Config::load(path)?,
-                None => Config::embedded_default(),
+            // Without a config, the demo hook server runs beside hookwire
+            // (its own loopback port) and is called over gRPC like any hook.
+            let demo = match &config {
+                None if !no_demo_hooks => Some(
+                    crate::demo::DemoHooks::start()
+                        .await
+                        .context("cannot start the demo hook server (use --no-demo-hooks)")?,
+                ),
+                _ => None,
+            };
+            let mut cfg = match (&config, &demo) {
+                (Some(path), _) => Config::load(path)?,
+                (None, Some(demo)) => demo.config()?,
+                (None, None) => Config::embedded_default(),
             };
             cfg.store = Some(resolve_store(store, cfg.store.take(), data_dir)?);
             let telemetry = crate::telemetry::init(&cfg.telemetry, log_format)?;
+            if let Some(demo) = &demo {
+                tracing::info!(
+                    hook = crate::demo::guard::NAME,
+                    endpoint = demo.endpoint(),
+                    "demo hook server started (--no-demo-hooks or a --config leaves it out)"
+                );
+            }
             if let Some(l) = listen {
                 cfg.listen = l;
             }
@@ -247,6 +301,9 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     .await;
             // Flush spans even when serving failed.
             telemetry.shutdown().await;
+            if let Some(demo) = demo {
+                demo.stop().await;
+            }
             served?;
             Ok(())
         }
@@ -294,18 +351,8 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Config {
-            action: ConfigAction::Check { file },
-        } => {
-            let cfg = Config::load(&file)?;
-            println!(
-                "{}: ok ({} models, {} hooks, {} agents)",
-                file.display(),
-                cfg.models.len(),
-                cfg.hooks.len(),
-                cfg.agents.len()
-            );
-            Ok(())
-        }
+            action: ConfigAction::Check { file, offline },
+        } => check_config(&file, offline).await,
     }
 }
 
@@ -350,6 +397,69 @@ fn default_data_dir() -> PathBuf {
         return h.join(".local/share/hookwire");
     }
     PathBuf::from(".hookwire")
+}
+
+/// `hookwire config check`: `serve`'s start-up checks, without listening.
+async fn check_config(file: &std::path::Path, offline: bool) -> anyhow::Result<()> {
+    let mut cfg = Config::load(file)?;
+    // The exporter `serve` would install, built and dropped.
+    let (_, telemetry) = crate::telemetry::build(
+        &crate::telemetry::TelemetryOptions::from_env(&cfg.telemetry, LogFormat::Text),
+        tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::sink),
+    )?;
+    telemetry.shutdown().await;
+    // The store serve would use without --store: HOOKWIRE_STORE, the
+    // file's `store:`, else SQLite in HOOKWIRE_DATA_DIR or the default.
+    let data_dir = std::env::var_os("HOOKWIRE_DATA_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    cfg.store = Some(resolve_store(None, cfg.store.take(), data_dir)?);
+    let describe = (!offline).then_some(crate::server::preflight::STARTUP_DESCRIBE);
+    let inst = crate::telemetry::Instruments::new(&cfg.telemetry);
+    let engine = crate::server::preflight::engine(
+        &cfg,
+        inst,
+        describe,
+        crate::server::preflight::StoreUse::CheckOnly,
+    )
+    .await?;
+    println!(
+        "{}: ok ({} models, {} hooks, {} agents)",
+        file.display(),
+        cfg.models.len(),
+        cfg.hooks.len(),
+        cfg.agents.len()
+    );
+    println!(
+        "  store {}: setting checked, not opened (config check never connects to a database)",
+        crate::server::preflight::store_setting(&cfg)
+    );
+    for h in engine.hooks() {
+        let line = match (&h.description, offline) {
+            (_, true) => "not contacted (--offline): its tools are not checked".to_string(),
+            (Some(d), false) => format!(
+                "answered Describe: {} {}, tools: {}",
+                d.name,
+                d.version,
+                if d.tools.is_empty() {
+                    "none".to_string()
+                } else {
+                    d.tools
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+            (None, false) => format!(
+                "not reachable now ({}); serve would start and keep retrying, its tools are not checked",
+                h.last_error.as_deref().unwrap_or("no answer within 3s")
+            ),
+        };
+        println!("  hook {} at {}: {line}", h.config.name, h.config.endpoint);
+    }
+    engine.registry().stop();
+    Ok(())
 }
 
 async fn shutdown_signal() {

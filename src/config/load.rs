@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use super::{env, Config, ProviderKind};
 use crate::event::nearest;
 
-/// The configuration `hookwire serve` runs without `--config`: one agent
-/// `demo` on the embedded scripted model, no hooks.
+/// The configuration `hookwire serve --no-demo-hooks` runs without
+/// `--config`: one agent `demo` on the embedded scripted model, no hooks
+/// (without the flag, `crate::demo` adds its hook server).
 pub const EMBEDDED_DEFAULT: &str = r#"
 models:
   - name: scripted
@@ -90,14 +91,16 @@ impl Config {
         let de = serde_norway::Deserializer::from_str(text);
         let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
+            let path = if path.is_empty() || path == "." {
+                "(top level)".into()
+            } else {
+                path
+            };
+            let message = without_path_prefix(&e.into_inner().to_string(), &path);
             ConfigError::Parse {
                 origin: origin.to_string(),
-                path: if path.is_empty() || path == "." {
-                    "(top level)".into()
-                } else {
-                    path
-                },
-                message: e.into_inner().to_string(),
+                path,
+                message,
             }
         })?;
         let applied = env::apply(&mut config, vars).map_err(|r| ConfigError::Invalid {
@@ -154,6 +157,7 @@ impl Config {
                         ("headers", !m.headers.is_empty()),
                         ("max_retries", m.max_retries.is_some()),
                         ("timeout", m.timeout.is_some()),
+                        ("stream", m.stream.is_some()),
                     ] {
                         if set {
                             errs.push((
@@ -297,6 +301,22 @@ impl Config {
                 "must be greater than zero".into(),
             ));
         }
+        if self.server.run_event_buffer < super::MIN_RUN_EVENT_BUFFER {
+            errs.push((
+                "server.run_event_buffer".into(),
+                format!("must be at least {}", super::MIN_RUN_EVENT_BUFFER),
+            ));
+        }
+        if self.server.client_stall_timeout.is_zero() {
+            errs.push((
+                "server.client_stall_timeout".into(),
+                "must be greater than zero".into(),
+            ));
+        }
+        if self.server.max_input_bytes == 0 {
+            errs.push(("server.max_input_bytes".into(), "must be at least 1".into()));
+        }
+
         if let Some(r) = self.telemetry.sampling_ratio {
             if !(0.0..=1.0).contains(&r) {
                 errs.push((
@@ -306,6 +326,16 @@ impl Config {
             }
         }
         errs
+    }
+}
+
+/// The YAML parser starts some messages with its own, shorter, path of the
+/// value (`hooks[1].events: unknown event …` for `hooks[1].events[0]`);
+/// the error already leads with the full path, so say it once.
+fn without_path_prefix(message: &str, path: &str) -> String {
+    match message.split_once(": ") {
+        Some((head, rest)) if !head.is_empty() && path.starts_with(head) => rest.to_string(),
+        _ => message.to_string(),
     }
 }
 
@@ -365,6 +395,12 @@ mod tests {
         );
         assert_eq!(e.path(), Some("hooks[0].events[1]"));
         assert!(e.to_string().contains("did you mean `tool_result`"), "{e}");
+        assert_eq!(e.to_string().matches("hooks[0].events").count(), 1, "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("test.yaml: hooks[0].events[1]: unknown event `tool_reslt`"),
+            "{e}"
+        );
     }
 
     #[test]

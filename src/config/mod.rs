@@ -83,6 +83,9 @@ pub struct ModelConfig {
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
     pub organization: Option<String>,
+    /// Stream the answer (default true); false asks for one JSON answer,
+    /// for servers that cannot stream some requests.
+    pub stream: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
@@ -276,6 +279,10 @@ pub const DEFAULT_MAX_INPUT_BYTES: usize = 256 * 1024;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
 pub const DEFAULT_RUN_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_TRANSCRIPT_BYTES: u64 = 8 * 1024 * 1024;
+pub const DEFAULT_RUN_EVENT_BUFFER: usize = 1024;
+pub const DEFAULT_CLIENT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Smallest `server.run_event_buffer`: one step's events must fit in half.
+pub const MIN_RUN_EVENT_BUFFER: usize = 16;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -300,6 +307,14 @@ pub struct ServerConfig {
     /// pass it ends `failed`; a run's final commit is never refused.
     #[serde(default = "default_max_transcript")]
     pub max_transcript_bytes: u64,
+    /// Events of one run queued for its client. A slow `Run` reader slows
+    /// the run down; one that stops reading ends it (cancelled).
+    #[serde(default = "default_run_event_buffer")]
+    pub run_event_buffer: usize,
+    /// How long a run waits for a `Run` client that reads none of its
+    /// events (its queue full) before it is cancelled.
+    #[serde(default = "default_client_stall", with = "humantime_serde")]
+    pub client_stall_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -310,6 +325,8 @@ impl Default for ServerConfig {
             run_lease: DEFAULT_RUN_LEASE,
             session_ttl: None,
             max_transcript_bytes: DEFAULT_MAX_TRANSCRIPT_BYTES,
+            run_event_buffer: DEFAULT_RUN_EVENT_BUFFER,
+            client_stall_timeout: DEFAULT_CLIENT_STALL_TIMEOUT,
         }
     }
 }
@@ -319,6 +336,12 @@ fn default_run_lease() -> Duration {
 }
 fn default_max_transcript() -> u64 {
     DEFAULT_MAX_TRANSCRIPT_BYTES
+}
+fn default_run_event_buffer() -> usize {
+    DEFAULT_RUN_EVENT_BUFFER
+}
+fn default_client_stall() -> Duration {
+    DEFAULT_CLIENT_STALL_TIMEOUT
 }
 
 fn default_max_input() -> usize {

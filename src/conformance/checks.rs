@@ -13,7 +13,7 @@ use crate::conformance::transcript::{
 use crate::event::EventKind;
 use crate::hooks::dispatch::accept_verdict;
 use crate::hooks::failure::{FailureClass, Fault};
-use crate::hooks::verdict::Verdict;
+use crate::hooks::verdict::{Action, ToolCallAction, Verdict};
 use crate::hooks::wire::event_kind_from_wire;
 use crate::message::ToolSpec;
 use crate::pb;
@@ -313,6 +313,9 @@ pub fn stream(log: &StreamLog) -> Vec<Row> {
             ));
         }
     }
+    for group in &log.together {
+        rows.push(together(log, group));
+    }
     let mut unknown: Vec<u64> = log
         .arrivals
         .iter()
@@ -407,8 +410,65 @@ fn blocking(ev: &SentEvent, answers: &[&Arrival], end: &StreamEnd) -> Vec<Row> {
     vec![timely, judged, once]
 }
 
+/// Several events in flight at once on one stream (hookwire's concurrent
+/// tool calls): each must get exactly one verdict, by its own seq.
+fn together(log: &StreamLog, seqs: &[u64]) -> Row {
+    let check = "concurrent events";
+    let kinds: Vec<&str> = seqs
+        .iter()
+        .filter_map(|seq| log.events.iter().find(|e| e.seq == *seq))
+        .map(|e| e.kind.name())
+        .collect();
+    let kind = if kinds.windows(2).all(|w| w[0] == w[1]) {
+        kinds.first().copied().unwrap_or("blocking")
+    } else {
+        "blocking"
+    };
+    let problems: Vec<String> = seqs
+        .iter()
+        .filter_map(|seq| {
+            match log
+                .arrivals
+                .iter()
+                .filter(|a| a.verdict.seq == *seq)
+                .count()
+            {
+                1 => None,
+                0 => Some(format!("seq {seq} got no verdict")),
+                n => Some(format!("seq {seq} got {n} verdicts")),
+            }
+        })
+        .collect();
+    if problems.is_empty() {
+        Row::pass(
+            &log.name,
+            check,
+            format!(
+                "{} {kind} events in flight at once, each answered once by its own seq",
+                seqs.len()
+            ),
+        )
+    } else {
+        Row::fail(
+            &log.name,
+            check,
+            format!(
+                "{} {kind} events in flight at once (as with tool_concurrency > 1): {}; read every event as it arrives and answer each by its own seq, in any order",
+                seqs.len(),
+                problems.join(", ")
+            ),
+        )
+    }
+}
+
 fn verdict_text(v: &Verdict) -> String {
     let mut s = v.action.kind_name().to_string();
+    if let Action::ToolCall(ToolCallAction::Ask(ask)) = &v.action {
+        s.push_str(&format!(
+            " \"{}\" (approved by the checker, as a client would)",
+            short(&ask.question)
+        ));
+    }
     if !v.meta.reason.is_empty() {
         s.push_str(&format!(" — {}", short(&v.meta.reason)));
     }
@@ -493,6 +553,7 @@ mod tests {
                 after: Duration::from_millis(1),
             },
             half_closed_at: None,
+            together: Vec::new(),
         }
     }
 
@@ -545,6 +606,38 @@ mod tests {
         assert!(find(&rows, "run_end", "no verdict")
             .reason
             .starts_with("spurious: answered run_end"));
+    }
+
+    #[test]
+    fn events_in_flight_together_must_each_get_their_own_verdict() {
+        let mut l = log(
+            vec![
+                event(1, EventKind::RunStart),
+                event(2, EventKind::RunStart),
+                event(3, EventKind::RunStart),
+            ],
+            vec![
+                (proceed_run_start(1), Duration::from_millis(1)),
+                (proceed_run_start(2), Duration::from_millis(2)),
+                (proceed_run_start(3), Duration::from_millis(3)),
+            ],
+        );
+        l.together = vec![vec![1, 2, 3]];
+        let row = find(&stream(&l), "run stream", "concurrent events").clone();
+        assert_eq!(row.status, crate::conformance::report::Status::Pass);
+        assert!(row
+            .reason
+            .starts_with("3 run_start events in flight at once"));
+        // A server that answers the latest event's seq for each of them.
+        l.arrivals.iter_mut().for_each(|a| a.verdict.seq = 3);
+        let row = find(&stream(&l), "run stream", "concurrent events").clone();
+        assert_eq!(row.status, crate::conformance::report::Status::Fail);
+        assert!(
+            row.reason
+                .contains("seq 1 got no verdict, seq 2 got no verdict, seq 3 got 3 verdicts"),
+            "{}",
+            row.reason
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use crate::conformance::script::{PlannedCall, Scenario};
+use crate::conformance::script::Scenario;
 use crate::conformance::stream::Recorder;
 use crate::conformance::transcript::{Health, ToolCallLog, Transcript};
 use crate::event::EventKind;
@@ -122,6 +122,13 @@ pub async fn run(
     d.transcript
 }
 
+/// A blocking event sent and not yet judged.
+struct Pending {
+    seq: u64,
+    kind: EventKind,
+    baseline: Option<crate::model::ModelRequest>,
+}
+
 struct Driver<'a> {
     sc: &'a Scenario,
     client: HookServiceClient<Channel>,
@@ -150,6 +157,19 @@ impl Driver<'_> {
         ctx: EventContext,
         payload: Payload,
     ) -> Option<Verdict> {
+        let pending = self.send_blocking(stream, subject, ctx, payload)?;
+        self.verdict(stream, pending).await
+    }
+
+    /// Sends a blocking event without waiting for its verdict (`None` when
+    /// the server does not subscribe to it).
+    fn send_blocking(
+        &mut self,
+        stream: &mut Recorder,
+        subject: &str,
+        ctx: EventContext,
+        payload: Payload,
+    ) -> Option<Pending> {
         let kind = payload.kind();
         if !self.sc.subscribes(kind) {
             return None;
@@ -165,6 +185,20 @@ impl Driver<'_> {
             wire::payload_to_wire(&payload),
             baseline.clone(),
         );
+        Some(Pending {
+            seq,
+            kind,
+            baseline,
+        })
+    }
+
+    /// The verdict of a sent event, as [`Driver::blocking`] returns it.
+    async fn verdict(&mut self, stream: &mut Recorder, sent: Pending) -> Option<Verdict> {
+        let Pending {
+            seq,
+            kind,
+            baseline,
+        } = sent;
         let patience = self.timing.deadline + self.timing.grace;
         let (arrival, in_time) = stream.wait(seq, patience).await?;
         // hookwire discards a late verdict: the event proceeds without it.
@@ -251,10 +285,7 @@ impl Driver<'_> {
             Payload::ModelResponse(response.clone()),
         )
         .await;
-        let mut results = Vec::new();
-        for (index, planned) in sc.calls().iter().enumerate() {
-            results.push(self.tool(&mut s, index as u32, planned).await);
-        }
+        let mut results = self.tools(&mut s).await;
         if sc.subscribes(EventKind::InvalidToolCall) {
             let call = sc.unknown_call();
             let v = self
@@ -324,56 +355,94 @@ impl Driver<'_> {
         self.finish(s).await;
     }
 
-    /// tool_call hooks, execution (CallTool for owned tools), tool_result
-    /// hooks — one call, as hookwire's tool step runs it.
-    async fn tool(&mut self, s: &mut Recorder, index: u32, planned: &PlannedCall) -> ToolResult {
+    /// Turn 1's tool calls as hookwire runs a batch with `tool_concurrency`
+    /// above 1: every tool_call event is sent before any verdict is awaited
+    /// (several events in flight on one stream, answered by seq in any
+    /// order), then the calls execute (CallTool for owned tools, the
+    /// checker's stand-ins for the others), then every tool_result event is
+    /// sent at once the same way. A skipped call gets no tool_result event
+    /// (its result came from a hook); an `ask` is approved, as a client
+    /// would, and the call goes on.
+    async fn tools(&mut self, s: &mut Recorder) -> Vec<ToolResult> {
         let sc = self.sc;
-        let name = &planned.call.name;
-        let mut call = planned.call.clone();
-        let v = self
-            .blocking(
-                s,
-                &format!("tool_call {name}"),
-                sc.run_context(1),
-                Payload::ToolCall {
-                    call: call.clone(),
-                    index,
-                    tool: planned.spec.clone(),
+        let planned = sc.calls();
+        let mut calls: Vec<ToolCall> = planned.iter().map(|p| p.call.clone()).collect();
+        let sent: Vec<Option<Pending>> = planned
+            .iter()
+            .enumerate()
+            .map(|(index, p)| {
+                self.send_blocking(
+                    s,
+                    &format!("tool_call {}", p.call.name),
+                    sc.run_context(1),
+                    Payload::ToolCall {
+                        call: p.call.clone(),
+                        index: index as u32,
+                        tool: p.spec.clone(),
+                    },
+                )
+            })
+            .collect();
+        s.in_flight_together(sent.iter().flatten().map(|p| p.seq).collect());
+        let mut stops = Vec::with_capacity(calls.len());
+        for (call, pending) in calls.iter_mut().zip(sent) {
+            let v = match pending {
+                Some(p) => self.verdict(s, p).await,
+                None => None,
+            };
+            stops.push(Self::thread::<ToolCallChain>(call, v));
+        }
+
+        let mut results = Vec::with_capacity(calls.len());
+        for ((p, call), stop) in planned.iter().zip(&calls).zip(&stops) {
+            // Owned tools are always executed, even when a tool_call verdict
+            // skipped them (hookwire would not), so every tool gets checked.
+            let executed = if p.owned {
+                self.call_tool(call, call.arguments_json != p.call.arguments_json)
+                    .await
+            } else {
+                sc.local_result(call)
+            };
+            results.push(match stop {
+                Some(ToolCallStop::Skip(skip)) => ToolResult {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    content: skip.result.clone(),
+                    is_error: skip.is_error,
                 },
-            )
-            .await;
-        let stop = Self::thread::<ToolCallChain>(&mut call, v);
-        // Owned tools are always executed, even when a tool_call verdict
-        // skipped them (hookwire would not), so every tool gets checked.
-        let executed = if planned.owned {
-            self.call_tool(&call, call.arguments_json != planned.call.arguments_json)
-                .await
-        } else {
-            sc.local_result(&call)
-        };
-        let mut result = match stop {
-            Some(ToolCallStop::Skip(skip)) => ToolResult {
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                content: skip.result,
-                is_error: skip.is_error,
-            },
-            _ => executed,
-        };
-        let v = self
-            .blocking(
-                s,
-                &format!("tool_result {name}"),
-                sc.run_context(1),
-                Payload::ToolResult {
-                    call: call.clone(),
-                    index,
-                    result: result.clone(),
-                },
-            )
-            .await;
-        Self::thread::<ToolResultChain>(&mut result, v);
-        result
+                _ => executed,
+            });
+        }
+
+        let sent: Vec<Option<Pending>> = calls
+            .iter()
+            .zip(&stops)
+            .zip(&results)
+            .enumerate()
+            .map(|(index, ((call, stop), result))| {
+                if matches!(stop, Some(ToolCallStop::Skip(_))) {
+                    return None;
+                }
+                self.send_blocking(
+                    s,
+                    &format!("tool_result {}", call.name),
+                    sc.run_context(1),
+                    Payload::ToolResult {
+                        call: call.clone(),
+                        index: index as u32,
+                        result: result.clone(),
+                    },
+                )
+            })
+            .collect();
+        s.in_flight_together(sent.iter().flatten().map(|p| p.seq).collect());
+        for (result, pending) in results.iter_mut().zip(sent) {
+            if let Some(p) = pending {
+                let v = self.verdict(s, p).await;
+                Self::thread::<ToolResultChain>(result, v);
+            }
+        }
+        results
     }
 
     async fn call_tool(&mut self, call: &ToolCall, rewritten: bool) -> ToolResult {

@@ -1,10 +1,16 @@
 //! The scripted run the checker plays, as domain payloads (converted to the
 //! wire by the engine's own `hooks::wire`): a session, then one run of two
 //! turns — a user input with an e-mail address in it, a model request
-//! offering tools, a model turn calling every owned tool (and an unknown
-//! tool when `invalid_tool_call` is subscribed), the results, a second model
-//! request, a streamed final answer, turn end, run end — then the session's
-//! end. Only the payloads live here; `drive` decides what is sent when.
+//! offering tools, a model turn calling every owned tool and three tools the
+//! server does not own (and an unknown tool when `invalid_tool_call` is
+//! subscribed), the results, a second model request, a streamed final
+//! answer, turn end, run end — then the session's end. Only the payloads
+//! live here; `drive` decides what is sent when.
+//!
+//! The tools the server does not own stand in for the agent's other tools,
+//! so a policy hook's decisions on them are exercised: a read-only lookup, a
+//! destructive tool and an outbound one (the kinds policies skip or ask
+//! approval for). The checker answers them itself.
 
 use std::collections::BTreeMap;
 
@@ -41,27 +47,53 @@ pub struct Scenario {
     calls: Vec<PlannedCall>,
 }
 
-/// Stands in for the agent's own tools when the server owns none, so
-/// tool_call and tool_result hooks still see a call.
-fn local_tool() -> (ToolSpec, String) {
+/// The tool names the checker offers and answers itself.
+pub const STAND_INS: [&str; 3] = ["lookup_order", "delete_file", "send_email"];
+
+/// Stands in for the agent's other tools (owned by other servers), with
+/// the arguments the scripted model calls it with.
+fn stand_in(name: &str) -> (ToolSpec, String) {
+    let (description, schema, args) = match name {
+        "lookup_order" => (
+            "Status of an order by id.",
+            r#"{"type":"object","properties":{"order_id":{"type":"string"}},"required":["order_id"]}"#,
+            r#"{"order_id":"A-1001"}"#,
+        ),
+        "delete_file" => (
+            "Delete a file.",
+            r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#,
+            r#"{"path":"orders/A-1001.txt"}"#,
+        ),
+        _ => (
+            "Send an e-mail.",
+            r#"{"type":"object","properties":{"to":{"type":"string"},"body":{"type":"string"}},"required":["to","body"]}"#,
+            r#"{"to":"ada@example.com","body":"Your order A-1001 has shipped."}"#,
+        ),
+    };
     (
         ToolSpec {
-            name: "lookup_order".into(),
-            description: "Status of an order by id.".into(),
-            parameters_json_schema: r#"{"type":"object","properties":{"order_id":{"type":"string"}},"required":["order_id"]}"#.into(),
+            name: name.into(),
+            description: description.into(),
+            parameters_json_schema: schema.into(),
         },
-        r#"{"order_id":"A-1001"}"#.into(),
+        args.into(),
     )
 }
 
 impl Scenario {
     /// `events`: what the server subscribes to (already narrowed);
-    /// `owned`: its tools with the arguments to call them with.
+    /// `owned`: its tools with the arguments to call them with. The stand-ins
+    /// follow, except those named like an owned tool.
     pub fn new(events: Vec<EventKind>, owned: Vec<(ToolSpec, String)>) -> Scenario {
-        let mut calls: Vec<PlannedCall> = owned
+        let others: Vec<(ToolSpec, String)> = STAND_INS
+            .iter()
+            .filter(|n| !owned.iter().any(|(spec, _)| spec.name == **n))
+            .map(|n| stand_in(n))
+            .collect();
+        let calls: Vec<PlannedCall> = owned
             .into_iter()
             .map(|(spec, args)| (spec, args, true))
-            .chain(std::iter::once(local_tool()).map(|(s, a)| (s, a, false)))
+            .chain(others.into_iter().map(|(s, a)| (s, a, false)))
             .enumerate()
             .map(|(i, (spec, arguments_json, owned))| PlannedCall {
                 call: ToolCall {
@@ -73,10 +105,6 @@ impl Scenario {
                 owned,
             })
             .collect();
-        // The local stand-in only when nothing is owned.
-        if calls.iter().any(|c| c.owned) {
-            calls.retain(|c| c.owned);
-        }
         Scenario {
             session_id: uuid::Uuid::new_v4().to_string(),
             run_id: uuid::Uuid::new_v4().to_string(),
@@ -180,6 +208,7 @@ impl Scenario {
             finish_reason: "tool_calls".into(),
             usage: usage(120, 24),
             model: MODEL.into(),
+            id: String::new(),
         }
     }
 
@@ -216,12 +245,18 @@ impl Scenario {
         }
     }
 
-    /// What the checker's local stand-in tool returns.
+    /// What a stand-in tool returns (the checker plays it; nothing is
+    /// deleted or sent).
     pub fn local_result(&self, call: &ToolCall) -> ToolResult {
+        let content = match call.name.as_str() {
+            "lookup_order" => "order A-1001: shipped on 2024-05-01",
+            "delete_file" => "deleted orders/A-1001.txt",
+            _ => "e-mail sent to ada@example.com",
+        };
         ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
-            content: "order A-1001: shipped on 2024-05-01".into(),
+            content: content.into(),
             is_error: false,
         }
     }
@@ -252,6 +287,7 @@ impl Scenario {
             finish_reason: "stop".into(),
             usage: usage(240, 40),
             model: MODEL.into(),
+            id: String::new(),
         }
     }
 
@@ -286,19 +322,36 @@ mod tests {
     }
 
     #[test]
-    fn owned_tools_are_called_else_a_local_stand_in() {
+    fn owned_tools_and_the_stand_ins_are_called() {
         let s = Scenario::new(vec![EventKind::ToolCall], vec![]);
-        assert_eq!(s.calls().len(), 1);
-        assert!(!s.calls()[0].owned);
+        let names: Vec<_> = s.calls().iter().map(|c| c.call.name.as_str()).collect();
+        assert_eq!(names, STAND_INS);
+        assert!(s.calls().iter().all(|c| !c.owned));
         let s = Scenario::new(
             vec![EventKind::InvalidToolCall],
-            vec![(spec("a"), "{}".into()), (spec("b"), "{}".into())],
+            vec![(spec("a"), "{}".into()), (spec("delete_file"), "{}".into())],
         );
-        let names: Vec<_> = s.calls().iter().map(|c| c.call.name.as_str()).collect();
-        assert_eq!(names, ["a", "b"]);
+        let names: Vec<_> = s
+            .calls()
+            .iter()
+            .map(|c| (c.call.name.as_str(), c.owned))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a", true),
+                ("delete_file", true),
+                ("lookup_order", false),
+                ("send_email", false)
+            ],
+            "a stand-in never shadows an owned tool"
+        );
         let turn = s.tool_turn().message.unwrap();
         let called: Vec<_> = turn.tool_calls().map(|c| c.id.as_str()).collect();
-        assert_eq!(called, ["call_1_0", "call_1_1", "call_1_2"]);
+        assert_eq!(
+            called,
+            ["call_1_0", "call_1_1", "call_1_2", "call_1_3", "call_1_4"]
+        );
     }
 
     #[test]

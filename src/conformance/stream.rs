@@ -40,6 +40,7 @@ pub struct Recorder {
     arrivals: Vec<Arrival>,
     end: Option<StreamEnd>,
     half_closed_at: Option<Instant>,
+    together: Vec<Vec<u64>>,
 }
 
 impl Recorder {
@@ -55,6 +56,15 @@ impl Recorder {
             arrivals: Vec::new(),
             end: None,
             half_closed_at: None,
+            together: Vec::new(),
+        }
+    }
+
+    /// Records that these events were all in flight before any of their
+    /// verdicts was awaited.
+    pub fn in_flight_together(&mut self, seqs: Vec<u64>) {
+        if seqs.len() > 1 {
+            self.together.push(seqs);
         }
     }
 
@@ -240,6 +250,7 @@ impl Recorder {
                 .take()
                 .unwrap_or(StreamEnd::NotClosed { waited: patience }),
             half_closed_at: self.half_closed_at,
+            together: std::mem::take(&mut self.together),
         })
     }
 }

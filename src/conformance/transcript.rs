@@ -73,6 +73,9 @@ pub struct StreamLog {
     pub arrivals: Vec<Arrival>,
     pub end: StreamEnd,
     pub half_closed_at: Option<Instant>,
+    /// Groups of seqs sent together, each before any of their verdicts was
+    /// awaited (as hookwire's concurrent tool calls are).
+    pub together: Vec<Vec<u64>>,
 }
 
 /// One `CallTool` of an owned tool.

@@ -1,5 +1,7 @@
 //! Per-hook circuit breaker: after N consecutive failures (across runs) the
 //! hook is not called until a cool-down passes; then one probe call decides.
+//! A background probe that sees the hook server answer again ends the
+//! cool-down early ([`Breaker::recover`]); the cool-down is the upper bound.
 //! Pure: callers pass the clock in.
 
 use std::time::{Duration, Instant};
@@ -14,9 +16,17 @@ pub enum Admit {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    Closed,
-    Open { until: Instant },
-    HalfOpen { probing: bool },
+    /// Calls go through. `probation`: closed by a background probe, not by a
+    /// successful call yet, so the first failure reopens it at once.
+    Closed {
+        probation: bool,
+    },
+    Open {
+        until: Instant,
+    },
+    HalfOpen {
+        probing: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -27,6 +37,8 @@ pub struct Breaker {
     state: State,
 }
 
+const CLOSED: State = State::Closed { probation: false };
+
 impl Breaker {
     /// `threshold` 0 disables the breaker.
     pub fn new(threshold: u32, cooldown: Duration) -> Self {
@@ -34,17 +46,17 @@ impl Breaker {
             threshold,
             cooldown,
             consecutive: 0,
-            state: State::Closed,
+            state: CLOSED,
         }
     }
 
     pub fn is_open(&self) -> bool {
-        !matches!(self.state, State::Closed)
+        !matches!(self.state, State::Closed { .. })
     }
 
     pub fn admit(&mut self, now: Instant) -> Admit {
         match self.state {
-            State::Closed => Admit::Call,
+            State::Closed { .. } => Admit::Call,
             State::Open { until } if now < until => Admit::Reject,
             State::Open { .. } | State::HalfOpen { probing: false } => {
                 self.state = State::HalfOpen { probing: true };
@@ -57,16 +69,42 @@ impl Breaker {
     pub fn record(&mut self, now: Instant, ok: bool) {
         if ok {
             self.consecutive = 0;
-            self.state = State::Closed;
+            self.state = CLOSED;
             return;
         }
-        self.consecutive += 1;
-        let reopen = matches!(self.state, State::HalfOpen { .. });
+        self.consecutive = self.consecutive.saturating_add(1);
+        let reopen = matches!(
+            self.state,
+            State::HalfOpen { .. } | State::Closed { probation: true }
+        );
         if self.threshold > 0 && (reopen || self.consecutive >= self.threshold) {
             self.state = State::Open {
-                until: now + self.cooldown,
+                until: now.checked_add(self.cooldown).unwrap_or(now),
             };
         }
+    }
+
+    /// The probe admitted by [`admit`](Self::admit) ended without an
+    /// outcome (its caller was cancelled or ran out of run time before the
+    /// hook answered): that says nothing about the hook, so the next call
+    /// probes instead. Without this an abandoned probe would leave the
+    /// breaker half-open with a probe "in flight" forever.
+    pub fn abandon_probe(&mut self) {
+        if self.state == (State::HalfOpen { probing: true }) {
+            self.state = State::HalfOpen { probing: false };
+        }
+    }
+
+    /// The hook server answered a background probe (Describe): close the
+    /// breaker now rather than at the end of the cool-down, on probation.
+    /// Returns whether it was open.
+    pub fn recover(&mut self) -> bool {
+        if !self.is_open() {
+            return false;
+        }
+        self.consecutive = 0;
+        self.state = State::Closed { probation: true };
+        true
     }
 }
 
@@ -110,6 +148,41 @@ mod tests {
         b.record(t, true);
         b.record(t, false);
         assert_eq!(b.admit(t), Admit::Call);
+    }
+
+    #[test]
+    fn an_abandoned_probe_lets_the_next_call_probe() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(1, Duration::from_secs(10));
+        b.record(t0, false);
+        let t1 = t0 + Duration::from_secs(10);
+        assert_eq!(b.admit(t1), Admit::Probe);
+        b.abandon_probe();
+        assert_eq!(b.admit(t1), Admit::Probe, "not stuck half-open");
+        b.record(t1, true);
+        assert!(!b.is_open());
+        // Abandoning outside a probe changes nothing.
+        b.abandon_probe();
+        assert_eq!(b.admit(t1), Admit::Call);
+    }
+
+    #[test]
+    fn recovery_closes_on_probation_and_the_next_failure_reopens() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(3, Duration::from_secs(30));
+        for _ in 0..3 {
+            b.record(t0, false);
+        }
+        assert_eq!(b.admit(t0), Admit::Reject);
+        assert!(b.recover(), "was open");
+        assert_eq!(b.admit(t0), Admit::Call, "before the cool-down ended");
+        b.record(t0, false);
+        assert!(b.is_open(), "one failure on probation reopens");
+        assert!(b.recover());
+        b.record(t0, true);
+        b.record(t0, false);
+        assert!(!b.is_open(), "a success ends probation: back to counting");
+        assert!(!b.recover(), "already closed");
     }
 
     #[test]

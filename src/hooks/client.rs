@@ -1,8 +1,8 @@
 //! One reusable channel per configured hook server: lazy connect, HTTP/2
 //! keepalive, `Describe` at start-up and after reconnects, the circuit
-//! breaker, and `CallTool`.
+//! breaker (with background probing while it is open), and `CallTool`.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -14,11 +14,13 @@ use crate::config::{HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
 use crate::hooks::failure::{FailureClass, Fault};
+use crate::hooks::failure_log::FailureLog;
 use crate::hooks::stream::{classify_status, RunStream};
 use crate::hooks::wire::event_kind_from_wire;
 use crate::message::{ToolCall, ToolSpec};
 use crate::pb;
 use crate::pb::hook_service_client::HookServiceClient;
+use crate::telemetry::Metrics;
 
 /// What a hook server said about itself.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -48,7 +50,38 @@ pub struct HookClient {
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
+    /// Signalled when the breaker opens: `maintain` then probes the server.
+    breaker_opened: Notify,
     redescribe: Notify,
+    failure_log: Mutex<FailureLog>,
+    /// Where the breaker gauge lives (set once by the engine).
+    metrics: OnceLock<Arc<Metrics>>,
+}
+
+/// Leave to call the hook, from [`HookClient::admit`]. The call's outcome
+/// is given to [`Permit::record`]; a permit dropped without an outcome (the
+/// run was cancelled or ran out of time while the hook was being called)
+/// records nothing against the hook, and if it was the breaker's probe, the
+/// next call probes instead.
+pub struct Permit<'a> {
+    client: &'a HookClient,
+    probe: bool,
+    recorded: bool,
+}
+
+impl Permit<'_> {
+    pub fn record(mut self, ok: bool) {
+        self.recorded = true;
+        self.client.record(ok);
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if self.probe && !self.recorded {
+            self.client.breaker.lock().unwrap().abandon_probe();
+        }
+    }
 }
 
 /// A point-in-time view for `ListHooks`.
@@ -64,6 +97,13 @@ pub struct HookSnapshot {
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(300);
+/// While the breaker is open the server is probed with Describe, first after
+/// [`PROBE_FIRST`], then backing off to [`PROBE_MAX`]: runs succeed again
+/// within about [`PROBE_MAX`] of the server's return, whatever the cool-down.
+pub const PROBE_FIRST: Duration = Duration::from_millis(100);
+pub const PROBE_MAX: Duration = Duration::from_millis(500);
+/// How long one background probe waits for Describe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How hookwire connects to a hook server (also used by `hookwire hooks
 /// check`, so the checker connects exactly like the engine).
@@ -104,8 +144,23 @@ impl HookClient {
                 last_error: None,
             }),
             breaker: Mutex::new(breaker),
+            breaker_opened: Notify::new(),
             redescribe: Notify::new(),
+            failure_log: Mutex::new(FailureLog::default()),
+            metrics: OnceLock::new(),
         }))
+    }
+
+    /// Publishes this hook's breaker state in `metrics` from now on.
+    pub fn attach_metrics(&self, metrics: Arc<Metrics>) {
+        metrics.breaker_state(self.name(), self.breaker_open());
+        let _ = self.metrics.set(metrics);
+    }
+
+    fn publish_breaker(&self, open: bool) {
+        if let Some(m) = self.metrics.get() {
+            m.breaker_state(self.name(), open);
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -161,6 +216,8 @@ impl HookClient {
 
     /// Keeps the description fresh: retries with backoff until Describe
     /// succeeds, then waits for a connection failure to describe again.
+    /// While the circuit breaker is open it probes the server instead (see
+    /// [`probe_until_closed`](Self::probe_until_closed)).
     pub async fn maintain(self: Arc<Self>, cancel: CancellationToken) {
         let mut backoff = Duration::from_millis(200);
         loop {
@@ -176,6 +233,9 @@ impl HookClient {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = self.redescribe.notified() => {}
+                _ = self.breaker_opened.notified() => {
+                    self.probe_until_closed(&cancel).await;
+                }
                 _ = async {
                     match wait {
                         Some(d) => tokio::time::sleep(d).await,
@@ -183,6 +243,31 @@ impl HookClient {
                     }
                 } => {}
             }
+        }
+    }
+
+    /// While the breaker is open, calls Describe with backoff
+    /// ([`PROBE_FIRST`] doubling to [`PROBE_MAX`]); the first answer closes
+    /// the breaker on probation ([`Breaker::recover`]), so runs do not wait
+    /// out the whole cool-down after the server came back.
+    pub async fn probe_until_closed(&self, cancel: &CancellationToken) {
+        let mut delay = PROBE_FIRST;
+        while self.breaker_open() {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            if !self.breaker_open() {
+                return;
+            }
+            if self.describe(PROBE_TIMEOUT).await.is_ok() {
+                if self.breaker.lock().unwrap().recover() {
+                    self.publish_breaker(false);
+                    tracing::info!(hook = %self.name(), "hook server answers again; circuit breaker closed");
+                }
+                return;
+            }
+            delay = (delay * 2).min(PROBE_MAX);
         }
     }
 
@@ -237,21 +322,49 @@ impl HookClient {
         self.config.mode == HookMode::Observe
     }
 
-    pub fn admit(&self) -> Admit {
-        self.breaker
+    /// Asks the breaker for leave to call the hook; `None` when it is open.
+    /// Time is tokio's clock, so tests can pause it.
+    pub fn admit(&self) -> Option<Permit<'_>> {
+        let probe = match self
+            .breaker
             .lock()
             .unwrap()
-            .admit(std::time::Instant::now())
+            .admit(Instant::now().into_std())
+        {
+            Admit::Reject => return None,
+            Admit::Call => false,
+            Admit::Probe => true,
+        };
+        Some(Permit {
+            client: self,
+            probe,
+            recorded: false,
+        })
     }
 
-    /// Records a call's result; returns whether the breaker is now open
-    /// when that changed (so the gauge is only touched on changes).
-    pub fn record(&self, ok: bool) -> Option<bool> {
+    /// Records a call's result; the gauge is touched only when the breaker
+    /// opens or closes, and an opening starts the background probe.
+    fn record(&self, ok: bool) {
         let mut b = self.breaker.lock().unwrap();
         let was = b.is_open();
-        b.record(std::time::Instant::now(), ok);
+        b.record(Instant::now().into_std(), ok);
         let open = b.is_open();
-        (open != was).then_some(open)
+        drop(b);
+        if open != was {
+            self.publish_breaker(open);
+            if open {
+                self.breaker_opened.notify_one();
+            }
+        }
+    }
+
+    /// Whether a failure of `class` should be logged now (`Some(n)`: with
+    /// `n` failures of that class left unlogged since the last line).
+    pub fn log_failure(&self, class: FailureClass) -> Option<u64> {
+        self.failure_log
+            .lock()
+            .unwrap()
+            .admit(class, Instant::now().into_std())
     }
 
     pub fn breaker_open(&self) -> bool {
@@ -301,5 +414,52 @@ impl HookClient {
             description: self.description(),
             last_error: s.last_error.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(breaker: &str) -> Arc<HookClient> {
+        let yaml = format!(
+            "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    breaker: {breaker}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
+        );
+        let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
+        HookClient::new(cfg.hooks[0].clone()).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_probe_does_not_leave_the_breaker_rejecting() {
+        let c = client("{failures: 1, cooldown: 10s}");
+        c.admit().expect("closed").record(false);
+        assert!(c.admit().is_none(), "open");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let probe = c.admit().expect("the cool-down ended: a probe");
+        assert!(c.admit().is_none(), "one probe at a time");
+        // The run calling the hook was cancelled mid-call.
+        drop(probe);
+        let probe = c.admit().expect("the next call probes");
+        probe.record(true);
+        assert!(!c.breaker_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_background_probe_keeps_an_unreachable_servers_breaker_open() {
+        // Nothing listens on the endpoint: probes fail and back off, and the
+        // breaker stays open.
+        let c = client("{failures: 1, cooldown: 1h}");
+        c.admit().unwrap().record(false);
+        assert!(c.breaker_open());
+        let cancel = CancellationToken::new();
+        let probing = tokio::spawn({
+            let (c, cancel) = (c.clone(), cancel.clone());
+            async move { c.probe_until_closed(&cancel).await }
+        });
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(c.breaker_open(), "an unreachable server does not close it");
+        assert!(!probing.is_finished());
+        cancel.cancel();
+        probing.await.unwrap();
     }
 }

@@ -72,6 +72,7 @@ impl ChainEvent for RunStartChain {
     fn apply(input: &mut String, action: Action) -> Result<Step<Terminate>, EventKind> {
         match action {
             Action::RunStart(RunStartAction::Continue) => Ok(unchanged()),
+            Action::RunStart(RunStartAction::RewriteInput(new)) if new == *input => Ok(unchanged()),
             Action::RunStart(RunStartAction::RewriteInput(new)) => {
                 *input = new;
                 Ok(changed(&["input"]))
@@ -96,6 +97,11 @@ impl ChainEvent for ModelResponseChain {
     fn apply(resp: &mut ModelResponse, action: Action) -> Result<Step<ResponseStop>, EventKind> {
         match action {
             Action::ModelResponse(ModelResponseAction::Continue) => Ok(unchanged()),
+            Action::ModelResponse(ModelResponseAction::Rewrite(blocks))
+                if resp.message().blocks == blocks =>
+            {
+                Ok(unchanged())
+            }
             Action::ModelResponse(ModelResponseAction::Rewrite(blocks)) => {
                 resp.message = Some(Message {
                     role: crate::message::Role::Assistant,
@@ -159,8 +165,13 @@ impl ChainEvent for ToolCallChain {
         match action {
             Action::ToolCall(ToolCallAction::Continue) => Ok(unchanged()),
             Action::ToolCall(ToolCallAction::RewriteArgs(args)) => {
+                let same = same_json(&call.arguments_json, &args);
                 call.arguments_json = args;
-                Ok(changed(&["arguments"]))
+                Ok(if same {
+                    unchanged()
+                } else {
+                    changed(&["arguments"])
+                })
             }
             Action::ToolCall(ToolCallAction::Skip(s)) => Ok(Step::Stop(ToolCallStop::Skip(s))),
             Action::ToolCall(ToolCallAction::Ask(a)) => Ok(Step::Stop(ToolCallStop::Ask(a))),
@@ -181,9 +192,12 @@ impl ChainEvent for ToolResultChain {
         match action {
             Action::ToolResult(ToolResultAction::Continue) => Ok(unchanged()),
             Action::ToolResult(ToolResultAction::Rewrite { content, is_error }) => {
-                result.content = content;
-                let mut fields = vec!["content"];
-                if let Some(e) = is_error {
+                let mut fields = Vec::new();
+                if result.content != content {
+                    result.content = content;
+                    fields.push("content");
+                }
+                if let Some(e) = is_error.filter(|e| *e != result.is_error) {
                     result.is_error = e;
                     fields.push("is_error");
                 }
@@ -217,6 +231,18 @@ impl ChainEvent for TurnEndChain {
             }
             other => Err(other.event()),
         }
+    }
+}
+
+/// Arguments that parse to the same JSON value are the same arguments,
+/// whatever their spacing or key order.
+fn same_json(a: &str, b: &str) -> bool {
+    match (
+        serde_json::from_str::<serde_json::Value>(a),
+        serde_json::from_str::<serde_json::Value>(b),
+    ) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
     }
 }
 
@@ -272,6 +298,28 @@ pub fn validate_patch(baseline: &ModelRequest, patch: &RequestPatch) -> Result<(
             return Err(format!("temperature {t} is outside 0.0..=2.0"));
         }
     }
+    if let Some(history) = &patch.history {
+        // Only what the hook changed is judged: the request's own history
+        // may hold a model's malformed call, and sending it back as it came
+        // is no fault of the hook's.
+        let ours: std::collections::HashSet<(&str, &str, &str)> = baseline
+            .history
+            .iter()
+            .flat_map(Message::tool_calls)
+            .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments_json.as_str()))
+            .collect();
+        for c in history.iter().flat_map(Message::tool_calls) {
+            if ours.contains(&(c.id.as_str(), c.name.as_str(), c.arguments_json.as_str())) {
+                continue;
+            }
+            if let Err(e) = serde_json::from_str::<serde_json::Value>(&c.arguments_json) {
+                return Err(format!(
+                    "history: tool call `{}` ({}) the hook added or changed has arguments_json that is not valid JSON: {e}",
+                    c.id, c.name
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -308,6 +356,7 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
                 finish_reason: finish.into(),
                 usage: Default::default(),
                 model: format!("hook:{hook}"),
+                id: String::new(),
             },
         };
     }
@@ -319,10 +368,13 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
     let mut param_owners: Vec<(String, String)> = Vec::new();
 
     for (hook, action) in verdicts {
-        let mut rec = VerdictRecord::new(&hook, EventKind::ModelRequest, "continue", "");
+        let mut rec = VerdictRecord::new(&hook, EventKind::ModelRequest, VerdictKind::Continue, "");
         if let ModelRequestAction::Patch(p) = action {
-            rec.verdict = "patch_request";
+            rec.verdict = VerdictKind::PatchRequest;
+            // A field set to the value it already has is claimed (a later
+            // writer still conflicts) but not reported as changed.
             let claim = |field: &'static str,
+                         same: bool,
                          rec: &mut VerdictRecord,
                          owners: &mut Vec<(&'static str, String)>|
              -> bool {
@@ -335,7 +387,9 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
                     false
                 } else {
                     owners.push((field, hook.clone()));
-                    rec.fields_changed.push(field.into());
+                    if !same {
+                        rec.fields_changed.push(field.into());
+                    }
                     true
                 }
             };
@@ -344,27 +398,32 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
                 rec.fields_changed.push("extra_context".into());
             }
             if let Some(v) = p.system_prompt {
-                if claim("system_prompt", &mut rec, &mut owners) {
+                let same = v == req.system_prompt;
+                if claim("system_prompt", same, &mut rec, &mut owners) {
                     req.system_prompt = v;
                 }
             }
             if let Some(v) = p.temperature {
-                if claim("temperature", &mut rec, &mut owners) {
+                let same = req.temperature == Some(v);
+                if claim("temperature", same, &mut rec, &mut owners) {
                     req.temperature = Some(v);
                 }
             }
             if let Some(v) = p.max_tokens {
-                if claim("max_tokens", &mut rec, &mut owners) {
+                let same = req.max_tokens == Some(v);
+                if claim("max_tokens", same, &mut rec, &mut owners) {
                     req.max_tokens = Some(v);
                 }
             }
             if let Some(v) = p.tool_choice {
-                if claim("tool_choice", &mut rec, &mut owners) {
+                let same = v == req.tool_choice;
+                if claim("tool_choice", same, &mut rec, &mut owners) {
                     req.tool_choice = v;
                 }
             }
             if let Some(v) = p.history {
-                if claim("history", &mut rec, &mut owners) {
+                let same = v == req.history;
+                if claim("history", same, &mut rec, &mut owners) {
                     req.history = v;
                 }
             }
@@ -387,8 +446,10 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
                         });
                     } else {
                         param_owners.push((k.clone(), hook.clone()));
-                        req.additional_params.insert(k, v);
-                        changed = true;
+                        if req.additional_params.get(&k) != Some(&v) {
+                            req.additional_params.insert(k, v);
+                            changed = true;
+                        }
                     }
                 }
                 if changed {
@@ -470,6 +531,104 @@ mod tests {
             }
         );
         assert_eq!(input, "hi");
+    }
+
+    #[test]
+    fn rewrites_that_change_nothing_report_no_field() {
+        let none = Step::<()>::Continue { changed: vec![] };
+        let mut input = "hello".to_string();
+        let s = RunStartChain::apply(
+            &mut input,
+            Action::RunStart(RunStartAction::RewriteInput("hello".into())),
+        )
+        .unwrap();
+        assert_eq!(format!("{s:?}"), format!("{none:?}"));
+
+        let mut call = ToolCall {
+            id: "c".into(),
+            name: "t".into(),
+            arguments_json: r#"{"a":1,"b":"x"}"#.into(),
+        };
+        let s = ToolCallChain::apply(
+            &mut call,
+            Action::ToolCall(ToolCallAction::RewriteArgs(
+                r#"{ "b": "x", "a": 1 }"#.into(),
+            )),
+        )
+        .unwrap();
+        assert_eq!(s, Step::Continue { changed: vec![] }, "same JSON value");
+
+        let mut result = ToolResult {
+            call_id: "c".into(),
+            name: "t".into(),
+            content: "ok".into(),
+            is_error: false,
+        };
+        let s = ToolResultChain::apply(
+            &mut result,
+            Action::ToolResult(ToolResultAction::Rewrite {
+                content: "ok".into(),
+                is_error: Some(true),
+            }),
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            Step::Continue {
+                changed: vec!["is_error"]
+            },
+            "only the flag changed"
+        );
+
+        let mut resp = ModelResponse {
+            message: Some(Message::assistant_text("hi")),
+            ..Default::default()
+        };
+        let s = ModelResponseChain::apply(
+            &mut resp,
+            Action::ModelResponse(ModelResponseAction::Rewrite(vec![Block::Text {
+                text: "hi".into(),
+            }])),
+        )
+        .unwrap();
+        assert!(matches!(s, Step::Continue { changed } if changed.is_empty()));
+    }
+
+    #[test]
+    fn a_patch_setting_current_values_changes_nothing_but_still_claims() {
+        let mut base = baseline();
+        base.temperature = Some(0.2);
+        let merged = merge(
+            &base,
+            vec![
+                (
+                    "same".into(),
+                    patch(RequestPatch {
+                        system_prompt: Some("base".into()),
+                        temperature: Some(0.2),
+                        ..Default::default()
+                    }),
+                ),
+                (
+                    "later".into(),
+                    patch(RequestPatch {
+                        temperature: Some(0.9),
+                        ..Default::default()
+                    }),
+                ),
+            ],
+        );
+        let Merged::Request { request, records } = merged else {
+            panic!()
+        };
+        assert!(records[0].fields_changed.is_empty(), "{records:?}");
+        assert!(!records[0].is_notable());
+        assert_eq!(
+            request.temperature,
+            Some(0.2),
+            "the first writer still wins"
+        );
+        assert_eq!(records[1].conflicts[0].winner, "same");
     }
 
     #[test]
@@ -613,7 +772,7 @@ mod tests {
         assert_eq!(request.additional_params["user"], json!("u"));
         assert_eq!(request.history, vec![Message::user("short")]);
         let h3 = &records[2];
-        assert_eq!(h3.verdict, "patch_request");
+        assert_eq!(h3.verdict, VerdictKind::PatchRequest);
         assert!(h3.conflicts.contains(&Conflict {
             field: "system_prompt".into(),
             winner: "h1".into(),
@@ -626,7 +785,7 @@ mod tests {
         }));
         assert!(h3.fields_changed.contains(&"temperature".to_string()));
         assert!(!h3.fields_changed.contains(&"system_prompt".to_string()));
-        assert_eq!(records[1].verdict, "continue");
+        assert_eq!(records[1].verdict, VerdictKind::Continue);
     }
 
     #[test]

@@ -12,14 +12,13 @@ use tracing::{Instrument, Span};
 
 use crate::config::FailurePolicy;
 use crate::event::EventKind;
-use crate::hooks::breaker::Admit;
 use crate::hooks::client::HookClient;
 use crate::hooks::compose::{self, ChainEvent, Merged, Step};
 use crate::hooks::failure::{FailureClass, Fault, HookFailure};
 use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::provenance::VerdictRecord;
 use crate::hooks::stream::RunStream;
-use crate::hooks::verdict::{Action, ModelRequestAction, ScratchOp, Verdict};
+use crate::hooks::verdict::{Action, ModelRequestAction, ScratchOp, Verdict, VerdictKind};
 use crate::hooks::wire;
 use crate::model::ModelRequest;
 use crate::pb;
@@ -220,6 +219,9 @@ impl RunHooks {
         let name = hook.client.name();
         let span = spans::hook_call(name, kind.name());
         let started = Instant::now();
+        // The breaker's leave to call; only a call that reached the hook has
+        // an outcome for the breaker (and a dropped one records nothing).
+        let mut permit = None;
         let result = async {
             let deadline = (started + hook.client.config.timeout_for(kind)).min(event_deadline);
             if deadline <= started {
@@ -228,12 +230,12 @@ impl RunHooks {
                     "event budget or run deadline exhausted before the hook was called",
                 ));
             }
-            if hook.client.admit() == Admit::Reject {
-                return Err(Fault::new(
+            permit = Some(hook.client.admit().ok_or_else(|| {
+                Fault::new(
                     FailureClass::CircuitOpen,
                     "circuit breaker open after repeated failures",
-                ));
-            }
+                )
+            })?);
             let trace = propagation::current_trace_context(&span);
             let stream = self.stream(hook, &trace);
             if let Some(f) = stream.take_unreported() {
@@ -265,10 +267,8 @@ impl RunHooks {
                 hook.client.note_fault(f);
             }
         }
-        if !matches!(&result, Err(f) if f.class == FailureClass::CircuitOpen) {
-            if let Some(open) = hook.client.record(result.is_ok()) {
-                m.breaker_state(name, open);
-            }
+        if let Some(permit) = permit {
+            permit.record(result.is_ok());
         }
         (result, span)
     }
@@ -284,13 +284,27 @@ impl RunHooks {
         span: &Span,
     ) -> Result<(), HookFailure> {
         let cfg = &hook.client.config;
-        tracing::warn!(
+        // One line per hook and class per interval (the rest are counted in
+        // `suppressed`); the hook server's own words only at debug.
+        if let Some(suppressed) = hook.client.log_failure(fault.class) {
+            tracing::warn!(
+                hook = %cfg.name,
+                event = %kind,
+                class = %fault.class,
+                detail = %fault.log_detail(),
+                policy = ?cfg.failure,
+                run_id = %self.ctx.run_id,
+                suppressed,
+                "hook failed"
+            );
+        }
+        tracing::debug!(
             hook = %cfg.name,
             event = %kind,
             class = %fault.class,
             detail = %fault.detail,
-            policy = ?cfg.failure,
-            "hook failed"
+            run_id = %self.ctx.run_id,
+            "hook failure detail"
         );
         if cfg.failure == FailurePolicy::Closed && !hook.client.is_observe() {
             return Err(HookFailure {
@@ -315,24 +329,45 @@ impl RunHooks {
                 (crate::telemetry::attrs::ERROR_TYPE, fault.class.name()),
             ],
         );
-        let mut rec = VerdictRecord::new(&cfg.name, kind, "continue", &fault.detail);
+        let mut rec = VerdictRecord::new(&cfg.name, kind, VerdictKind::Continue, &fault.detail);
         rec.failed_open = Some(fault.class);
         records.push(rec);
         Ok(())
     }
 
-    fn apply_scratchpad(&self, ops: Vec<ScratchOp>) {
+    /// Applies a verdict's scratchpad updates, all or none: updates that
+    /// would make the run's scratchpad larger than
+    /// [`wire::MAX_SCRATCHPAD_BYTES`] make the verdict invalid.
+    fn apply_scratchpad(&self, ops: Vec<ScratchOp>) -> Result<(), Fault> {
+        if ops.is_empty() {
+            return Ok(());
+        }
         let mut pad = self.scratchpad.lock().unwrap();
+        let mut next = pad.clone();
         for op in ops {
             match op {
                 ScratchOp::Set(k, v) => {
-                    pad.insert(k, v);
+                    next.insert(k, v);
                 }
                 ScratchOp::Delete(k) => {
-                    pad.remove(&k);
+                    next.remove(&k);
                 }
             }
         }
+        let size = next
+            .iter()
+            .fold(0usize, |n, (k, v)| n.saturating_add(k.len() + v.len()));
+        if size > wire::MAX_SCRATCHPAD_BYTES {
+            return Err(Fault::new(
+                FailureClass::InvalidVerdict,
+                format!(
+                    "scratchpad updates would make the run's scratchpad {size} bytes, over the {} byte limit",
+                    wire::MAX_SCRATCHPAD_BYTES
+                ),
+            ));
+        }
+        *pad = next;
+        Ok(())
     }
 
     /// Sends the payload `make` builds to the hooks subscribed to `kind`
@@ -410,8 +445,12 @@ impl RunHooks {
                 }
             };
             let name = hook.client.name().to_string();
-            let verdict_name = verdict.action.kind_name();
+            let verdict_kind = verdict.action.kind();
             let Verdict { meta, action } = verdict;
+            if let Err(f) = self.apply_scratchpad(meta.scratchpad) {
+                self.policy(hook, kind, f, &mut records, &span)?;
+                continue;
+            }
             match E::apply(&mut payload, action) {
                 Err(wrong) => {
                     let f = Fault::new(
@@ -421,11 +460,10 @@ impl RunHooks {
                     self.policy(hook, kind, f, &mut records, &span)?;
                 }
                 Ok(step) => {
-                    self.apply_scratchpad(meta.scratchpad);
                     if meta.telemetry_redaction.is_some() {
                         redaction = meta.telemetry_redaction;
                     }
-                    let mut rec = VerdictRecord::new(&name, kind, verdict_name, &meta.reason);
+                    let mut rec = VerdictRecord::new(&name, kind, verdict_kind, &meta.reason);
                     match step {
                         Step::Continue { changed } => {
                             rec.fields_changed = changed.iter().map(|s| s.to_string()).collect();
@@ -499,7 +537,10 @@ impl RunHooks {
             let Action::ModelRequest(action) = action else {
                 unreachable!("checked in call()")
             };
-            self.apply_scratchpad(meta.scratchpad);
+            if let Err(f) = self.apply_scratchpad(meta.scratchpad) {
+                self.policy(hook, kind, f, &mut failed_open, &span)?;
+                continue;
+            }
             if meta.telemetry_redaction.is_some() {
                 redaction = meta.telemetry_redaction;
             }
@@ -527,7 +568,7 @@ impl RunHooks {
                 records.push(VerdictRecord::new(
                     hook,
                     kind,
-                    "terminate",
+                    VerdictKind::Terminate,
                     &terminate.reason,
                 ));
             }
@@ -537,7 +578,7 @@ impl RunHooks {
                     .find(|(h, _)| h == hook)
                     .map(|(_, r)| r.as_str())
                     .unwrap_or("");
-                records.push(VerdictRecord::new(hook, kind, "respond", reason));
+                records.push(VerdictRecord::new(hook, kind, VerdictKind::Respond, reason));
             }
         }
         records.extend(failed_open);
@@ -609,6 +650,10 @@ pub fn accept_verdict(
     verdict: pb::HookVerdict,
     baseline: Option<&ModelRequest>,
 ) -> Result<Verdict, Fault> {
+    if verdict.verdict.is_none() {
+        let e = wire::InvalidVerdict::MissingVerdict { expected: kind };
+        return Err(Fault::new(FailureClass::InvalidVerdict, e.to_string()));
+    }
     let v = Verdict::try_from(verdict)
         .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))?;
     let got = v.action.event();
@@ -624,4 +669,135 @@ pub fn accept_verdict(
             .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e))?;
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::compose::RunStartChain;
+    use crate::telemetry::Instruments;
+
+    fn client(endpoint: &str) -> Arc<HookClient> {
+        let yaml = format!(
+            "hooks:\n  - name: h\n    endpoint: {endpoint}\n    events: [run_start]\n    timeout: 60s\n    breaker: {{failures: 1, cooldown: 0s}}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
+        );
+        let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
+        HookClient::new(cfg.hooks[0].clone()).unwrap()
+    }
+
+    fn hooks(client: &Arc<HookClient>, run_deadline: Instant) -> RunHooks {
+        RunHooks::new(
+            vec![client.clone()],
+            EventContext::default(),
+            run_deadline,
+            Duration::from_secs(60),
+            Instruments::new(&Default::default()),
+        )
+    }
+
+    async fn run_start(hooks: &RunHooks) -> Result<ChainOutcome<RunStartChain>, HookFailure> {
+        hooks
+            .chain::<RunStartChain>(0, "hi".to_string(), |i| Payload::RunStart {
+                input: i.clone(),
+            })
+            .await
+    }
+
+    fn history_patch(history: &[crate::message::Message]) -> pb::HookVerdict {
+        pb::HookVerdict {
+            seq: 1,
+            verdict: Some(pb::hook_verdict::Verdict::ModelRequest(
+                pb::ModelRequestVerdict {
+                    action: Some(pb::model_request_verdict::Action::PatchRequest(
+                        pb::RequestPatch {
+                            history: Some(pb::MessageList {
+                                messages: history.iter().map(Into::into).collect(),
+                            }),
+                            ..Default::default()
+                        },
+                    )),
+                },
+            )),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_history_patch_is_judged_on_what_the_hook_changed() {
+        use crate::message::{Block, Message, Role, ToolCall};
+        // A model cut off by max_tokens left a malformed call in history.
+        let cut = ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments_json: r#"{"city": "Par"#.into(),
+        };
+        let assistant = |c: &ToolCall| Message {
+            role: Role::Assistant,
+            blocks: vec![Block::ToolCall(c.clone())],
+        };
+        let base = ModelRequest {
+            history: vec![Message::user("weather?"), assistant(&cut)],
+            ..Default::default()
+        };
+        // Sent back as received (a hook that trims or reorders history).
+        let same = accept_verdict(
+            EventKind::ModelRequest,
+            history_patch(&base.history),
+            Some(&base),
+        );
+        assert!(same.is_ok(), "{same:?}");
+        // A malformed call the hook wrote itself is the hook's fault.
+        let mut changed = cut.clone();
+        changed.arguments_json = r#"{"city": "Rom"#.into();
+        let f = accept_verdict(
+            EventKind::ModelRequest,
+            history_patch(&[Message::user("weather?"), assistant(&changed)]),
+            Some(&base),
+        )
+        .unwrap_err();
+        assert_eq!(f.class, FailureClass::InvalidVerdict);
+        assert!(f.detail.contains("not valid JSON"), "{}", f.detail);
+    }
+
+    #[tokio::test]
+    async fn a_budget_spent_before_the_call_is_not_the_hooks_failure() {
+        let c = client("http://127.0.0.1:1");
+        // The run's deadline has passed: the hook is never called.
+        let h = hooks(&c, Instant::now());
+        for _ in 0..3 {
+            let f = run_start(&h).await.err().expect("fails closed");
+            assert_eq!(f.fault.class, FailureClass::Deadline);
+        }
+        assert!(
+            !c.breaker_open(),
+            "no failure was recorded against the hook"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_probe_dropped_mid_call_does_not_stick_the_breaker() {
+        // A server that accepts connections and never says a word: a call
+        // to it hangs until its caller gives up.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        let accepted = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = silent.accept().await {
+                held.push(s);
+            }
+        });
+        let c = client(&format!("http://{addr}"));
+        // Open the breaker; with a zero cool-down the next call is the probe.
+        c.admit().unwrap().record(false);
+        assert!(c.breaker_open());
+        let h = hooks(&c, Instant::now() + Duration::from_secs(60));
+        // The run is cancelled while its probe call hangs: the future is
+        // dropped (as `Run::guarded` drops it).
+        let cancelled = tokio::time::timeout(Duration::from_millis(200), run_start(&h)).await;
+        assert!(cancelled.is_err(), "the call was still in flight");
+        let probe = c.admit();
+        assert!(probe.is_some(), "the next call may probe again");
+        h.close();
+        accepted.abort();
+    }
 }

@@ -73,7 +73,13 @@ impl fmt::Display for FailureClass {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fault {
     pub class: FailureClass,
+    /// The whole story, for the client and the model (a run's reason, a
+    /// failed tool's result). May quote the hook server.
     pub detail: String,
+    /// `detail` without the text the hook server supplied (its gRPC status
+    /// message, which often quotes request content); `None` when `detail`
+    /// holds none. Logs above debug and spans use this one.
+    pub quiet: Option<String>,
 }
 
 impl Fault {
@@ -81,7 +87,28 @@ impl Fault {
         Fault {
             class,
             detail: detail.into(),
+            quiet: None,
         }
+    }
+
+    /// A fault whose `detail` quotes the hook server; `quiet` is the same
+    /// story without the quote.
+    pub fn quoting_hook(
+        class: FailureClass,
+        detail: impl Into<String>,
+        quiet: impl Into<String>,
+    ) -> Self {
+        Fault {
+            class,
+            detail: detail.into(),
+            quiet: Some(quiet.into()),
+        }
+    }
+
+    /// What may be logged above debug or exported: `detail` without any
+    /// hook-supplied text.
+    pub fn log_detail(&self) -> &str {
+        self.quiet.as_deref().unwrap_or(&self.detail)
     }
 }
 

@@ -6,6 +6,7 @@ pub mod client;
 pub mod compose;
 pub mod dispatch;
 pub mod failure;
+pub mod failure_log;
 pub mod payload;
 pub mod provenance;
 pub mod registry;

@@ -2,6 +2,7 @@
 
 use crate::event::EventKind;
 use crate::hooks::failure::FailureClass;
+use crate::hooks::verdict::VerdictKind;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
@@ -16,7 +17,7 @@ pub struct Conflict {
 pub struct VerdictRecord {
     pub hook: String,
     pub event: EventKind,
-    pub verdict: &'static str,
+    pub verdict: VerdictKind,
     pub fields_changed: Vec<String>,
     pub conflicts: Vec<Conflict>,
     pub reason: String,
@@ -25,7 +26,7 @@ pub struct VerdictRecord {
 }
 
 impl VerdictRecord {
-    pub fn new(hook: &str, event: EventKind, verdict: &'static str, reason: &str) -> Self {
+    pub fn new(hook: &str, event: EventKind, verdict: VerdictKind, reason: &str) -> Self {
         VerdictRecord {
             hook: hook.to_string(),
             event,
@@ -38,10 +39,31 @@ impl VerdictRecord {
     }
 
     /// Worth telling the client: it changed, stopped or failed something.
+    /// A rewrite or patch that left every field as it was changed nothing.
     pub fn is_notable(&self) -> bool {
-        self.verdict != "continue"
+        let quiet = self.verdict == VerdictKind::Continue || self.verdict.is_rewrite();
+        !quiet
             || !self.fields_changed.is_empty()
             || !self.conflicts.is_empty()
             || self.failed_open.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rewrite_that_changed_nothing_is_not_notable() {
+        let mut r = VerdictRecord::new("h", EventKind::RunStart, VerdictKind::RewriteInput, "");
+        assert!(!r.is_notable());
+        r.fields_changed.push("input".into());
+        assert!(r.is_notable());
+        let stop = VerdictRecord::new("h", EventKind::ToolCall, VerdictKind::Skip, "");
+        assert!(stop.is_notable(), "a terminal verdict always is");
+        let mut failed = VerdictRecord::new("h", EventKind::ToolCall, VerdictKind::Continue, "");
+        assert!(!failed.is_notable());
+        failed.failed_open = Some(FailureClass::Deadline);
+        assert!(failed.is_notable());
     }
 }

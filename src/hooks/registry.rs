@@ -1,6 +1,6 @@
 //! All configured hook servers, shared by every session and run.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
@@ -15,8 +15,21 @@ pub struct HookRegistry {
     cancel: CancellationToken,
     /// Compiled argument schemas by schema text (None: the schema itself is
     /// unusable, so arguments are only checked to be a JSON object).
-    schemas: Mutex<HashMap<String, Option<Arc<jsonschema::Validator>>>>,
+    schemas: Mutex<SchemaCache>,
 }
+
+/// Compiled schemas, at most [`MAX_CACHED_SCHEMAS`]: hook servers that
+/// change their tools' schemas on every Describe must not grow it without
+/// end. The oldest entry goes first; an evicted schema is compiled again if
+/// it is still in use.
+#[derive(Default)]
+struct SchemaCache {
+    by_text: HashMap<String, Option<Arc<jsonschema::Validator>>>,
+    order: VecDeque<String>,
+}
+
+/// Far more than the tools of any configuration.
+pub const MAX_CACHED_SCHEMAS: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -43,7 +56,7 @@ impl HookRegistry {
             clients,
             by_name,
             cancel: CancellationToken::new(),
-            schemas: Mutex::new(HashMap::new()),
+            schemas: Mutex::new(SchemaCache::default()),
         })
     }
 
@@ -87,18 +100,31 @@ impl HookRegistry {
             return None;
         }
         let mut cache = self.schemas.lock().unwrap();
+        if let Some(v) = cache.by_text.get(&spec.parameters_json_schema) {
+            return v.clone();
+        }
+        let compiled = match compile_schema(&spec.parameters_json_schema) {
+            Ok(v) => Some(Arc::new(v)),
+            Err(e) => {
+                tracing::warn!(tool = %spec.name, error = %e, "tool declares an unusable argument schema; only checking for a JSON object");
+                None
+            }
+        };
+        while cache.order.len() >= MAX_CACHED_SCHEMAS {
+            if let Some(old) = cache.order.pop_front() {
+                cache.by_text.remove(&old);
+            }
+        }
+        cache.order.push_back(spec.parameters_json_schema.clone());
         cache
-            .entry(spec.parameters_json_schema.clone())
-            .or_insert_with(|| {
-                match compile_schema(&spec.parameters_json_schema) {
-                    Ok(v) => Some(Arc::new(v)),
-                    Err(e) => {
-                        tracing::warn!(tool = %spec.name, error = %e, "tool declares an unusable argument schema; only checking for a JSON object");
-                        None
-                    }
-                }
-            })
-            .clone()
+            .by_text
+            .insert(spec.parameters_json_schema.clone(), compiled.clone());
+        compiled
+    }
+
+    /// Compiled schemas held (for tests and diagnostics).
+    pub fn cached_schemas(&self) -> usize {
+        self.schemas.lock().unwrap().by_text.len()
     }
 
     /// A tool declared by two servers is ambiguous: refuse rather than guess.
@@ -130,5 +156,36 @@ pub fn compile_schema(text: &str) -> Result<jsonschema::Validator, String> {
 impl Drop for HookRegistry {
     fn drop(&mut self) {
         self.cancel.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schema_cache_is_bounded() {
+        let cfg = crate::config::Config::parse(
+            "agents: [{name: a, model: m}]\nmodels: [{name: m, provider: scripted}]\n",
+            "test",
+        )
+        .unwrap();
+        let r = HookRegistry::new(&cfg).unwrap();
+        let spec = |i: usize| ToolSpec {
+            name: "t".into(),
+            description: String::new(),
+            parameters_json_schema: format!(
+                r#"{{"type":"object","properties":{{"p{i}":{{"type":"integer"}}}},"required":["p{i}"]}}"#
+            ),
+        };
+        for i in 0..MAX_CACHED_SCHEMAS * 3 {
+            assert!(r.validator(&spec(i)).is_some());
+        }
+        assert_eq!(r.cached_schemas(), MAX_CACHED_SCHEMAS);
+        // An evicted schema still validates (compiled again).
+        let v = r.validator(&spec(0)).unwrap();
+        assert!(v.is_valid(&serde_json::json!({"p0": 1})));
+        assert!(!v.is_valid(&serde_json::json!({"p0": "x"})));
+        assert_eq!(r.cached_schemas(), MAX_CACHED_SCHEMAS);
     }
 }

@@ -297,6 +297,7 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict) {
 struct TransportCause {
     tls: bool,
     refused: bool,
+    timeout: bool,
     text: String,
 }
 
@@ -307,6 +308,11 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
     while let Some(e) = src {
         if e.downcast_ref::<rustls::Error>().is_some() {
             cause.tls = true;
+        }
+        // The channel's own timer for the call's `grpc-timeout`: the same
+        // deadline hookwire waits for, so the same class.
+        if e.downcast_ref::<tonic::TimeoutExpired>().is_some() {
+            cause.timeout = true;
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             if io
@@ -337,6 +343,7 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
 pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
     let cause = transport_cause(status);
     let class = match &cause {
+        Some(c) if c.timeout => FailureClass::Deadline,
         Some(c) if c.tls || c.text.contains("certificate") || c.text.contains("handshake") => {
             FailureClass::Tls
         }
@@ -355,14 +362,121 @@ pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
         None if status.code() == tonic::Code::DeadlineExceeded => FailureClass::Deadline,
         None => FailureClass::Status,
     };
-    let detail = match &cause {
-        None => format!("{:?}: {}", status.code(), status.message()),
-        Some(c) => format!(
-            "{:?}: {} ({})",
-            status.code(),
-            status.message(),
-            c.text.trim_end_matches(": ")
+    match &cause {
+        // The hook's own answer: its message is the hook server's text.
+        None if status.message().is_empty() => Fault::new(class, format!("{:?}", status.code())),
+        None => Fault::quoting_hook(
+            class,
+            format!("{:?}: {}", status.code(), status.message()),
+            format!(
+                "{:?} (the hook's {}-byte status message is logged at debug only)",
+                status.code(),
+                status.message().len()
+            ),
         ),
-    };
-    Fault::new(class, detail)
+        Some(_) => Fault::new(
+            class,
+            format!("{:?}: {}", status.code(), error_chain(status)),
+        ),
+    }
+}
+
+/// Wrappers that add no words of their own to the error they carry.
+const GENERIC_ERRORS: [&str; 2] = ["transport error", "error"];
+
+/// A status message and its error sources as one line, each piece once:
+/// tonic, hyper and the OS tend to repeat each other ("tcp connect error
+/// (transport error: tcp connect error: tcp connect error: connection
+/// refused)" becomes "tcp connect error: connection refused").
+fn error_chain(status: &tonic::Status) -> String {
+    let mut parts = vec![status.message().to_string()];
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = src {
+        parts.push(e.to_string());
+        src = e.source();
+    }
+    // From the innermost cause outwards; a piece already said is dropped, and
+    // a piece that ends by quoting what follows keeps only its own words.
+    let mut out = String::new();
+    for part in parts.iter().rev() {
+        let part = part.trim().trim_end_matches(':').trim();
+        let part = part
+            .strip_suffix(out.as_str())
+            .map(|p| p.trim_end().trim_end_matches(':').trim_end())
+            .filter(|_| !out.is_empty())
+            .unwrap_or(part);
+        if part.is_empty() || GENERIC_ERRORS.contains(&part) || out.contains(part) {
+            continue;
+        }
+        out = if out.is_empty() {
+            part.to_string()
+        } else {
+            format!("{part}: {out}")
+        };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connection_is_said_once() {
+        // Bind then drop: a port nobody listens on.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_lazy();
+        let status = pb::hook_service_client::HookServiceClient::new(channel)
+            .describe(pb::DescribeRequest::default())
+            .await
+            .unwrap_err();
+        let f = classify_status(&status, false);
+        assert_eq!(f.class, FailureClass::Connect);
+        assert_eq!(
+            f.detail.matches("tcp connect error").count(),
+            1,
+            "{}",
+            f.detail
+        );
+        assert!(
+            f.detail.to_lowercase().contains("connection refused"),
+            "{}",
+            f.detail
+        );
+        assert!(!f.detail.contains("transport error"), "{}", f.detail);
+    }
+
+    #[test]
+    fn the_channels_own_timeout_is_a_deadline_not_a_reset() {
+        // What tonic's channel answers when a call's `grpc-timeout` expires
+        // before the response: it races hookwire's own timer for the same
+        // deadline, and must land in the same class.
+        let status = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert_eq!(status.code(), tonic::Code::Cancelled);
+        assert_eq!(
+            classify_status(&status, false).class,
+            FailureClass::Deadline
+        );
+    }
+
+    #[test]
+    fn a_hooks_status_message_stays_out_of_the_quiet_detail() {
+        let status = tonic::Status::internal("cannot parse the SSN 078-05-1120");
+        let f = classify_status(&status, false);
+        assert_eq!(f.class, FailureClass::Status);
+        assert!(f.detail.contains("078-05-1120"), "the client still sees it");
+        assert!(
+            !f.log_detail().contains("078-05-1120"),
+            "{}",
+            f.log_detail()
+        );
+        assert!(f.log_detail().starts_with("Internal"), "{}", f.log_detail());
+        let bare = classify_status(&tonic::Status::internal(""), false);
+        assert_eq!(bare.log_detail(), "Internal");
+    }
 }

@@ -62,7 +62,13 @@ impl Action {
 
     /// Verdict kind in snake_case, as shown in provenance and spans.
     pub fn kind_name(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// The kind of verdict, whatever the event.
+    pub fn kind(&self) -> VerdictKind {
         use Action as A;
+        use VerdictKind as K;
         match self {
             A::SessionStart(SessionStartAction::Continue)
             | A::RunStart(RunStartAction::Continue)
@@ -71,7 +77,7 @@ impl Action {
             | A::InvalidToolCall(InvalidToolCallAction::Continue)
             | A::ToolCall(ToolCallAction::Continue)
             | A::ToolResult(ToolResultAction::Continue)
-            | A::TurnEnd(TurnEndAction::Continue) => "continue",
+            | A::TurnEnd(TurnEndAction::Continue) => K::Continue,
             A::SessionStart(SessionStartAction::Terminate(_))
             | A::RunStart(RunStartAction::Terminate(_))
             | A::ModelRequest(ModelRequestAction::Terminate(_))
@@ -79,20 +85,77 @@ impl Action {
             | A::InvalidToolCall(InvalidToolCallAction::Terminate(_))
             | A::ToolCall(ToolCallAction::Terminate(_))
             | A::ToolResult(ToolResultAction::Terminate(_))
-            | A::TurnEnd(TurnEndAction::Terminate(_)) => "terminate",
-            A::RunStart(RunStartAction::RewriteInput(_)) => "rewrite_input",
-            A::ModelRequest(ModelRequestAction::Patch(_)) => "patch_request",
-            A::ModelRequest(ModelRequestAction::Respond(_)) => "respond",
-            A::ModelResponse(ModelResponseAction::Rewrite(_)) => "rewrite_response",
+            | A::TurnEnd(TurnEndAction::Terminate(_)) => K::Terminate,
+            A::RunStart(RunStartAction::RewriteInput(_)) => K::RewriteInput,
+            A::ModelRequest(ModelRequestAction::Patch(_)) => K::PatchRequest,
+            A::ModelRequest(ModelRequestAction::Respond(_)) => K::Respond,
+            A::ModelResponse(ModelResponseAction::Rewrite(_)) => K::RewriteResponse,
             A::ModelResponse(ModelResponseAction::Retry(_))
-            | A::InvalidToolCall(InvalidToolCallAction::Retry(_)) => "retry",
+            | A::InvalidToolCall(InvalidToolCallAction::Retry(_)) => K::Retry,
             A::InvalidToolCall(InvalidToolCallAction::Skip(_))
-            | A::ToolCall(ToolCallAction::Skip(_)) => "skip",
-            A::ToolCall(ToolCallAction::RewriteArgs(_)) => "rewrite_args",
-            A::ToolCall(ToolCallAction::Ask(_)) => "ask",
-            A::ToolResult(ToolResultAction::Rewrite { .. }) => "rewrite_result",
-            A::TurnEnd(TurnEndAction::ContinueRun(_)) => "continue_run",
+            | A::ToolCall(ToolCallAction::Skip(_)) => K::Skip,
+            A::ToolCall(ToolCallAction::RewriteArgs(_)) => K::RewriteArgs,
+            A::ToolCall(ToolCallAction::Ask(_)) => K::Ask,
+            A::ToolResult(ToolResultAction::Rewrite { .. }) => K::RewriteResult,
+            A::TurnEnd(TurnEndAction::ContinueRun(_)) => K::ContinueRun,
         }
+    }
+}
+
+/// The kinds of verdict across events (which an event allows is decided by
+/// its chain or merge).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VerdictKind {
+    Continue,
+    RewriteInput,
+    PatchRequest,
+    Respond,
+    RewriteResponse,
+    Retry,
+    Skip,
+    RewriteArgs,
+    Ask,
+    RewriteResult,
+    ContinueRun,
+    Terminate,
+}
+
+impl VerdictKind {
+    /// Snake_case, as in provenance, spans and the CLI.
+    pub const fn name(self) -> &'static str {
+        match self {
+            VerdictKind::Continue => "continue",
+            VerdictKind::RewriteInput => "rewrite_input",
+            VerdictKind::PatchRequest => "patch_request",
+            VerdictKind::Respond => "respond",
+            VerdictKind::RewriteResponse => "rewrite_response",
+            VerdictKind::Retry => "retry",
+            VerdictKind::Skip => "skip",
+            VerdictKind::RewriteArgs => "rewrite_args",
+            VerdictKind::Ask => "ask",
+            VerdictKind::RewriteResult => "rewrite_result",
+            VerdictKind::ContinueRun => "continue_run",
+            VerdictKind::Terminate => "terminate",
+        }
+    }
+
+    /// Kinds that change the payload and let the event go on: reported only
+    /// when they changed something.
+    pub const fn is_rewrite(self) -> bool {
+        matches!(
+            self,
+            VerdictKind::RewriteInput
+                | VerdictKind::PatchRequest
+                | VerdictKind::RewriteResponse
+                | VerdictKind::RewriteArgs
+                | VerdictKind::RewriteResult
+        )
+    }
+}
+
+impl std::fmt::Display for VerdictKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

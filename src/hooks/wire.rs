@@ -13,15 +13,38 @@ use crate::message::{Block, Message, Role, ToolCall, ToolResult, ToolSpec, Usage
 use crate::model::{ModelRequest, ModelResponse, ToolChoice};
 use crate::pb;
 
-/// Largest verdict text field hookwire accepts (rewritten content, patches).
+/// Largest content field of a verdict: rewritten input, blocks, arguments,
+/// results and answers, patch texts, each history block, `reply`,
+/// `feedback`, `continue_run.message`, `telemetry_redaction`.
 pub const MAX_VERDICT_TEXT: usize = 4 * 1024 * 1024;
+/// Largest note: `reason`, `terminate.reason`, `ask.question`.
+pub const MAX_VERDICT_NOTE: usize = 64 * 1024;
+/// Largest name or id: tool names, call ids, `active_tools` entries,
+/// `tool_choice.tool_name`, scratchpad keys.
+pub const MAX_VERDICT_NAME: usize = 1024;
+/// Most bytes (keys plus values) a run's scratchpad holds; it travels with
+/// every event to every hook. A verdict whose updates would exceed it is
+/// invalid (checked where updates are applied; one value alone is checked
+/// here).
+pub const MAX_SCRATCHPAD_BYTES: usize = 1024 * 1024;
+/// Longest `ask.timeout_ms` honoured; longer asks wait this long (the run's
+/// own deadline ends every ask sooner anyway).
+pub const MAX_ASK_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What an empty verdict usually means: the server set its fields under
+/// names the encoder did not know, so they were dropped. The classic case is
+/// a Node.js server that loads the proto with @grpc/proto-loader's default
+/// options (camelCase names) and writes the proto's snake_case ones.
+pub const FIELD_NAMES_HINT: &str = "if your server did set it, its encoder did not know the field names: with Node.js @grpc/proto-loader, load the proto with keepCase: true (and longs: String, enums: String, oneofs: true, defaults: true) to use the proto's snake_case names, e.g. run_start, rewrite_input (see docs/writing-hooks.md, Node.js)";
 
 /// Why a wire verdict is not a valid domain verdict.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidVerdict {
-    #[error("verdict has no typed verdict set (expected the `{expected}` field)")]
+    #[error("verdict has no typed verdict field set (expected `{expected}`); {FIELD_NAMES_HINT}")]
     MissingVerdict { expected: EventKind },
-    #[error("{event} verdict has no action set")]
+    #[error("verdict has no typed verdict field set; {FIELD_NAMES_HINT}")]
+    NoVerdict,
+    #[error("{event} verdict has no action set (e.g. `proceed`); {FIELD_NAMES_HINT}")]
     MissingAction { event: EventKind },
     #[error("terminate needs a non-empty reason")]
     MissingReason,
@@ -303,15 +326,23 @@ pub fn payload_to_wire(p: &Payload) -> pb::hook_event::Payload {
 
 // ------------------------------------------------------------ wire -> domain
 
-fn check_size(field: &'static str, s: &str) -> Result<(), InvalidVerdict> {
-    if s.len() > MAX_VERDICT_TEXT {
-        return Err(InvalidVerdict::Oversize {
-            field,
-            size: s.len(),
-            max: MAX_VERDICT_TEXT,
-        });
+fn check_len(field: &'static str, size: usize, max: usize) -> Result<(), InvalidVerdict> {
+    if size > max {
+        return Err(InvalidVerdict::Oversize { field, size, max });
     }
     Ok(())
+}
+
+fn check_size(field: &'static str, s: &str) -> Result<(), InvalidVerdict> {
+    check_len(field, s.len(), MAX_VERDICT_TEXT)
+}
+
+fn check_note(field: &'static str, s: &str) -> Result<(), InvalidVerdict> {
+    check_len(field, s.len(), MAX_VERDICT_NOTE)
+}
+
+fn check_name(field: &'static str, s: &str) -> Result<(), InvalidVerdict> {
+    check_len(field, s.len(), MAX_VERDICT_NAME)
 }
 
 fn check_json(field: &'static str, s: &str) -> Result<serde_json::Value, InvalidVerdict> {
@@ -322,70 +353,111 @@ fn check_json(field: &'static str, s: &str) -> Result<serde_json::Value, Invalid
     })
 }
 
+/// Whether a tool call's arguments must be valid JSON now. History patches
+/// defer that check to [`crate::hooks::compose::validate_patch`], which
+/// applies it only to calls the hook changed: hookwire's own history may
+/// hold a model's malformed call (cut off by `max_tokens`), and a hook that
+/// sends it back unchanged did nothing wrong.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Args {
+    Json,
+    Deferred,
+}
+
+fn tool_call(c: pb::ToolCall, args: Args) -> Result<ToolCall, InvalidVerdict> {
+    if c.name.is_empty() {
+        return Err(InvalidVerdict::BadMessage(
+            "tool call without a name".into(),
+        ));
+    }
+    check_name("tool_call.name", &c.name)?;
+    check_name("tool_call.id", &c.id)?;
+    let arguments_json = if c.arguments_json.is_empty() {
+        "{}".to_string()
+    } else {
+        match args {
+            Args::Json => {
+                check_json("tool_call.arguments_json", &c.arguments_json)?;
+            }
+            Args::Deferred => check_size("tool_call.arguments_json", &c.arguments_json)?,
+        }
+        c.arguments_json
+    };
+    Ok(ToolCall {
+        id: c.id,
+        name: c.name,
+        arguments_json,
+    })
+}
+
 impl TryFrom<pb::ToolCall> for ToolCall {
     type Error = InvalidVerdict;
     fn try_from(c: pb::ToolCall) -> Result<Self, Self::Error> {
-        if c.name.is_empty() {
-            return Err(InvalidVerdict::BadMessage(
-                "tool call without a name".into(),
-            ));
-        }
-        let args = if c.arguments_json.is_empty() {
-            "{}".to_string()
-        } else {
-            check_json("tool_call.arguments_json", &c.arguments_json)?;
-            c.arguments_json
-        };
-        Ok(ToolCall {
-            id: c.id,
-            name: c.name,
-            arguments_json: args,
-        })
+        tool_call(c, Args::Json)
     }
+}
+
+fn block(b: pb::Block, args: Args) -> Result<Block, InvalidVerdict> {
+    use pb::block::Kind;
+    Ok(match b.kind {
+        Some(Kind::Text(t)) => {
+            check_size("block.text", &t.text)?;
+            Block::Text { text: t.text }
+        }
+        Some(Kind::Reasoning(t)) => {
+            check_size("block.reasoning", &t.text)?;
+            Block::Reasoning { text: t.text }
+        }
+        Some(Kind::ToolCall(c)) => Block::ToolCall(tool_call(c, args)?),
+        Some(Kind::ToolResult(r)) => {
+            check_name("tool_result.call_id", &r.call_id)?;
+            check_name("tool_result.name", &r.name)?;
+            check_size("tool_result.content", &r.content)?;
+            Block::ToolResult(ToolResult {
+                call_id: r.call_id,
+                name: r.name,
+                content: r.content,
+                is_error: r.is_error,
+            })
+        }
+        None => return Err(InvalidVerdict::BadMessage("block with no content".into())),
+    })
 }
 
 impl TryFrom<pb::Block> for Block {
     type Error = InvalidVerdict;
     fn try_from(b: pb::Block) -> Result<Self, Self::Error> {
-        use pb::block::Kind;
-        Ok(match b.kind {
-            Some(Kind::Text(t)) => Block::Text { text: t.text },
-            Some(Kind::Reasoning(t)) => Block::Reasoning { text: t.text },
-            Some(Kind::ToolCall(c)) => Block::ToolCall(c.try_into()?),
-            Some(Kind::ToolResult(r)) => Block::ToolResult(ToolResult {
-                call_id: r.call_id,
-                name: r.name,
-                content: r.content,
-                is_error: r.is_error,
-            }),
-            None => return Err(InvalidVerdict::BadMessage("block with no content".into())),
-        })
+        block(b, Args::Json)
     }
 }
 
 impl TryFrom<pb::Message> for Message {
     type Error = InvalidVerdict;
     fn try_from(m: pb::Message) -> Result<Self, Self::Error> {
-        let role = match pb::Role::try_from(m.role) {
-            Ok(pb::Role::User) => Role::User,
-            Ok(pb::Role::Assistant) => Role::Assistant,
-            Ok(pb::Role::Tool) => Role::Tool,
-            _ => {
-                return Err(InvalidVerdict::BadMessage(format!(
-                    "message role {} is not user, assistant or tool",
-                    m.role
-                )))
-            }
-        };
-        Ok(Message {
-            role,
-            blocks: m
-                .blocks
-                .into_iter()
-                .map(Block::try_from)
-                .collect::<Result<_, _>>()?,
-        })
+        message(m, Args::Json)
     }
+}
+
+fn message(m: pb::Message, args: Args) -> Result<Message, InvalidVerdict> {
+    let role = match pb::Role::try_from(m.role) {
+        Ok(pb::Role::User) => Role::User,
+        Ok(pb::Role::Assistant) => Role::Assistant,
+        Ok(pb::Role::Tool) => Role::Tool,
+        _ => {
+            return Err(InvalidVerdict::BadMessage(format!(
+                "message role {} is not user, assistant or tool",
+                m.role
+            )))
+        }
+    };
+    Ok(Message {
+        role,
+        blocks: m
+            .blocks
+            .into_iter()
+            .map(|b| block(b, args))
+            .collect::<Result<_, _>>()?,
+    })
 }
 
 pub fn tool_choice_from_wire(c: pb::ToolChoice) -> Result<ToolChoice, InvalidVerdict> {
@@ -394,7 +466,10 @@ pub fn tool_choice_from_wire(c: pb::ToolChoice) -> Result<ToolChoice, InvalidVer
         Ok(Mode::Auto) => ToolChoice::Auto,
         Ok(Mode::None) => ToolChoice::None,
         Ok(Mode::Required) => ToolChoice::Required,
-        Ok(Mode::Tool) if !c.tool_name.is_empty() => ToolChoice::Tool(c.tool_name),
+        Ok(Mode::Tool) if !c.tool_name.is_empty() => {
+            check_name("tool_choice.tool_name", &c.tool_name)?;
+            ToolChoice::Tool(c.tool_name)
+        }
         Ok(Mode::Tool) => {
             return Err(InvalidVerdict::BadMessage(
                 "tool_choice MODE_TOOL needs tool_name".into(),
@@ -412,6 +487,10 @@ pub fn tool_choice_from_wire(c: pb::ToolChoice) -> Result<ToolChoice, InvalidVer
 fn terminate(t: pb::Terminate) -> Result<Terminate, InvalidVerdict> {
     if t.reason.trim().is_empty() {
         return Err(InvalidVerdict::MissingReason);
+    }
+    check_note("terminate.reason", &t.reason)?;
+    if let Some(r) = &t.reply {
+        check_size("terminate.reply", r)?;
     }
     Ok(Terminate {
         reason: t.reason,
@@ -446,6 +525,9 @@ fn patch(p: pb::RequestPatch) -> Result<RequestPatch, InvalidVerdict> {
     if let Some(s) = &p.system_prompt {
         check_size("system_prompt", s)?;
     }
+    for n in p.active_tools.iter().flat_map(|t| &t.names) {
+        check_name("active_tools", n)?;
+    }
     Ok(RequestPatch {
         extra_context: p.extra_context,
         system_prompt: p.system_prompt,
@@ -456,7 +538,12 @@ fn patch(p: pb::RequestPatch) -> Result<RequestPatch, InvalidVerdict> {
         additional_params,
         history: p
             .history
-            .map(|h| h.messages.into_iter().map(Message::try_from).collect())
+            .map(|h| {
+                h.messages
+                    .into_iter()
+                    .map(|m| message(m, Args::Deferred))
+                    .collect()
+            })
             .transpose()?,
     })
 }
@@ -473,11 +560,16 @@ impl TryFrom<pb::HookVerdict> for Verdict {
                 .scratchpad
                 .into_iter()
                 .map(|u| match u.op {
-                    Some(pb::scratchpad_update::Op::Set(b)) if b.len() > MAX_VERDICT_TEXT => {
+                    _ if u.key.len() > MAX_VERDICT_NAME => Err(InvalidVerdict::Oversize {
+                        field: "scratchpad key",
+                        size: u.key.len(),
+                        max: MAX_VERDICT_NAME,
+                    }),
+                    Some(pb::scratchpad_update::Op::Set(b)) if b.len() > MAX_SCRATCHPAD_BYTES => {
                         Err(InvalidVerdict::Oversize {
                             field: "scratchpad value",
                             size: b.len(),
-                            max: MAX_VERDICT_TEXT,
+                            max: MAX_SCRATCHPAD_BYTES,
                         })
                     }
                     Some(pb::scratchpad_update::Op::Set(b)) => Ok(ScratchOp::Set(u.key, b)),
@@ -491,13 +583,13 @@ impl TryFrom<pb::HookVerdict> for Verdict {
             reason: v.reason,
             telemetry_redaction: v.telemetry_redaction,
         };
+        check_note("reason", &meta.reason)?;
+        if let Some(r) = &meta.telemetry_redaction {
+            check_size("telemetry_redaction", r)?;
+        }
         let missing = |event| InvalidVerdict::MissingAction { event };
         let action = match v.verdict {
-            None => {
-                return Err(InvalidVerdict::BadMessage(
-                    "verdict has no typed verdict field set".into(),
-                ))
-            }
+            None => return Err(InvalidVerdict::NoVerdict),
             Some(V::SessionStart(s)) => {
                 use pb::session_start_verdict::Action as A;
                 Action::SessionStart(match s.action.ok_or(missing(EventKind::SessionStart))? {
@@ -545,7 +637,10 @@ impl TryFrom<pb::HookVerdict> for Verdict {
                             .map(Block::try_from)
                             .collect::<Result<_, _>>()?,
                     ),
-                    A::Retry(r) => ModelResponseAction::Retry(r.feedback),
+                    A::Retry(r) => {
+                        check_size("retry.feedback", &r.feedback)?;
+                        ModelResponseAction::Retry(r.feedback)
+                    }
                     A::Terminate(t) => ModelResponseAction::Terminate(terminate(t)?),
                 })
             }
@@ -554,7 +649,10 @@ impl TryFrom<pb::HookVerdict> for Verdict {
                 Action::InvalidToolCall(
                     match s.action.ok_or(missing(EventKind::InvalidToolCall))? {
                         A::Proceed(_) => InvalidToolCallAction::Continue,
-                        A::Retry(r) => InvalidToolCallAction::Retry(r.feedback),
+                        A::Retry(r) => {
+                            check_size("retry.feedback", &r.feedback)?;
+                            InvalidToolCallAction::Retry(r.feedback)
+                        }
                         A::Skip(s) => InvalidToolCallAction::Skip(skip(s)?),
                         A::Terminate(t) => InvalidToolCallAction::Terminate(terminate(t)?),
                     },
@@ -569,10 +667,14 @@ impl TryFrom<pb::HookVerdict> for Verdict {
                         ToolCallAction::RewriteArgs(r.arguments_json)
                     }
                     A::Skip(s) => ToolCallAction::Skip(skip(s)?),
-                    A::Ask(a) => ToolCallAction::Ask(Ask {
-                        question: a.question,
-                        timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
-                    }),
+                    A::Ask(a) => {
+                        check_note("ask.question", &a.question)?;
+                        ToolCallAction::Ask(Ask {
+                            question: a.question,
+                            timeout: (a.timeout_ms > 0)
+                                .then(|| Duration::from_millis(a.timeout_ms).min(MAX_ASK_TIMEOUT)),
+                        })
+                    }
                     A::Terminate(t) => ToolCallAction::Terminate(terminate(t)?),
                 })
             }
@@ -594,7 +696,10 @@ impl TryFrom<pb::HookVerdict> for Verdict {
                 use pb::turn_end_verdict::Action as A;
                 Action::TurnEnd(match s.action.ok_or(missing(EventKind::TurnEnd))? {
                     A::Proceed(_) => TurnEndAction::Continue,
-                    A::ContinueRun(c) => TurnEndAction::ContinueRun(c.message),
+                    A::ContinueRun(c) => {
+                        check_size("continue_run.message", &c.message)?;
+                        TurnEndAction::ContinueRun(c.message)
+                    }
                     A::Terminate(t) => TurnEndAction::Terminate(terminate(t)?),
                 })
             }
@@ -680,6 +785,212 @@ mod tests {
             Verdict::try_from(v),
             Err(InvalidVerdict::Oversize { .. })
         ));
+    }
+
+    #[test]
+    fn every_verdict_text_field_has_a_limit() {
+        use pb::hook_verdict::Verdict as V;
+        let big = "x".repeat(MAX_VERDICT_TEXT + 1);
+        let note = "x".repeat(MAX_VERDICT_NOTE + 1);
+        let name = "x".repeat(MAX_VERDICT_NAME + 1);
+        let term = |reason: &str, reply: Option<String>| pb::Terminate {
+            reason: reason.into(),
+            reply,
+        };
+        let call = |id: &str, name: &str, args: &str| pb::ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments_json: args.into(),
+        };
+        let text_block = |t: &str| pb::Block {
+            kind: Some(pb::block::Kind::Text(pb::TextBlock { text: t.into() })),
+        };
+        let history = |m: pb::Block| {
+            V::ModelRequest(pb::ModelRequestVerdict {
+                action: Some(pb::model_request_verdict::Action::PatchRequest(
+                    pb::RequestPatch {
+                        history: Some(pb::MessageList {
+                            messages: vec![pb::Message {
+                                role: pb::Role::Assistant as i32,
+                                blocks: vec![m],
+                            }],
+                        }),
+                        ..Default::default()
+                    },
+                )),
+            })
+        };
+        let cases: Vec<(&str, pb::HookVerdict)> = vec![
+            (
+                "reason",
+                pb::HookVerdict {
+                    reason: note.clone(),
+                    verdict: Some(V::RunStart(pb::RunStartVerdict {
+                        action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                    })),
+                    ..Default::default()
+                },
+            ),
+            (
+                "telemetry_redaction",
+                pb::HookVerdict {
+                    telemetry_redaction: Some(big.clone()),
+                    verdict: Some(V::RunStart(pb::RunStartVerdict {
+                        action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                    })),
+                    ..Default::default()
+                },
+            ),
+            (
+                "terminate.reason",
+                verdict(V::TurnEnd(pb::TurnEndVerdict {
+                    action: Some(pb::turn_end_verdict::Action::Terminate(term(&note, None))),
+                })),
+            ),
+            (
+                "terminate.reply",
+                verdict(V::TurnEnd(pb::TurnEndVerdict {
+                    action: Some(pb::turn_end_verdict::Action::Terminate(term(
+                        "r",
+                        Some(big.clone()),
+                    ))),
+                })),
+            ),
+            (
+                "continue_run.message",
+                verdict(V::TurnEnd(pb::TurnEndVerdict {
+                    action: Some(pb::turn_end_verdict::Action::ContinueRun(pb::ContinueRun {
+                        message: big.clone(),
+                    })),
+                })),
+            ),
+            (
+                "retry.feedback",
+                verdict(V::ModelResponse(pb::ModelResponseVerdict {
+                    action: Some(pb::model_response_verdict::Action::Retry(pb::Retry {
+                        feedback: big.clone(),
+                    })),
+                })),
+            ),
+            (
+                "retry.feedback",
+                verdict(V::InvalidToolCall(pb::InvalidToolCallVerdict {
+                    action: Some(pb::invalid_tool_call_verdict::Action::Retry(pb::Retry {
+                        feedback: big.clone(),
+                    })),
+                })),
+            ),
+            (
+                "ask.question",
+                verdict(V::ToolCall(pb::ToolCallVerdict {
+                    action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
+                        question: note.clone(),
+                        timeout_ms: 0,
+                    })),
+                })),
+            ),
+            (
+                "block.text",
+                verdict(V::ModelResponse(pb::ModelResponseVerdict {
+                    action: Some(pb::model_response_verdict::Action::RewriteResponse(
+                        pb::RewriteResponse {
+                            blocks: vec![text_block(&big)],
+                        },
+                    )),
+                })),
+            ),
+            (
+                "tool_call.name",
+                verdict(V::ModelRequest(pb::ModelRequestVerdict {
+                    action: Some(pb::model_request_verdict::Action::Respond(pb::Respond {
+                        text: String::new(),
+                        tool_calls: vec![call("c1", &name, "{}")],
+                    })),
+                })),
+            ),
+            (
+                "tool_call.id",
+                verdict(V::ModelRequest(pb::ModelRequestVerdict {
+                    action: Some(pb::model_request_verdict::Action::Respond(pb::Respond {
+                        text: String::new(),
+                        tool_calls: vec![call(&name, "t", "{}")],
+                    })),
+                })),
+            ),
+            ("block.text", verdict(history(text_block(&big)))),
+            (
+                "tool_call.arguments_json",
+                verdict(history(pb::Block {
+                    kind: Some(pb::block::Kind::ToolCall(call("c1", "t", &big))),
+                })),
+            ),
+            (
+                "active_tools",
+                verdict(V::ModelRequest(pb::ModelRequestVerdict {
+                    action: Some(pb::model_request_verdict::Action::PatchRequest(
+                        pb::RequestPatch {
+                            active_tools: Some(pb::ToolNames {
+                                names: vec![name.clone()],
+                            }),
+                            ..Default::default()
+                        },
+                    )),
+                })),
+            ),
+            (
+                "scratchpad key",
+                pb::HookVerdict {
+                    scratchpad: vec![pb::ScratchpadUpdate {
+                        key: name.clone(),
+                        op: Some(pb::scratchpad_update::Op::Delete(true)),
+                    }],
+                    verdict: Some(V::RunStart(pb::RunStartVerdict {
+                        action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                    })),
+                    ..Default::default()
+                },
+            ),
+            (
+                "scratchpad value",
+                pb::HookVerdict {
+                    scratchpad: vec![pb::ScratchpadUpdate {
+                        key: "k".into(),
+                        op: Some(pb::scratchpad_update::Op::Set(vec![
+                            0;
+                            MAX_SCRATCHPAD_BYTES + 1
+                        ])),
+                    }],
+                    verdict: Some(V::RunStart(pb::RunStartVerdict {
+                        action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                    })),
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (field, v) in cases {
+            match Verdict::try_from(v) {
+                Err(InvalidVerdict::Oversize { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_ask_timeout_is_clamped() {
+        let v = verdict(pb::hook_verdict::Verdict::ToolCall(pb::ToolCallVerdict {
+            action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
+                question: "ok?".into(),
+                timeout_ms: u64::MAX,
+            })),
+        }));
+        let Verdict {
+            action: Action::ToolCall(ToolCallAction::Ask(a)),
+            ..
+        } = Verdict::try_from(v).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(a.timeout, Some(MAX_ASK_TIMEOUT));
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct ModelResponse {
     pub finish_reason: String,
     pub usage: Usage,
     pub model: String,
+    /// The provider's id for this completion (`gen_ai.response.id`); empty
+    /// when there is none (the scripted model, a hook's `respond`).
+    pub id: String,
 }
 
 impl ModelResponse {

@@ -140,6 +140,7 @@ impl ScriptedModel {
                 finish_reason: finish_reason.into(),
                 usage,
                 model: self.name.clone(),
+                id: String::new(),
             },
             chunks,
         )

@@ -3,6 +3,7 @@
 use crate::agent::events::{RunEvent, RunReport};
 use crate::hooks::client::HookSnapshot;
 use crate::hooks::provenance::VerdictRecord;
+use crate::hooks::verdict::VerdictKind;
 use crate::pb;
 use crate::session::Session;
 
@@ -30,11 +31,33 @@ pub fn session(s: &Session, hooks: Vec<String>, with_transcript: bool) -> pb::Se
     }
 }
 
+impl From<VerdictKind> for pb::VerdictKind {
+    fn from(k: VerdictKind) -> Self {
+        match k {
+            VerdictKind::Continue => pb::VerdictKind::Continue,
+            VerdictKind::RewriteInput => pb::VerdictKind::RewriteInput,
+            VerdictKind::PatchRequest => pb::VerdictKind::PatchRequest,
+            VerdictKind::Respond => pb::VerdictKind::Respond,
+            VerdictKind::RewriteResponse => pb::VerdictKind::RewriteResponse,
+            VerdictKind::Retry => pb::VerdictKind::Retry,
+            VerdictKind::Skip => pb::VerdictKind::Skip,
+            VerdictKind::RewriteArgs => pb::VerdictKind::RewriteArgs,
+            VerdictKind::Ask => pb::VerdictKind::Ask,
+            VerdictKind::RewriteResult => pb::VerdictKind::RewriteResult,
+            VerdictKind::ContinueRun => pb::VerdictKind::ContinueRun,
+            VerdictKind::Terminate => pb::VerdictKind::Terminate,
+        }
+    }
+}
+
+// The deprecated string `verdict` is still filled for older clients.
+#[allow(deprecated)]
 pub fn verdict(r: &VerdictRecord) -> pb::HookVerdictApplied {
     pb::HookVerdictApplied {
         hook: r.hook.clone(),
         event: pb::EventKind::from(r.event) as i32,
-        verdict: r.verdict.to_string(),
+        verdict: r.verdict.name().to_string(),
+        verdict_kind: pb::VerdictKind::from(r.verdict) as i32,
         fields_changed: r.fields_changed.clone(),
         conflicts: r
             .conflicts
@@ -64,6 +87,8 @@ pub fn report(r: &RunReport) -> pb::RunResult {
         turns: r.turns,
         messages: r.messages.iter().map(Into::into).collect(),
         hook_verdicts: r.hook_verdicts.iter().map(verdict).collect(),
+        finish_reason: r.finish_reason.clone(),
+        truncated: r.truncated(),
     }
 }
 
@@ -76,10 +101,15 @@ pub fn run_event(
 ) -> pb::RunEvent {
     use pb::run_event::Event as E;
     let event = match ev {
-        RunEvent::Started { input } => E::Started(pb::RunStarted {
+        // `input` is deprecated and left empty: see `input_committed`.
+        RunEvent::Started => E::Started(pb::RunStarted {
             session_id: session_id.to_string(),
             agent: agent.to_string(),
+            ..Default::default()
+        }),
+        RunEvent::InputCommitted { input, rewritten } => E::InputCommitted(pb::InputCommitted {
             input: input.clone(),
+            rewritten: *rewritten,
         }),
         RunEvent::TurnStarted { turn } => E::TurnStarted(pb::TurnStarted { turn: *turn }),
         RunEvent::TextDelta { turn, text } => E::TextDelta(pb::TextDelta {

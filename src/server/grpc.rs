@@ -11,7 +11,7 @@ use crate::engine::Engine;
 use crate::pb;
 use crate::pb::agent_service_server::AgentService;
 use crate::server::convert;
-use crate::server::status::missing;
+use crate::server::status::{invalid, missing};
 use crate::session::ANONYMOUS;
 use crate::store::SessionFilter;
 
@@ -74,8 +74,9 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let r = req.into_inner();
         if r.page_size < 0 {
-            return Err(Status::invalid_argument(
-                "`page_size` must not be negative (0 means the default, 100)",
+            return Err(invalid(
+                "page_size",
+                "must not be negative (0 means the default, 100)",
             ));
         }
         let filter = SessionFilter {
@@ -134,6 +135,19 @@ impl AgentService for AgentApi {
                     return;
                 }
             }
+            // The run ended while its event queue was full, so `Finished`
+            // could not be queued: the report is the task's result.
+            let last = match handle.task.await {
+                Ok(report) => Ok(convert::run_event(
+                    &run_id,
+                    seq + 1,
+                    &RunEvent::Finished(report),
+                    &session.id,
+                    &session.agent,
+                )),
+                Err(e) => Err(Status::internal(format!("run task failed: {e}"))),
+            };
+            let _ = tx.send(last).await;
         });
         Ok(Response::new(stream))
     }

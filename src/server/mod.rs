@@ -3,6 +3,8 @@
 
 mod convert;
 mod grpc;
+mod limits;
+pub mod preflight;
 mod status;
 
 use std::collections::HashMap;
@@ -15,7 +17,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineSetupError};
+use crate::engine::EngineSetupError;
 use crate::hooks::registry::RegistryError;
 use crate::model::{ModelProvider, ModelSetupError};
 use crate::pb;
@@ -56,10 +58,6 @@ pub fn build_models(
 /// How long connections may stay open once runs drained at shutdown.
 const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
-/// How long start-up waits for hook servers to answer Describe before the
-/// service reports SERVING; unreachable hooks keep being retried after.
-const STARTUP_DESCRIBE: Duration = Duration::from_secs(3);
-
 /// Runs the service on `listener` until `shutdown` resolves, then drains:
 /// health goes NOT_SERVING, new runs are refused with UNAVAILABLE, in-flight
 /// runs get `server.shutdown_grace` to finish before they are cancelled.
@@ -88,32 +86,14 @@ pub async fn serve_with_admin(
             let _ = admin_stop_rx.await;
         }))
     });
-    let setting = config
-        .store
-        .clone()
-        .unwrap_or(crate::config::StoreSetting::Memory);
-    let store = crate::store::open(
-        &setting,
-        crate::store::StoreOptions {
-            lease: config.server.run_lease,
-            max_transcript_bytes: config.server.max_transcript_bytes,
-        },
-    )
-    .await
-    .map_err(|source| ServeError::Store {
-        setting: setting.to_string(),
-        source,
-    })?;
-    tracing::info!(store = %setting, "session store open");
-    let engine = Arc::new(Engine::new(
-        config.clone(),
-        build_models(&config)?,
+    let engine = preflight::engine(
+        &config,
         inst,
-        store.clone(),
-    )?);
+        Some(preflight::STARTUP_DESCRIBE),
+        preflight::StoreUse::Open,
+    )
+    .await?;
     engine.start_background();
-    engine.registry().describe_all(STARTUP_DESCRIBE).await;
-    engine.registry().check_tool_ownership()?;
     engine.registry().start();
 
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -172,9 +152,13 @@ pub async fn serve_with_admin(
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(AgentServiceServer::new(grpc::AgentApi {
-            engine: engine.clone(),
-        }))
+        .add_service(limits::CheckedRequests::new(
+            AgentServiceServer::new(grpc::AgentApi {
+                engine: engine.clone(),
+            })
+            .max_decoding_message_size(limits::decode_limit(config.server.max_input_bytes)),
+            config.server.max_input_bytes,
+        ))
         .serve_with_incoming_shutdown(incoming, signal);
     // After the drain, tonic still waits for every open stream to end, and
     // some never do (a health Watch, an idle client's stream): give the last
@@ -199,7 +183,7 @@ pub async fn serve_with_admin(
     }
     // Outcomes were recorded during the drain; close connections last.
     engine.stop_background().await;
-    store.close().await;
+    engine.store().close().await;
     served?;
     Ok(())
 }

@@ -35,7 +35,45 @@ fn store_code(e: &StoreError) -> Code {
     }
 }
 
+/// Replaces a status tonic produced while decoding an AgentService request
+/// (before the service ran) with what hookwire answers for bad requests:
+/// INVALID_ARGUMENT naming the limit or the problem. `None` for any other
+/// status. Matches tonic's (0.14) and prost's own texts; a test pins them.
+pub fn decode_rejection(s: &Status, max_input_bytes: usize) -> Option<Status> {
+    const TOO_LARGE: &str = "Error, decoded message length too large: found ";
+    const UNDECODABLE: &str = "failed to decode Protobuf message";
+    match s.code() {
+        Code::OutOfRange if s.message().starts_with(TOO_LARGE) => {
+            // "… found N bytes, the limit is: M bytes"
+            let numbers: Vec<&str> = s
+                .message()
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|w| !w.is_empty())
+                .collect();
+            let size = match numbers.as_slice() {
+                [found, limit, ..] => format!("{found} bytes, over the {limit}-byte message limit"),
+                _ => "over the message size limit".to_string(),
+            };
+            Some(Status::invalid_argument(format!(
+                "request is {size}; user input is limited to {max_input_bytes} bytes (server.max_input_bytes)"
+            )))
+        }
+        Code::Internal if s.message().starts_with(UNDECODABLE) => {
+            Some(Status::invalid_argument(format!(
+                "request is not a valid message for this method: {}",
+                s.message()
+            )))
+        }
+        _ => None,
+    }
+}
+
 /// A required request field was empty.
 pub fn missing(field: &str) -> Status {
     Status::invalid_argument(format!("`{field}` is required"))
+}
+
+/// A request field with a value no request may carry.
+pub fn invalid(field: &str, why: &str) -> Status {
+    Status::invalid_argument(format!("`{field}` {why}"))
 }

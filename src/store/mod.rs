@@ -238,11 +238,28 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn close(&self);
 }
 
+/// Checks the store setting without touching the database (what `hookwire
+/// config check` can say offline): a Postgres URL the driver accepts and a
+/// password variable that is set when one is named; a SQLite path whose
+/// directory exists or can be made (its nearest existing ancestor is a
+/// directory) and that is not itself a directory. [`open`] makes the same
+/// checks first.
+pub fn check(setting: &StoreSetting) -> Result<(), StoreError> {
+    match setting {
+        StoreSetting::Memory => Ok(()),
+        StoreSetting::Sqlite { path } => sql::check_sqlite_path(path),
+        StoreSetting::Postgres {
+            url, password_env, ..
+        } => sql::check_postgres(url, password_env.as_deref()).map(|_| ()),
+    }
+}
+
 /// Opens the configured store, creating or migrating its schema.
 pub async fn open(
     setting: &StoreSetting,
     options: StoreOptions,
 ) -> Result<Arc<dyn SessionStore>, StoreError> {
+    check(setting)?;
     match setting {
         StoreSetting::Memory => Ok(Arc::new(MemoryStore::new(options))),
         StoreSetting::Sqlite { path } => Ok(Arc::new(sql::SqlStore::sqlite(path, options).await?)),

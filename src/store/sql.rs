@@ -112,6 +112,54 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
 }
 
+/// The connect options of a Postgres store, password included: the URL
+/// must parse, and a variable named by `store.password_env` must be set.
+pub(super) fn check_postgres(
+    url: &str,
+    password_env: Option<&str>,
+) -> Result<PgConnectOptions, StoreError> {
+    let mut connect = PgConnectOptions::from_str(url)
+        .map_err(|e| StoreError::Backend(format!("store: invalid postgres URL: {e}")))?
+        .application_name("hookwire");
+    if let Some(var) = password_env {
+        let pw = std::env::var(var).map_err(|_| {
+            StoreError::Unavailable(format!(
+                "store.password_env names `{var}`, which is not set in the environment"
+            ))
+        })?;
+        connect = connect.password(&pw);
+    }
+    Ok(connect)
+}
+
+/// A SQLite file can be at `path`: not a directory, and its directory
+/// exists or can be created (the nearest existing ancestor is a directory).
+pub(super) fn check_sqlite_path(path: &Path) -> Result<(), StoreError> {
+    let fix = "set --data-dir / HOOKWIRE_DATA_DIR, or store:";
+    if path.is_dir() {
+        return Err(StoreError::Unavailable(format!(
+            "the SQLite store {} is a directory; name a file in it, e.g. {} ({fix})",
+            path.display(),
+            path.join("hookwire.db").display()
+        )));
+    }
+    let mut dir = path.parent();
+    while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+        if d.exists() {
+            if !d.is_dir() {
+                return Err(StoreError::Unavailable(format!(
+                    "cannot make the data directory for {}: {} is not a directory ({fix})",
+                    path.display(),
+                    d.display()
+                )));
+            }
+            break;
+        }
+        dir = d.parent();
+    }
+    Ok(())
+}
+
 impl SqlStore {
     /// Opens (creating if needed) the SQLite file at `path`.
     ///
@@ -170,17 +218,7 @@ impl SqlStore {
         max_connections: u32,
         options: StoreOptions,
     ) -> Result<SqlStore, StoreError> {
-        let mut connect = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Backend(format!("store: invalid postgres URL: {e}")))?
-            .application_name("hookwire");
-        if let Some(var) = password_env {
-            let pw = std::env::var(var).map_err(|_| {
-                StoreError::Unavailable(format!(
-                    "store.password_env names `{var}`, which is not set in the environment"
-                ))
-            })?;
-            connect = connect.password(&pw);
-        }
+        let connect = check_postgres(url, password_env)?;
         let started = tokio::time::Instant::now();
         let pool = loop {
             match PgPoolOptions::new()

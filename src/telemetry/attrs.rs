@@ -17,6 +17,8 @@ pub const GEN_AI_AGENT_NAME: &str = "gen_ai.agent.name";
 pub const GEN_AI_CONVERSATION_ID: &str = "gen_ai.conversation.id";
 pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
 pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+/// The provider's id of the completion (e.g. `chatcmpl-…`), when it gave one.
+pub const GEN_AI_RESPONSE_ID: &str = "gen_ai.response.id";
 /// A string array.
 pub const GEN_AI_RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
 pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
@@ -32,21 +34,42 @@ pub const GEN_AI_OUTPUT_MESSAGES: &str = "gen_ai.output.messages";
 pub const GEN_AI_SYSTEM_INSTRUCTIONS: &str = "gen_ai.system_instructions";
 pub const GEN_AI_TOOL_CALL_ARGUMENTS: &str = "gen_ai.tool.call.arguments";
 pub const GEN_AI_TOOL_CALL_RESULT: &str = "gen_ai.tool.call.result";
+/// The tools offered to the model (names, descriptions, parameter schemas).
+/// Not user data, but large and opt-in in the conventions, so it follows
+/// the content switch.
+pub const GEN_AI_TOOL_DEFINITIONS: &str = "gen_ai.tool.definitions";
 
 /// Every content attribute. Anything in this list may carry user data and
 /// must never be set outside `ContentCapture`.
-pub const CONTENT_KEYS: [&str; 5] = [
+pub const CONTENT_KEYS: [&str; 6] = [
     GEN_AI_INPUT_MESSAGES,
     GEN_AI_OUTPUT_MESSAGES,
     GEN_AI_SYSTEM_INSTRUCTIONS,
     GEN_AI_TOOL_CALL_ARGUMENTS,
     GEN_AI_TOOL_CALL_RESULT,
+    GEN_AI_TOOL_DEFINITIONS,
 ];
 
 // --- General semantic conventions -----------------------------------------
 
 /// A low-cardinality failure class (e.g. `hook_failed`, `deadline`).
 pub const ERROR_TYPE: &str = "error.type";
+
+// --- OpenInference ----------------------------------------------------------
+
+/// The span kind OpenInference backends (Arize Phoenix, ...) group and
+/// render spans by; set alongside the GenAI attributes, which they do not
+/// all map to a kind themselves.
+pub const OPENINFERENCE_SPAN_KIND: &str = "openinference.span.kind";
+
+/// Values of `openinference.span.kind`.
+pub mod openinference_kind {
+    pub const AGENT: &str = "AGENT";
+    pub const LLM: &str = "LLM";
+    pub const TOOL: &str = "TOOL";
+    /// A blocking hook call: it can stop or rewrite what the run does.
+    pub const GUARDRAIL: &str = "GUARDRAIL";
+}
 
 // --- hookwire ---------------------------------------------------------------
 
@@ -65,19 +88,21 @@ pub const HOOKWIRE_HOOK_LATENCY_MS: &str = "hookwire.hook.latency_ms";
 
 /// Every non-content attribute name above, for tests that check the span
 /// constructors only use names defined here.
-pub const METADATA_KEYS: [&str; 19] = [
+pub const METADATA_KEYS: [&str; 21] = [
     GEN_AI_OPERATION_NAME,
     GEN_AI_PROVIDER_NAME,
     GEN_AI_AGENT_NAME,
     GEN_AI_CONVERSATION_ID,
     GEN_AI_REQUEST_MODEL,
     GEN_AI_RESPONSE_MODEL,
+    GEN_AI_RESPONSE_ID,
     GEN_AI_RESPONSE_FINISH_REASONS,
     GEN_AI_USAGE_INPUT_TOKENS,
     GEN_AI_USAGE_OUTPUT_TOKENS,
     GEN_AI_TOOL_NAME,
     GEN_AI_TOOL_CALL_ID,
     ERROR_TYPE,
+    OPENINFERENCE_SPAN_KIND,
     HOOKWIRE_RUN_ID,
     HOOKWIRE_RUN_OUTCOME,
     HOOKWIRE_HOOK_NAME,

@@ -86,6 +86,9 @@ struct TokenLabels {
     provider: String,
     /// `input` or `output`, as the GenAI `gen_ai.token.type`.
     token_type: &'static str,
+    /// `true` when the provider reported no usage and hookwire estimated
+    /// it (about 4 characters per token), so dashboards can tell.
+    estimated: &'static str,
 }
 
 /// All of hookwire's metrics. Cheap to share behind an `Arc`; every method
@@ -177,7 +180,7 @@ impl Metrics {
         let model_tokens = Family::default();
         registry.register(
             "hookwire_model_tokens",
-            "Tokens reported by model providers, by token_type (input, output)",
+            "Tokens used by model calls, by token_type (input, output); estimated=true where the provider reported none and hookwire estimated them",
             model_tokens.clone(),
         );
         let active_runs = Gauge::default();
@@ -283,8 +286,8 @@ impl Metrics {
             .observe(duration.as_secs_f64());
     }
 
-    /// One provider call. Token counts are `None` when the provider reported
-    /// no usage.
+    /// One provider call. Token counts are `None` when the call failed;
+    /// `estimated` when hookwire estimated them.
     pub fn model_call(
         &self,
         model: &str,
@@ -292,6 +295,7 @@ impl Metrics {
         latency: Duration,
         input_tokens: Option<u64>,
         output_tokens: Option<u64>,
+        estimated: bool,
     ) {
         let labels = ModelLabels {
             model: model.to_owned(),
@@ -306,6 +310,7 @@ impl Metrics {
                     model: labels.model.clone(),
                     provider: labels.provider.clone(),
                     token_type,
+                    estimated: if estimated { "true" } else { "false" },
                 };
                 self.model_tokens.get_or_create(&labels).inc_by(count);
             }
@@ -389,8 +394,24 @@ mod tests {
             Duration::from_millis(800),
             Some(12),
             Some(5),
+            false,
         );
-        m.model_call("gpt", "openai", Duration::from_millis(800), Some(3), None);
+        m.model_call(
+            "gpt",
+            "openai",
+            Duration::from_millis(800),
+            Some(3),
+            None,
+            false,
+        );
+        m.model_call(
+            "local",
+            "openai",
+            Duration::from_millis(80),
+            Some(7),
+            Some(2),
+            true,
+        );
         let text = m.encode();
         for expected in [
             r#"hookwire_hook_call_duration_seconds_count{hook="redact",event="tool_result",outcome="ok"} 2"#,
@@ -403,8 +424,9 @@ mod tests {
             r#"hookwire_runs_total{agent="support",outcome="completed"} 1"#,
             r#"hookwire_run_duration_seconds_count{agent="support",outcome="completed"} 1"#,
             r#"hookwire_model_call_duration_seconds_count{model="gpt",provider="openai"} 2"#,
-            r#"hookwire_model_tokens_total{model="gpt",provider="openai",token_type="input"} 15"#,
-            r#"hookwire_model_tokens_total{model="gpt",provider="openai",token_type="output"} 5"#,
+            r#"hookwire_model_tokens_total{model="gpt",provider="openai",token_type="input",estimated="false"} 15"#,
+            r#"hookwire_model_tokens_total{model="gpt",provider="openai",token_type="output",estimated="false"} 5"#,
+            r#"hookwire_model_tokens_total{model="local",provider="openai",token_type="output",estimated="true"} 2"#,
         ] {
             assert!(text.contains(expected), "missing {expected} in\n{text}");
         }

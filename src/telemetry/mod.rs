@@ -8,8 +8,9 @@
 //! - per run / model call / tool call / hook call: a constructor from
 //!   [`spans`], then its `record_*` helpers once each;
 //! - content (prompts, answers, tool arguments and results): only through
-//!   [`ContentCapture::record`], once per key per span, after the event's
-//!   hooks ran;
+//!   the run's [`ContentView`] (GenAI message shapes, sticky redactions),
+//!   which records through [`ContentCapture::record`], once per key per
+//!   span, after the event's hooks ran;
 //! - to a hook server: [`propagation::current_trace_context`] into the event
 //!   context and [`propagation::inject_metadata`] on the `Process` call;
 //! - shutdown: [`Telemetry::shutdown`]`.await`.
@@ -19,12 +20,14 @@
 
 pub mod admin;
 pub mod attrs;
+pub mod content;
 pub mod metrics;
 pub mod propagation;
 pub mod setup;
 pub mod spans;
 
 pub use admin::serve_admin;
+pub use content::ContentView;
 pub use metrics::Metrics;
 pub use setup::{build, init, LogFormat, Sampling, Telemetry, TelemetryError, TelemetryOptions};
 pub use spans::ContentCapture;

@@ -477,12 +477,51 @@ fn assemble(
                 .with_location(false)
                 .with_target(false)
                 .with_threads(false)
+                // busy_ns / idle_ns on every span: poll-time bookkeeping of
+                // the tracing span, which backends show as two meaningless
+                // attributes next to the span's real duration.
+                .with_tracked_inactivity(false)
                 .with_filter(export_filter)
+                .boxed(),
+        );
+        // Last in the list, so dropped after the export layer: see
+        // `ReleaseOffThread`. Filtered to nothing, it sees no span or event
+        // and leaves interest and the max level to the layers above.
+        layers.push(
+            ReleaseOffThread(Some(provider.clone()))
+                .with_filter(LevelFilter::OFF)
                 .boxed(),
         );
     }
 
     Ok((Registry::default().with(layers), Telemetry { provider }))
+}
+
+/// The subscriber's last handle on the tracer provider, released on a thread
+/// of its own when the subscriber is dropped.
+///
+/// tracing-core can drop a subscriber while it holds its global dispatcher
+/// lock: `Dispatch::new` on another thread briefly upgrades every registered
+/// subscriber and may end up holding the last reference. If the provider's
+/// last handle went with it, the provider's `Drop` would run under that lock:
+/// a shutdown that can block on export, and SDK log events whose first use
+/// registers a callsite, which takes the same lock (a deadlock, seen as a
+/// hanging unit test). The export layer's own handle is dropped before this
+/// one, so this one is the last the subscriber holds.
+struct ReleaseOffThread(Option<SdkTracerProvider>);
+
+impl<S: tracing::Subscriber> Layer<S> for ReleaseOffThread {}
+
+impl Drop for ReleaseOffThread {
+    fn drop(&mut self) {
+        if let Some(provider) = self.0.take() {
+            // If no thread can be spawned, the handle is dropped here: the
+            // hazard above, but nothing better is left to do.
+            let _ = std::thread::Builder::new()
+                .name("otel-release".into())
+                .spawn(move || drop(provider));
+        }
+    }
 }
 
 fn tracer_provider(

@@ -31,7 +31,7 @@ use crate::config::TelemetryConfig;
 /// `invoke_agent {agent}` (INTERNAL): one per run.
 pub fn invoke_agent(agent: &str, provider: &str, session_id: &str, run_id: &str) -> Span {
     let name = format!("invoke_agent {agent}");
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "invoke_agent",
         otel.name = name.as_str(),
         otel.kind = "internal",
@@ -42,7 +42,9 @@ pub fn invoke_agent(agent: &str, provider: &str, session_id: &str, run_id: &str)
         { attrs::HOOKWIRE_RUN_ID } = run_id,
         { attrs::HOOKWIRE_RUN_OUTCOME } = Empty,
         { attrs::ERROR_TYPE } = Empty,
-    )
+    );
+    set_openinference_kind(&span, attrs::openinference_kind::AGENT);
+    span
 }
 
 /// `chat {model}` (CLIENT): one per provider call. A `model_request` hook's
@@ -50,7 +52,7 @@ pub fn invoke_agent(agent: &str, provider: &str, session_id: &str, run_id: &str)
 /// span's verdict says what happened).
 pub fn chat(model: &str, provider: &str) -> Span {
     let name = format!("chat {model}");
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "chat",
         otel.name = name.as_str(),
         otel.kind = "client",
@@ -58,17 +60,20 @@ pub fn chat(model: &str, provider: &str) -> Span {
         { attrs::GEN_AI_PROVIDER_NAME } = provider,
         { attrs::GEN_AI_REQUEST_MODEL } = model,
         { attrs::GEN_AI_RESPONSE_MODEL } = Empty,
+        { attrs::GEN_AI_RESPONSE_ID } = Empty,
         { attrs::GEN_AI_USAGE_INPUT_TOKENS } = Empty,
         { attrs::GEN_AI_USAGE_OUTPUT_TOKENS } = Empty,
         { attrs::ERROR_TYPE } = Empty,
-    )
+    );
+    set_openinference_kind(&span, attrs::openinference_kind::LLM);
+    span
 }
 
 /// `execute_tool {tool}` (INTERNAL): one per tool call the model made,
 /// including skipped and denied ones (their result is still synthetic).
 pub fn execute_tool(tool: &str, call_id: &str) -> Span {
     let name = format!("execute_tool {tool}");
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "execute_tool",
         otel.name = name.as_str(),
         otel.kind = "internal",
@@ -76,7 +81,19 @@ pub fn execute_tool(tool: &str, call_id: &str) -> Span {
         { attrs::GEN_AI_TOOL_NAME } = tool,
         { attrs::GEN_AI_TOOL_CALL_ID } = call_id,
         { attrs::ERROR_TYPE } = Empty,
-    )
+    );
+    set_openinference_kind(&span, attrs::openinference_kind::TOOL);
+    span
+}
+
+/// The OpenInference kind goes to the trace only: log lines already say
+/// what the span is through `gen_ai.operation.name`. (The hook span, which
+/// the log layer never formats, declares it as a field instead: cheaper on
+/// the per-event path.)
+fn set_openinference_kind(span: &Span, kind: &'static str) {
+    if !span.is_disabled() {
+        span.set_attribute(attrs::OPENINFERENCE_SPAN_KIND, kind);
+    }
 }
 
 /// The tracing name of [`hook_call`] spans (the exported name is
@@ -85,7 +102,9 @@ pub const HOOK_SPAN: &str = "hook";
 
 /// `hook {hook} {event}` (CLIENT: it is a call to a remote hook server, whose
 /// own spans join the trace as this span's children through the propagated
-/// `traceparent`).
+/// `traceparent`). Only blocking calls get one (observe deliveries are
+/// fire-and-forget), and a blocking hook can stop or rewrite the run, so its
+/// OpenInference kind is `GUARDRAIL`.
 pub fn hook_call(hook: &str, event: &str) -> Span {
     // Named only when a subscriber takes the span: this runs at every hook
     // call, and formatting the name is most of its cost otherwise.
@@ -93,6 +112,7 @@ pub fn hook_call(hook: &str, event: &str) -> Span {
         HOOK_SPAN,
         otel.name = Empty,
         otel.kind = "client",
+        { attrs::OPENINFERENCE_SPAN_KIND } = attrs::openinference_kind::GUARDRAIL,
         { attrs::HOOKWIRE_HOOK_NAME } = hook,
         { attrs::HOOKWIRE_HOOK_EVENT } = event,
         { attrs::HOOKWIRE_HOOK_VERDICT } = Empty,
@@ -123,16 +143,21 @@ pub fn record_error(span: &Span, error_type: &str) {
     span.set_status(Status::error(error_type.to_owned()));
 }
 
-/// Records the provider's answer on a `chat` span. Token counts are `None`
+/// Records the provider's answer on a `chat` span. The response id is
+/// skipped when empty (the provider gave none). Token counts are `None`
 /// when the provider did not report usage (recording 0 would be a lie).
 pub fn record_chat_response(
     span: &Span,
     response_model: &str,
+    response_id: &str,
     finish_reasons: &[&str],
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
 ) {
     span.record(attrs::GEN_AI_RESPONSE_MODEL, response_model);
+    if !response_id.is_empty() {
+        span.record(attrs::GEN_AI_RESPONSE_ID, response_id);
+    }
     if !finish_reasons.is_empty() {
         // A string array: tracing fields cannot carry one, so it goes straight
         // to the OTel span (and not to log lines, which is fine).

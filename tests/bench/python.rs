@@ -40,10 +40,7 @@ impl PythonHook {
                     return Ok(p.trim().to_string());
                 }
             }
-            Err(
-                "server.py exited before listening (bash examples/hooks/install-deps.sh python)"
-                    .to_string(),
-            )
+            Err("server.py exited before listening (run `make deps`)".to_string())
         })
         .await
         .map_err(|_| "server.py did not listen within 60 s".to_string())??;

@@ -1,6 +1,6 @@
 //! fakellm (PyPI `fakellm`, a third-party OpenAI-compatible mock server with
 //! rule-based YAML scripts) as a real process on a free port. Required, not
-//! optional: a missing install fails with `pip install fakellm==0.3.5`.
+//! optional: a missing install fails and says to run `make deps`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub const FAKELLM_HINT: &str = "pip install fakellm==0.3.5";
+pub const FAKELLM_HINT: &str =
+    "run `make deps` (installs fakellm==0.3.5 from deploy/requirements-dev.txt into .venv/)";
 
 pub fn python() -> String {
-    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+    super::python::interpreter()
 }
 
 /// A fakellm server process with its own rules file; killed on drop.

@@ -38,6 +38,11 @@ pub enum Misbehave {
     /// Answers an observe-only event (`on` is text_delta, run_end or
     /// session_end), which expects no verdict.
     AnswerObserve,
+    /// Keeps "the current event" in one place per stream: once this many
+    /// events of kind `on` are in flight, answers each of them with the seq
+    /// of the latest (the bug of a handler that is not ready for several
+    /// events at once).
+    LatestSeq(usize),
 }
 
 impl Misbehave {
@@ -48,7 +53,7 @@ impl Misbehave {
             Misbehave::CloseStream => "stream_reset",
             Misbehave::WrongKind => "wrong_kind",
             Misbehave::Invalid => "invalid_verdict",
-            Misbehave::Duplicate => "duplicate",
+            Misbehave::Duplicate | Misbehave::LatestSeq(_) => "duplicate",
             Misbehave::Spurious | Misbehave::AnswerObserve => "spurious",
             Misbehave::RefuseStream => "stream_refused",
         }
@@ -187,6 +192,7 @@ impl pb::hook_service_server::HookService for FaultHook {
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
         tokio::spawn(async move {
+            let mut in_flight = 0;
             while let Ok(Some(ev)) = inbound.message().await {
                 if !ev.expects_verdict {
                     if this.how == Misbehave::AnswerObserve && ev.kind == this.on as i32 {
@@ -249,6 +255,15 @@ impl pb::hook_service_server::HookService for FaultHook {
                     Misbehave::Duplicate => {
                         let _ = tx.send(Ok(ok.clone())).await;
                         let _ = tx.send(Ok(ok)).await;
+                    }
+                    Misbehave::LatestSeq(n) => {
+                        in_flight += 1;
+                        if in_flight == n {
+                            for _ in 0..n {
+                                let _ = tx.send(Ok(ok.clone())).await;
+                            }
+                            in_flight = 0;
+                        }
                     }
                     Misbehave::Spurious => {
                         let bogus = pb::HookVerdict {

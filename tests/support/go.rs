@@ -14,7 +14,7 @@ pub async fn make(target: &str) -> String {
     let (ok, text) = super::command_output(Command::new("make").args(["-C", DIR, target])).await;
     assert!(
         ok,
-        "`make -C examples/hooks/go {target}` failed; install the Go toolchain and packages with `bash examples/hooks/install-deps.sh go`:\n{text}"
+        "`make -C examples/hooks/go {target}` failed; install the Go toolchain and packages with `make deps`:\n{text}"
     );
     text
 }

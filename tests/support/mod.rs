@@ -6,8 +6,10 @@
 pub mod fakellm;
 pub mod fault;
 pub mod go;
+pub mod node;
 pub mod postgres;
 pub mod python;
+pub mod raw;
 pub mod replica;
 
 use std::future::Future;

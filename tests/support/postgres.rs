@@ -44,7 +44,7 @@ fn bin_dir() -> PathBuf {
         Some(p) => p,
         None => panic!(
             "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb): run \
-             `examples/hooks/install-deps.sh postgres` (Debian's postgresql package); \
+             `make deps` (it installs Debian's postgresql package); \
              the store tests need a real server and never skip"
         ),
     }

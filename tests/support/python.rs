@@ -5,6 +5,23 @@ use std::process::Stdio;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// The Python the suite runs: `$PYTHON` (the Makefile sets it), else the
+/// project's virtualenv that `make deps` made, else `python3` on PATH. So a
+/// plain `cargo test` after `make deps` uses the same packages as `make test`.
+pub fn interpreter() -> String {
+    if let Ok(py) = std::env::var("PYTHON") {
+        return py;
+    }
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python");
+    if std::path::Path::new(venv).exists() {
+        return venv.into();
+    }
+    "python3".into()
+}
+
+/// What to run when a Python package is missing.
+pub const DEPS_HINT: &str = "run `make deps` (installs the suite's Python packages into .venv/)";
+
 pub struct PythonHook {
     pub addr: String,
     pub child: Child,
@@ -15,7 +32,7 @@ pub struct PythonHook {
 impl PythonHook {
     /// Starts `server.py --port 0 <args>` and waits for its
     /// `listening on PORT` line. Fails with a clear message when the Python
-    /// packages are missing (`.ci/run` installs them).
+    /// packages are missing (`make deps` installs them).
     pub async fn start(args: &[&str]) -> PythonHook {
         let mut all = vec!["--port", "0"];
         all.extend_from_slice(args);
@@ -25,6 +42,15 @@ impl PythonHook {
     /// Like `start`, with the caller choosing `--port`.
     pub async fn start_on(args: &[&str]) -> PythonHook {
         Self::spawn(args, false).await
+    }
+
+    /// Like `start`, for another script that takes server.py's flags (a
+    /// test fixture built on the example), with extra environment.
+    #[allow(dead_code)]
+    pub async fn start_script(script: &str, args: &[&str], env: &[(&str, &str)]) -> PythonHook {
+        let mut all = vec!["--port", "0"];
+        all.extend_from_slice(args);
+        Self::spawn_script(script, &all, env, false).await
     }
 
     /// Like `start`, with its log lines delivered to `log` (and echoed to
@@ -43,10 +69,24 @@ impl PythonHook {
     }
 
     async fn spawn(args: &[&str], logged: bool) -> PythonHook {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hooks/python");
-        let mut child = Command::new("python3")
-            .arg(format!("{dir}/server.py"))
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/hooks/python/server.py"
+        );
+        Self::spawn_script(script, args, &[], logged).await
+    }
+
+    async fn spawn_script(
+        script: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        logged: bool,
+    ) -> PythonHook {
+        let python = interpreter();
+        let mut child = Command::new(&python)
+            .arg(script)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(if logged {
                 Stdio::piped()
@@ -55,7 +95,7 @@ impl PythonHook {
             })
             .kill_on_drop(true)
             .spawn()
-            .expect("python3 must be installed");
+            .unwrap_or_else(|e| panic!("cannot run {python} ({e}): {DEPS_HINT}"));
         let log = child.stderr.take().map(|stderr| {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             tokio::spawn(async move {
@@ -75,9 +115,7 @@ impl PythonHook {
                     return p.trim().to_string();
                 }
             }
-            panic!(
-                "python hook exited before listening; install its deps: bash examples/hooks/install-deps.sh python"
-            );
+            panic!("python hook exited before listening: {DEPS_HINT}");
         })
         .await
         .expect("python hook did not start within 60s");

@@ -14,7 +14,13 @@ from hookproto import common, pb
 def event_name(kind: int) -> str:
     """EVENT_KIND_TOOL_CALL -> "tool_call": the snake_case name hookwire uses
     everywhere, which is also the name of the HookEvent payload field and of
-    the matching HookVerdict verdict field."""
+    the matching HookVerdict verdict field.
+
+    Enums only grow: a kind newer than these stubs is named by its number
+    ("event_kind_12") instead of raising, so logging or counting it never
+    breaks the stream. (hookwire sends only the kinds listed in Describe.)"""
+    if kind not in common.EventKind.values():
+        return f"event_kind_{kind}"
     return common.EventKind.Name(kind).removeprefix("EVENT_KIND_").lower()
 
 

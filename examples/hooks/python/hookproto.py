@@ -19,7 +19,23 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "generated"
-PROTO_DIR = Path(os.environ.get("HOOKWIRE_PROTO_DIR", HERE.parents[2] / "proto"))
+
+
+def _proto_dir() -> Path:
+    # The variable is read first: a copy of this directory outside the
+    # hookwire tree may sit too shallow for the default to exist at all.
+    if os.environ.get("HOOKWIRE_PROTO_DIR"):
+        return Path(os.environ["HOOKWIRE_PROTO_DIR"])
+    # In the tree: examples/hooks/python -> the repository's proto/.
+    if len(HERE.parents) < 3:
+        raise RuntimeError(
+            f"{HERE} is not inside the hookwire tree: set HOOKWIRE_PROTO_DIR to a "
+            "directory holding hookwire/v1/*.proto"
+        )
+    return HERE.parents[2] / "proto"
+
+
+PROTO_DIR = _proto_dir()
 # agent.proto (the client API) is not needed by a hook server.
 PROTOS = ["hookwire/v1/common.proto", "hookwire/v1/hook.proto"]
 STAMP = OUT / ".stamp"

@@ -1,10 +1,14 @@
 //! The OpenAI-compatible chat-completions provider (OpenAI, vLLM, llama.cpp
 //! server, Ollama, LiteLLM, Azure and other compatible endpoints).
 //!
-//! Every call streams (`stream: true` with `stream_options.include_usage`):
-//! text deltas are passed on as they arrive, tool calls are assembled from
-//! their fragments, and usage comes from the final chunk (or is estimated at
-//! 4 characters per token and marked as such).
+//! Calls stream by default (`stream: true` with
+//! `stream_options.include_usage`): text deltas are passed on as they
+//! arrive, tool calls are assembled from their fragments, and usage comes
+//! from the final chunk (or is estimated at 4 characters per token and
+//! marked as such). A model configured with `stream: false` asks for one
+//! JSON answer instead (for servers that cannot stream some requests, e.g.
+//! llama-cpp-python with tools), parsed into the same turn; its text is
+//! passed on as one delta.
 //!
 //! Robustness, per call:
 //! - retries with jittered exponential backoff on 429, 5xx, connection
@@ -21,6 +25,8 @@
 //!
 //! Logs never carry prompts, answers or tool arguments above debug level.
 
+#[cfg(test)]
+mod fuzz;
 mod retry;
 mod stream;
 mod wire;
@@ -95,6 +101,8 @@ pub struct OpenAiModel {
     backoff: retry::Backoff,
     defaults: wire::Defaults,
     max_response_bytes: usize,
+    /// `stream` in the config (default true).
+    stream: bool,
 }
 
 impl std::fmt::Debug for OpenAiModel {
@@ -141,8 +149,16 @@ impl OpenAiModel {
         })?;
         let origin = endpoint.origin().ascii_serialization();
 
+        let stream = cfg.stream.unwrap_or(true);
         let mut headers = HeaderMap::new();
-        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static(if stream {
+                "text/event-stream"
+            } else {
+                "application/json"
+            }),
+        );
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let invalid = |header: &str, part| OpenAiSetupError::InvalidHeader {
             model: name(),
@@ -187,6 +203,7 @@ impl OpenAiModel {
                 max_tokens: cfg.max_tokens,
             },
             max_response_bytes: MAX_RESPONSE_BYTES,
+            stream,
         })
     }
 
@@ -222,7 +239,7 @@ impl OpenAiModel {
         request: &ModelRequest,
         on_delta: DeltaSink<'_>,
     ) -> Result<ModelResponse, ModelError> {
-        let body = wire::request_body(request, &self.model, &self.defaults)
+        let body = wire::request_body(request, &self.model, &self.defaults, self.stream)
             .map_err(|m| self.error(None, m))?;
         let body = serde_json::to_vec(&body).map_err(|e| self.error(None, e.to_string()))?;
         let mut retries = 0u32;
@@ -320,6 +337,9 @@ impl OpenAiModel {
             .unwrap_or("")
             .trim()
             .to_string();
+        if !self.stream && mime != "text/event-stream" {
+            return self.whole(response, status, &mime, on_delta).await;
+        }
         if mime == "application/json" || mime == "text/html" {
             let body = read_bounded(response, MAX_ERROR_BODY_BYTES, self.timeout).await;
             let detail = match wire::error_message(&body) {
@@ -354,6 +374,61 @@ impl OpenAiModel {
                     f.message
                 },
             })
+    }
+
+    /// A non-streamed answer (`stream: false`): the whole body, bounded like
+    /// a stream, parsed into the same turn; its text goes to `on_delta` once.
+    async fn whole(
+        &self,
+        mut response: Response,
+        status: StatusCode,
+        mime: &str,
+        on_delta: DeltaSink<'_>,
+    ) -> Result<stream::Assembled, AttemptFailure> {
+        let mut body = Vec::new();
+        loop {
+            match tokio::time::timeout(self.timeout, response.chunk()).await {
+                Err(_) => {
+                    return Err(AttemptFailure::transient(format!(
+                        "the response stalled: nothing received for {:?}",
+                        self.timeout
+                    )))
+                }
+                Ok(Err(e)) => {
+                    return Err(AttemptFailure::transient(format!(
+                        "the response broke: {}",
+                        error_chain(&e.without_url())
+                    )))
+                }
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(piece))) => {
+                    if body.len().saturating_add(piece.len()) > self.max_response_bytes {
+                        return Err(AttemptFailure {
+                            status: Some(status.as_u16()),
+                            message: format!(
+                                "the response exceeded {} bytes",
+                                self.max_response_bytes
+                            ),
+                            retry: Retry::No,
+                        });
+                    }
+                    body.extend_from_slice(&piece);
+                }
+            }
+        }
+        let (done, text) = stream::whole(&body).map_err(|(_, message)| AttemptFailure {
+            status: Some(status.as_u16()),
+            message: if mime == "text/html" {
+                "expected a JSON chat completion but got text/html".into()
+            } else {
+                message
+            },
+            retry: Retry::No,
+        })?;
+        if let Some(text) = text {
+            on_delta(&text);
+        }
+        Ok(done)
     }
 
     async fn status_failure(&self, response: Response) -> AttemptFailure {
@@ -392,6 +467,7 @@ impl OpenAiModel {
             finish_reason: done.finish_reason,
             usage,
             model: done.model.unwrap_or_else(|| self.model.clone()),
+            id: done.id.unwrap_or_default(),
         }
     }
 }
@@ -553,6 +629,7 @@ mod tests {
             temperature: None,
             max_tokens: None,
             organization: None,
+            stream: None,
         };
         for (k, v) in yaml_extra {
             match *k {

@@ -37,7 +37,14 @@ impl Backoff {
             .base
             .saturating_mul(2u32.saturating_pow(retry.min(16)))
             .min(self.max);
-        exp.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+        // NaN survives `clamp`, and `mul_f64` panics on it.
+        let jitter = if jitter.is_nan() {
+            1.0
+        } else {
+            jitter.clamp(0.0, 1.0)
+        };
+        // f64 rounding can land a hair above the cap on huge durations.
+        exp.mul_f64(0.5 + 0.5 * jitter).min(self.max)
     }
 }
 
@@ -61,7 +68,9 @@ pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         (v.is_finite() && v >= 0.0).then_some(v)
     };
     if let Some(ms) = number("retry-after-ms") {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        // Clamped like the seconds below: `from_secs_f64` panics on values
+        // past `Duration::MAX` (a `retry-after-ms: 1e30` did, in a run).
+        return Some(Duration::from_secs_f64((ms / 1000.0).min(1e9)));
     }
     number(RETRY_AFTER.as_str()).map(|s| Duration::from_secs_f64(s.min(1e9)))
 }

@@ -55,6 +55,8 @@ pub(super) struct Assembled {
     pub usage: Option<Usage>,
     /// The model id the server reported.
     pub model: Option<String>,
+    /// The completion id the server reported.
+    pub id: Option<String>,
     /// Characters of generated output, for estimating usage.
     pub output_chars: usize,
 }
@@ -76,7 +78,12 @@ pub(super) struct Assembler {
     finish_reason: Option<String>,
     usage: Option<wire::WireUsage>,
     model: Option<String>,
+    id: Option<String>,
 }
+
+/// Longer "ids" are not ids: they are not kept (they would be exported as a
+/// span attribute).
+const MAX_RESPONSE_ID_BYTES: usize = 256;
 
 impl Assembler {
     /// Folds one `data:` payload in; returns the text to pass on, if any.
@@ -98,6 +105,11 @@ impl Assembler {
         if let Some(m) = chunk.model.filter(|m| !m.is_empty()) {
             self.model = Some(m);
         }
+        if self.id.is_none() {
+            self.id = chunk
+                .id
+                .filter(|id| !id.is_empty() && id.len() <= MAX_RESPONSE_ID_BYTES);
+        }
         if let Some(u) = chunk.usage {
             self.usage = Some(u);
         }
@@ -105,7 +117,7 @@ impl Assembler {
         // One completion is requested (no `n`); other choices are ignored.
         let choices = chunk.choices.unwrap_or_default();
         for choice in choices.into_iter().filter(|c| c.index.unwrap_or(0) == 0) {
-            if let Some(delta) = choice.delta {
+            for delta in [choice.delta, choice.message].into_iter().flatten() {
                 for piece in [delta.content, delta.refusal].into_iter().flatten() {
                     out.push_str(&piece);
                 }
@@ -113,11 +125,20 @@ impl Assembler {
                     self.reasoning.push_str(&r);
                 }
                 for (pos, call) in delta.tool_calls.into_iter().flatten().enumerate() {
-                    let index = call.index.unwrap_or_else(|| {
+                    let index = match call.index {
+                        Some(i) => i,
                         // A server that sends whole calls without an index:
-                        // each one is a new call.
-                        self.calls.keys().next_back().map_or(pos as u32, |k| k + 1)
-                    });
+                        // each one is a new call, after the last one.
+                        None => match self.calls.keys().next_back() {
+                            None => u32::try_from(pos).unwrap_or(u32::MAX),
+                            Some(last) => last.checked_add(1).ok_or_else(|| {
+                                (
+                                    FailureKind::Malformed,
+                                    format!("a tool call without an index follows one at index {last}, the largest there is"),
+                                )
+                            })?,
+                        },
+                    };
                     let slot = self.calls.entry(index).or_default();
                     if let Some(id) = call.id.filter(|s| !s.is_empty()) {
                         if slot.id.is_empty() {
@@ -204,9 +225,33 @@ impl Assembler {
                 estimated: false,
             }),
             model: self.model,
+            id: self.id,
             output_chars,
         })
     }
+}
+
+/// A whole, non-streamed chat completion (`stream: false`), assembled the
+/// same way as a stream; also returns its text, to pass on as one delta.
+pub(super) fn whole(body: &[u8]) -> Result<(Assembled, Option<String>), (FailureKind, String)> {
+    let text = std::str::from_utf8(body).map_err(|e| {
+        (
+            FailureKind::Malformed,
+            format!("the response is not UTF-8: {e}"),
+        )
+    })?;
+    let mut asm = Assembler::default();
+    let delta = asm.push(text.trim()).map_err(|(kind, message)| {
+        let message = message.replace("chunk in the response stream", "response body");
+        (kind, message)
+    })?;
+    if asm.finish_reason.is_none() && asm.text.is_empty() && asm.calls.is_empty() {
+        return Err((
+            FailureKind::Malformed,
+            "the response has no choices[0].message".into(),
+        ));
+    }
+    Ok((asm.finish(true)?, delta))
 }
 
 /// Bounds on reading one response stream.
@@ -333,6 +378,26 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn a_whole_answer_assembles_like_a_stream() {
+        let body = json!({"model": "m1", "choices": [{"index": 0, "finish_reason": "length",
+            "message": {"role": "assistant", "content": "Half an ans", "reasoning_content": "hmm",
+                "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "t", "arguments": "{}"}}]}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+        .to_string();
+        let (done, text) = whole(body.as_bytes()).unwrap();
+        assert_eq!(text.as_deref(), Some("Half an ans"));
+        assert_eq!(done.finish_reason, "length");
+        assert_eq!(done.model.as_deref(), Some("m1"));
+        assert_eq!(done.usage.map(|u| u.output_tokens), Some(2));
+        assert_eq!(done.message.blocks.len(), 3, "reasoning, text, call");
+        let (kind, message) = whole(br#"{"object": "error"}"#).unwrap_err();
+        assert_eq!(kind, FailureKind::Malformed);
+        assert!(message.contains("no choices[0].message"), "{message}");
+        assert!(whole(b"<html>").is_err());
+    }
+
     fn chunk(delta: serde_json::Value, finish: Option<&str>) -> String {
         json!({
             "id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-test",
@@ -398,6 +463,7 @@ mod tests {
         assert_eq!(deltas, vec!["Hello", ", wörld"]);
         assert_eq!(a.message, Message::assistant_text("Hello, wörld"));
         assert_eq!(a.finish_reason, "stop");
+        assert_eq!(a.id.as_deref(), Some("chatcmpl-1"));
         assert_eq!(
             a.usage,
             Some(Usage {
@@ -602,5 +668,24 @@ mod tests {
         let (r, deltas) = run(&body, 5, limits());
         assert_eq!(r.unwrap().message.text(), "hi");
         assert_eq!(deltas, vec!["hi"]);
+    }
+
+    #[test]
+    fn the_first_plausible_response_id_is_kept() {
+        let mut a = Assembler::default();
+        let with_id = |id: serde_json::Value| {
+            json!({"id": id, "choices": [{"index": 0, "delta": {"content": "x"}}]}).to_string()
+        };
+        a.push(&with_id(json!(""))).unwrap();
+        a.push(&with_id(json!("x".repeat(MAX_RESPONSE_ID_BYTES + 1))))
+            .unwrap();
+        a.push(&with_id(json!("resp-7"))).unwrap();
+        a.push(&with_id(json!("resp-8"))).unwrap();
+        assert_eq!(a.finish(true).unwrap().id.as_deref(), Some("resp-7"));
+
+        let mut none = Assembler::default();
+        none.push(&json!({"choices": [{"index": 0, "delta": {"content": "x"}}]}).to_string())
+            .unwrap();
+        assert_eq!(none.finish(true).unwrap().id, None);
     }
 }

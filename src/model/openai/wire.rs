@@ -19,16 +19,19 @@ pub(super) struct Defaults {
 
 /// Body keys the provider owns. `additional_params` cannot override them:
 /// `model` is the configured model id, `messages` is built from the history,
-/// and the response is always parsed as a stream.
+/// and `stream` is the model's `stream` option, which decides how the
+/// response is parsed.
 pub(super) const RESERVED_KEYS: [&str; 3] = ["model", "messages", "stream"];
 
-/// The chat-completions request body for one call.
+/// The chat-completions request body for one call; `stream` asks for a
+/// streamed answer (with usage in a final chunk) or one JSON answer.
 ///
 /// Fails only when a tool's JSON schema is not valid JSON.
 pub(super) fn request_body(
     request: &ModelRequest,
     model: &str,
     defaults: &Defaults,
+    stream: bool,
 ) -> Result<Map<String, Value>, String> {
     let mut body = Map::new();
     body.insert("model".into(), model.into());
@@ -72,15 +75,21 @@ pub(super) fn request_body(
         body.insert(key.clone(), value.clone());
     }
 
-    body.insert("stream".into(), Value::Bool(true));
-    // Usage arrives in a final chunk only when asked for. Keep any other
-    // stream options a hook set.
-    let mut stream_options = match body.remove("stream_options") {
-        Some(Value::Object(m)) => m,
-        _ => Map::new(),
-    };
-    stream_options.insert("include_usage".into(), Value::Bool(true));
-    body.insert("stream_options".into(), Value::Object(stream_options));
+    body.insert("stream".into(), Value::Bool(stream));
+    if stream {
+        // Usage arrives in a final chunk only when asked for. Keep any other
+        // stream options a hook set.
+        let mut stream_options = match body.remove("stream_options") {
+            Some(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        stream_options.insert("include_usage".into(), Value::Bool(true));
+        body.insert("stream_options".into(), Value::Object(stream_options));
+    } else {
+        // Several servers reject stream options on a request that does not
+        // stream; a whole answer carries its usage anyway.
+        body.remove("stream_options");
+    }
     Ok(body)
 }
 
@@ -113,15 +122,13 @@ fn push_message(out: &mut Vec<Value>, m: &Message) {
             let text = m.text();
             let mut msg = Map::new();
             msg.insert("role".into(), "assistant".into());
-            // A pure tool-call turn has `content: null`, as OpenAI returns it.
-            msg.insert(
-                "content".into(),
-                if text.is_empty() && !calls.is_empty() {
-                    Value::Null
-                } else {
-                    Value::String(text)
-                },
-            );
+            // Always a string, "" for a pure tool-call turn. OpenAI returns
+            // and accepts `null` there, but not every compatible server
+            // takes it back: llama-cpp-python's server answers 500, Ollama's
+            // OpenAI endpoint 400 "invalid message content type: <nil>",
+            // older llama.cpp servers "Invalid 'content' type"; all of them,
+            // vLLM and OpenAI accept "" (docs/openai-provider.md, quirks).
+            msg.insert("content".into(), Value::String(text));
             if !calls.is_empty() {
                 msg.insert("tool_calls".into(), Value::Array(calls));
             }
@@ -185,9 +192,13 @@ pub(super) fn tokens_from_chars(chars: usize) -> u64 {
     (chars as u64).div_ceil(4)
 }
 
-/// One `data:` payload of a streamed chat completion.
+/// One `data:` payload of a streamed chat completion, or a whole
+/// non-streamed one (its choices carry `message` instead of `delta`).
 #[derive(Debug, Deserialize)]
 pub(super) struct Chunk {
+    /// The completion's id (`chatcmpl-…`), repeated in every chunk.
+    #[serde(default)]
+    pub id: Option<String>,
     /// Empty or null in the usage chunk and some servers' first chunk.
     #[serde(default)]
     pub choices: Option<Vec<ChunkChoice>>,
@@ -206,6 +217,9 @@ pub(super) struct ChunkChoice {
     pub index: Option<u32>,
     #[serde(default)]
     pub delta: Option<Delta>,
+    /// The whole message of a non-streamed answer (same shape as a delta).
+    #[serde(default)]
+    pub message: Option<Delta>,
     #[serde(default)]
     pub finish_reason: Option<String>,
 }
@@ -304,7 +318,7 @@ mod tests {
     use crate::message::{ToolCall, ToolResult, ToolSpec};
 
     fn body(request: &ModelRequest) -> Value {
-        Value::Object(request_body(request, "gpt-test", &Defaults::default()).unwrap())
+        Value::Object(request_body(request, "gpt-test", &Defaults::default(), true).unwrap())
     }
 
     fn weather_tool() -> ToolSpec {
@@ -427,7 +441,7 @@ mod tests {
     }
 
     #[test]
-    fn pure_tool_call_turn_has_null_content() {
+    fn pure_tool_call_turn_has_empty_string_content() {
         let b = body(&ModelRequest {
             history: vec![Message {
                 role: Role::Assistant,
@@ -439,7 +453,11 @@ mod tests {
             }],
             ..Default::default()
         });
-        assert_eq!(b["messages"][0]["content"], Value::Null);
+        assert_eq!(
+            b["messages"][0]["content"],
+            json!(""),
+            "a string every compatible server accepts, never null"
+        );
         let b = body(&ModelRequest {
             history: vec![Message::assistant_text("plain")],
             ..Default::default()
@@ -490,6 +508,7 @@ mod tests {
             },
             "m",
             &Defaults::default(),
+            true,
         )
         .unwrap_err();
         assert!(err.contains("`broken`"), "{err}");
@@ -526,7 +545,7 @@ mod tests {
             temperature: Some(0.7),
             max_tokens: Some(100),
         };
-        let b = request_body(&ModelRequest::default(), "m", &defaults).unwrap();
+        let b = request_body(&ModelRequest::default(), "m", &defaults, true).unwrap();
         assert_eq!(b["temperature"], json!(0.7));
         assert_eq!(b["max_tokens"], json!(100));
         let b = request_body(
@@ -537,6 +556,7 @@ mod tests {
             },
             "m",
             &defaults,
+            true,
         )
         .unwrap();
         assert_eq!(b["temperature"], json!(0.0));
@@ -570,6 +590,25 @@ mod tests {
             b["stream_options"],
             json!({"include_usage": true, "include_obfuscation": false})
         );
+    }
+
+    #[test]
+    fn without_streaming_no_stream_options_are_sent() {
+        let mut params = Map::new();
+        params.insert("stream_options".into(), json!({"include_usage": true}));
+        let b = request_body(
+            &ModelRequest {
+                history: vec![Message::user("hi")],
+                additional_params: params,
+                ..Default::default()
+            },
+            "m",
+            &Defaults::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(b["stream"], json!(false));
+        assert!(b.get("stream_options").is_none(), "{b:?}");
     }
 
     #[test]

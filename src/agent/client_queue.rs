@@ -1,0 +1,186 @@
+//! The queue of one run's events to its client, bounded
+//! (`server.run_event_buffer`) so a slow or stuck `Run` reader can never
+//! make hookwire buffer without end.
+//!
+//! - The runner waits for room between steps ([`ClientQueue::reserve`]):
+//!   a slow reader slows the run down.
+//! - Within a step, events are pushed without waiting
+//!   ([`ClientQueue::push`]). Text deltas that find the queue full are
+//!   merged into one held delta, sent ahead of anything else once there is
+//!   room: a model streaming faster than the client reads costs at most its
+//!   answer's text again (itself bounded), never a growing queue. Any other
+//!   event that finds the queue full is refused.
+//! - A reader that reads nothing while the runner waits for
+//!   `server.client_stall_timeout` is reported as stalled.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::mpsc::{self, error::TrySendError, PermitIterator};
+
+use crate::agent::events::RunEvent;
+
+/// Why an event could not be queued without waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The client is gone.
+    Closed,
+    /// The queue is full (and the event is not a text delta).
+    Full,
+}
+
+/// Why waiting for room ended without it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unwritable {
+    Closed,
+    /// The client read nothing for the stall timeout.
+    Stalled,
+}
+
+pub struct ClientQueue {
+    tx: mpsc::Sender<RunEvent>,
+    /// Deltas (turn, merged text) that found the queue full.
+    held: Mutex<Option<(u32, String)>>,
+    stall: Duration,
+}
+
+impl ClientQueue {
+    pub fn new(tx: mpsc::Sender<RunEvent>, stall: Duration) -> Self {
+        ClientQueue {
+            tx,
+            held: Mutex::new(None),
+            stall,
+        }
+    }
+
+    /// Takes the sender back (to rebuild the queue with other settings).
+    pub fn into_sender(self) -> mpsc::Sender<RunEvent> {
+        self.tx
+    }
+
+    /// How many events the queue holds.
+    pub fn capacity(&self) -> usize {
+        self.tx.max_capacity()
+    }
+
+    pub fn stall_timeout(&self) -> Duration {
+        self.stall
+    }
+
+    /// Queues `ev` without waiting (see the module docs).
+    pub fn push(&self, ev: RunEvent) -> Result<(), Refused> {
+        let mut held = self.held.lock().unwrap();
+        if let (RunEvent::TextDelta { turn, text }, Some((t, merged))) = (&ev, held.as_mut()) {
+            if turn == t {
+                merged.push_str(text);
+                return Ok(());
+            }
+        }
+        // Held deltas go first, to keep the order.
+        if let Some((turn, text)) = held.take() {
+            match self.tx.try_send(RunEvent::TextDelta { turn, text }) {
+                Ok(()) => {}
+                Err(TrySendError::Closed(_)) => return Err(Refused::Closed),
+                Err(TrySendError::Full(RunEvent::TextDelta { turn, text })) => {
+                    *held = Some((turn, text));
+                    return Err(Refused::Full);
+                }
+                Err(TrySendError::Full(_)) => return Err(Refused::Full),
+            }
+        }
+        match self.tx.try_send(ev) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Closed(_)) => Err(Refused::Closed),
+            Err(TrySendError::Full(RunEvent::TextDelta { turn, text })) => {
+                *held = Some((turn, text));
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Err(Refused::Full),
+        }
+    }
+
+    /// Waits until `n` slots are free (after sending any held delta) and
+    /// reserves them. Cancel-safe: dropping it gives the room back (a held
+    /// delta being sent is then dropped, as the run is ending).
+    pub async fn reserve(&self, n: usize) -> Result<PermitIterator<'_, RunEvent>, Unwritable> {
+        let held = self.held.lock().unwrap().take();
+        if let Some((turn, text)) = held {
+            let mut p = self.reserve_raw(1).await?;
+            if let Some(p) = p.next() {
+                p.send(RunEvent::TextDelta { turn, text });
+            }
+        }
+        self.reserve_raw(n.clamp(1, self.capacity())).await
+    }
+
+    async fn reserve_raw(&self, n: usize) -> Result<PermitIterator<'_, RunEvent>, Unwritable> {
+        loop {
+            let free = self.tx.capacity();
+            tokio::select! {
+                p = self.tx.reserve_many(n) => return p.map_err(|_| Unwritable::Closed),
+                _ = tokio::time::sleep(self.stall) => {
+                    // Stalled only if the client read nothing meanwhile; a
+                    // slow reader that makes progress is waited for.
+                    if self.tx.capacity() <= free {
+                        return Err(Unwritable::Stalled);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    fn delta(turn: u32, text: &str) -> RunEvent {
+        RunEvent::TextDelta {
+            turn,
+            text: text.into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deltas_merge_when_full_and_go_first_once_there_is_room() {
+        let (tx, mut rx) = mpsc::channel(2);
+        let q = ClientQueue::new(tx, Duration::from_secs(60));
+        q.push(RunEvent::TurnStarted { turn: 1 }).unwrap();
+        q.push(delta(1, "a")).unwrap();
+        for t in ["b", "c", "d"] {
+            q.push(delta(1, t)).unwrap();
+        }
+        assert_eq!(
+            q.push(RunEvent::TurnStarted { turn: 2 }),
+            Err(Refused::Full),
+            "anything else behind held deltas in a full queue is refused"
+        );
+        assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 1 }));
+        assert_eq!(rx.recv().await, Some(delta(1, "a")));
+        let mut p = q.reserve(1).await.unwrap();
+        p.next().unwrap().send(RunEvent::TurnStarted { turn: 2 });
+        assert_eq!(rx.recv().await, Some(delta(1, "bcd")), "merged, in order");
+        assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 2 }));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_reads_nothing_is_stalled_a_slow_one_is_not() {
+        let (tx, mut rx) = mpsc::channel(2);
+        let q = ClientQueue::new(tx, Duration::from_secs(10));
+        q.push(RunEvent::TurnStarted { turn: 1 }).unwrap();
+        q.push(RunEvent::TurnStarted { turn: 2 }).unwrap();
+        assert_eq!(q.reserve(1).await.err(), Some(Unwritable::Stalled));
+        // A reader taking one event every 9 s is slow, not stalled.
+        let mut waiting = Box::pin(q.reserve(2));
+        assert!((&mut waiting).now_or_never().is_none());
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        rx.recv().await.unwrap();
+        assert!((&mut waiting).now_or_never().is_none());
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        rx.recv().await.unwrap();
+        assert!(waiting.await.is_ok());
+        drop(rx);
+        assert_eq!(q.push(delta(3, "x")), Err(Refused::Closed));
+    }
+}
