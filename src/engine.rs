@@ -357,7 +357,7 @@ impl Engine {
         let loaded = async {
             let session = self.store.get_session(session_id).await?;
             let agent = self.agent(&session.agent)?.clone();
-            let transcript = self.store.transcript(session_id).await?;
+            let transcript = Arc::new(self.store.transcript(session_id).await?);
             Ok::<_, EngineError>((session, agent, transcript))
         }
         .await;

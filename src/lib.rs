@@ -9,6 +9,7 @@ pub mod conformance;
 pub mod demo;
 pub mod engine;
 pub mod event;
+pub mod history;
 pub mod hook_server;
 pub mod hooks;
 pub mod message;

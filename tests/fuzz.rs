@@ -314,7 +314,8 @@ fn baseline() -> ModelRequest {
                     arguments_json: r#"{"city": "Par"#.into(),
                 })],
             },
-        ],
+        ]
+        .into(),
         tools: ["a", "b", "c"]
             .iter()
             .map(|n| ToolSpec {

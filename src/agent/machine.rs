@@ -4,9 +4,11 @@
 //! so it is tested without sockets.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::agent::events::RunEvent;
 use crate::agent::outcome::RunOutcome;
+use crate::history::History;
 use crate::hooks::failure::HookFailure;
 use crate::message::{Block, Message, ToolResult, ToolSpec, Usage};
 use crate::model::{ModelRequest, ModelResponse, ToolChoice};
@@ -122,8 +124,9 @@ enum State {
 pub struct Machine {
     template: RequestTemplate,
     max_turns: u32,
-    /// Transcript before the run, then the run's committed messages.
-    history: Vec<Message>,
+    /// Transcript before the run (shared, never copied), then the run's
+    /// committed messages.
+    history: History,
     run_from: usize,
     /// History before this index is recorded in the store.
     flushed: usize,
@@ -138,14 +141,14 @@ impl Machine {
     pub fn new(
         template: RequestTemplate,
         max_turns: u32,
-        transcript: Vec<Message>,
+        transcript: Arc<Vec<Message>>,
         input: String,
     ) -> Machine {
         let run_from = transcript.len();
         Machine {
             template,
             max_turns,
-            history: transcript,
+            history: History::new(transcript),
             run_from,
             flushed: run_from,
             turn: 0,
@@ -170,7 +173,9 @@ impl Machine {
     pub fn take_committed(&mut self) -> &[Message] {
         let from = self.flushed;
         self.flushed = self.history.len();
-        &self.history[from..]
+        // Only the run's own messages are ever committed (`flushed` starts
+        // at the end of the transcript).
+        self.history.after_prefix(from).unwrap_or_default()
     }
 
     /// Ends the run from any state: nothing committed after the last
@@ -312,7 +317,8 @@ impl Machine {
         Step::ModelRequest(self.baseline())
     }
 
-    /// The request before hooks: agent template plus the run's history.
+    /// The request before hooks: agent template plus the run's history (the
+    /// transcript shared, only the run's own messages copied).
     fn baseline(&self) -> ModelRequest {
         let t = &self.template;
         ModelRequest {
@@ -366,7 +372,11 @@ impl Machine {
             outcome,
             reason,
             final_text,
-            messages: self.history[self.run_from..].to_vec(),
+            messages: self
+                .history
+                .after_prefix(self.run_from)
+                .unwrap_or_default()
+                .to_vec(),
             usage: self.usage,
             turns: self.turn,
             finish_reason: self.finish_reason.clone(),
@@ -395,7 +405,10 @@ mod tests {
                 ..Default::default()
             },
             max_turns,
-            vec![Message::user("old"), Message::assistant_text("old answer")],
+            Arc::new(vec![
+                Message::user("old"),
+                Message::assistant_text("old answer"),
+            ]),
             "hi".into(),
         )
     }
@@ -477,6 +490,40 @@ mod tests {
         assert_eq!(e.messages, vec![Message::user("hi!"), msg]);
         assert_eq!(e.usage.output_tokens, 2);
         assert_eq!(e.turns, 1);
+    }
+
+    #[test]
+    fn every_request_shares_the_transcript_instead_of_copying_it() {
+        let transcript = Arc::new(vec![
+            Message::user("old"),
+            Message::assistant_text("old answer"),
+        ]);
+        let mut m = Machine::new(
+            RequestTemplate::default(),
+            4,
+            transcript.clone(),
+            "hi".into(),
+        );
+        m.start();
+        let Step::ModelRequest(first) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(first.clone()))));
+        m.feed(Feed::Model(Ok(text_response("bad"))));
+        let Step::ModelRequest(second) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Retry(
+            "again".into(),
+        )))) else {
+            panic!()
+        };
+        let shared = History::new(transcript.clone());
+        assert!(first.history.shares_prefix_with(&shared));
+        assert!(second.history.shares_prefix_with(&shared));
+        assert_eq!(second.history.len(), 4, "old, old answer, hi, again");
+        assert_eq!(
+            transcript.len(),
+            2,
+            "the transcript itself is never changed"
+        );
     }
 
     #[test]

@@ -311,8 +311,9 @@ fn terminate(hook: String, t: crate::hooks::verdict::Terminate) -> Stop {
 }
 
 /// Drives one run to its end and returns its report (also sent as the last
-/// event).
-pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> RunReport {
+/// event). `transcript` is the session's committed history, shared (with
+/// the transcript cache and every model request of the run), never copied.
+pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) -> RunReport {
     let cfg = &run.agent.config;
     let tools = Arc::new(run.agent.tools(&run.registry));
     let template = RequestTemplate {
