@@ -28,7 +28,9 @@ use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::registry::{HookRegistry, RegistryError};
 use crate::model::ModelProvider;
 use crate::session::Session;
-use crate::store::{NewSession, RunEnd, SessionFilter, SessionPage, SessionStore, StoreError};
+use crate::store::{
+    NewSession, RunEnd, SessionFilter, SessionPage, SessionStore, StoreError, TranscriptCache,
+};
 use crate::telemetry::{propagation, spans, Instruments};
 use tracing::Instrument;
 
@@ -75,6 +77,9 @@ pub struct Engine {
     agents: HashMap<String, Arc<AgentRuntime>>,
     registry: Arc<HookRegistry>,
     store: Arc<dyn SessionStore>,
+    /// This replica's copies of recently used transcripts: a run reads only
+    /// the messages committed since.
+    transcripts: TranscriptCache,
     /// This process's id in the store (lease holder name).
     replica: String,
     approvals: Arc<Approvals>,
@@ -122,6 +127,7 @@ impl Engine {
             agents,
             registry,
             store,
+            transcripts: TranscriptCache::default(),
             replica: replica::replica_id(),
             approvals: Arc::new(Approvals::default()),
             runs: Mutex::new(HashMap::new()),
@@ -267,7 +273,7 @@ impl Engine {
     /// The session with its transcript.
     pub async fn get_session(&self, id: &str) -> Result<Session, EngineError> {
         let mut s = self.store.get_session(id).await?;
-        s.transcript = self.store.transcript(id).await?;
+        s.transcript = self.transcripts.load(&*self.store, id).await?.to_vec();
         Ok(s)
     }
 
@@ -282,6 +288,7 @@ impl Engine {
 
     pub async fn delete_session(&self, id: &str) -> Result<(), EngineError> {
         let session = self.store.delete_session(id).await?;
+        self.transcripts.forget(id);
         if let Some(run) = &session.active_run {
             // Wherever it runs, its replica is told to stop it.
             match self.store.request_cancel(run, "session deleted").await {
@@ -352,12 +359,13 @@ impl Engine {
             store: self.store.clone(),
             lease,
         };
-        // The history is read once per run, in one query; nothing of the
-        // session is copied or rewritten.
+        // Only the messages committed since this replica last read the
+        // session are read; the transcript is shared with the run, not
+        // copied, and nothing of it is rewritten.
         let loaded = async {
             let session = self.store.get_session(session_id).await?;
             let agent = self.agent(&session.agent)?.clone();
-            let transcript = Arc::new(self.store.transcript(session_id).await?);
+            let transcript = self.transcripts.load(&*self.store, session_id).await?;
             Ok::<_, EngineError>((session, agent, transcript))
         }
         .await;

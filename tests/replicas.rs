@@ -95,22 +95,44 @@ async fn create_on_a_run_on_b_read_on_c(store: Store) {
     let s = session(&mut a, "a").await;
     let r = result_of(&run_events(&mut b, &s, "weather please").await);
     assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{r:?}");
+    let read = |mut c: pb::agent_service_client::AgentServiceClient<_>, s: String| async move {
+        c.get_session(pb::GetSessionRequest { session_id: s })
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    // A keeps a copy of the transcript as B left it...
+    let before = texts(&read(a.clone(), s.clone()).await.transcript);
     let r2 = invoke(&mut c, &s, "and hello").await;
     assert_eq!(outcome(&r2), pb::RunOutcome::Completed);
-    let got = a
-        .get_session(pb::GetSessionRequest {
-            session_id: s.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    // ...and reads what C appended after it.
+    let got = read(a.clone(), s.clone()).await;
     let t = texts(&got.transcript);
+    assert_eq!(t[..before.len()], before[..]);
     assert_eq!(t[0], "weather please");
     assert!(t.contains(&"result:sunny in Paris".to_string()), "{t:?}");
     assert_eq!(t[t.len() - 2], "and hello");
     assert_eq!(got.run_count, 2);
     assert_eq!(got.active_run_id, "");
     assert_eq!(got.owner, "anonymous");
+    // A run on A is sent the whole transcript, C's run included: the
+    // scripted model numbers its tool calls after the assistant messages
+    // in what it is sent (2 from B's run, 1 from C's, so this is turn 4).
+    let r3 = invoke(&mut a, &s, "weather again").await;
+    assert_eq!(outcome(&r3), pb::RunOutcome::Completed, "{r3:?}");
+    let after = read(b.clone(), s.clone()).await;
+    let all = texts(&after.transcript);
+    assert_eq!(all[..t.len()], t[..], "B reads the same history");
+    let last_call = after
+        .transcript
+        .iter()
+        .flat_map(|m| &m.blocks)
+        .filter_map(|b| match &b.kind {
+            Some(pb::block::Kind::ToolCall(c)) => Some(c.id.clone()),
+            _ => None,
+        })
+        .next_back();
+    assert_eq!(last_call.as_deref(), Some("call_4_0"), "{all:?}");
     // Every replica lists it.
     for i in 0..3 {
         let l = cl

@@ -12,6 +12,7 @@ use hookwire::config::StoreSetting;
 use hookwire::message::{Block, Message, Role, ToolCall};
 use hookwire::store::{
     self, NewSession, RunEnd, SessionFilter, SessionStore, Signal, StoreError, StoreOptions,
+    TranscriptCache,
 };
 
 /// A lease short enough to be expired after [`EXPIRED`]: the tests only
@@ -437,6 +438,218 @@ async fn deleting_a_session_with_an_active_run_lets_the_run_end(engine: &str) {
     s.close().await;
 }
 
+/// A run on `replica` that commits `msgs` (the first with a step, the rest
+/// with its end).
+async fn commit_run(s: &dyn SessionStore, run: &str, replica: &str, msgs: &[Message]) {
+    let lease = s.begin_run("s", run, replica).await.unwrap();
+    let (first, rest) = msgs.split_at(msgs.len().min(1));
+    s.append(&lease, first).await.unwrap();
+    s.end_run(&lease, rest, &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+}
+
+fn texts(m: &[Message]) -> Vec<String> {
+    m.iter().map(Message::text).collect()
+}
+
+async fn the_transcript_reads_from_a_position(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    assert!(s.transcript_after("s", 0).await.unwrap().is_empty());
+    commit_run(
+        &*s,
+        "r1",
+        "A",
+        &[Message::user("one"), Message::assistant_text("two")],
+    )
+    .await;
+    commit_run(
+        &*s,
+        "r2",
+        "B",
+        &[Message::user("three"), Message::assistant_text("four")],
+    )
+    .await;
+    assert_eq!(
+        s.transcript_after("s", 0).await.unwrap(),
+        s.transcript("s").await.unwrap()
+    );
+    assert_eq!(
+        texts(&s.transcript_after("s", 1).await.unwrap()),
+        ["two", "three", "four"]
+    );
+    assert_eq!(texts(&s.transcript_after("s", 3).await.unwrap()), ["four"]);
+    assert!(s.transcript_after("s", 4).await.unwrap().is_empty());
+    assert!(s.transcript_after("s", 99).await.unwrap().is_empty());
+    s.close().await;
+}
+
+/// Two replicas' caches over one store: each sees what the other (or
+/// anyone) committed since its copy, and reuses its copy when nothing was.
+async fn a_replicas_transcript_cache_sees_what_other_replicas_appended(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let (a, b) = (TranscriptCache::default(), TranscriptCache::default());
+    assert!(a.load(&*s, "s").await.unwrap().is_empty());
+    commit_run(
+        &*s,
+        "r1",
+        "B",
+        &[Message::user("one"), Message::assistant_text("two")],
+    )
+    .await;
+    assert_eq!(texts(&b.load(&*s, "s").await.unwrap()), ["one", "two"]);
+    assert_eq!(
+        texts(&a.load(&*s, "s").await.unwrap()),
+        ["one", "two"],
+        "A's empty copy is completed with B's run"
+    );
+    commit_run(
+        &*s,
+        "r2",
+        "A",
+        &[Message::user("three"), Message::assistant_text("four")],
+    )
+    .await;
+    let full = s.transcript("s").await.unwrap();
+    let on_a = a.load(&*s, "s").await.unwrap();
+    assert_eq!(*on_a, full);
+    assert_eq!(*b.load(&*s, "s").await.unwrap(), full, "B's copy too");
+    let again = a.load(&*s, "s").await.unwrap();
+    assert!(Arc::ptr_eq(&on_a, &again), "nothing new: the same copy");
+    a.forget("s");
+    assert_eq!(a.held().0, 0);
+    s.close().await;
+}
+
+/// The store, recording what each `transcript_after` asked and got.
+struct Recording {
+    inner: Arc<dyn SessionStore>,
+    reads: std::sync::Mutex<Vec<(u64, usize)>>,
+}
+
+#[async_trait::async_trait]
+impl SessionStore for Recording {
+    fn engine(&self) -> &'static str {
+        self.inner.engine()
+    }
+    async fn transcript_after(&self, id: &str, from: u64) -> Result<Vec<Message>, StoreError> {
+        let got = self.inner.transcript_after(id, from).await?;
+        self.reads.lock().unwrap().push((from, got.len()));
+        Ok(got)
+    }
+    async fn create_session(
+        &self,
+        s: &NewSession,
+    ) -> Result<hookwire::session::Session, StoreError> {
+        self.inner.create_session(s).await
+    }
+    async fn get_session(&self, id: &str) -> Result<hookwire::session::Session, StoreError> {
+        self.inner.get_session(id).await
+    }
+    async fn list_sessions(&self, f: &SessionFilter) -> Result<store::SessionPage, StoreError> {
+        self.inner.list_sessions(f).await
+    }
+    async fn delete_session(&self, id: &str) -> Result<hookwire::session::Session, StoreError> {
+        self.inner.delete_session(id).await
+    }
+    async fn transcript(&self, id: &str) -> Result<Vec<Message>, StoreError> {
+        self.inner.transcript(id).await
+    }
+    async fn begin_run(&self, s: &str, r: &str, rep: &str) -> Result<store::RunLease, StoreError> {
+        self.inner.begin_run(s, r, rep).await
+    }
+    async fn renew(&self, l: &store::RunLease) -> Result<(), StoreError> {
+        self.inner.renew(l).await
+    }
+    async fn append(&self, l: &store::RunLease, m: &[Message]) -> Result<(), StoreError> {
+        self.inner.append(l, m).await
+    }
+    async fn stage_turn(&self, l: &store::RunLease, t: Option<&Message>) -> Result<(), StoreError> {
+        self.inner.stage_turn(l, t).await
+    }
+    async fn end_run(
+        &self,
+        l: &store::RunLease,
+        m: &[Message],
+        e: &RunEnd,
+    ) -> Result<(), StoreError> {
+        self.inner.end_run(l, m, e).await
+    }
+    async fn request_approval(&self, l: &store::RunLease, c: &str) -> Result<(), StoreError> {
+        self.inner.request_approval(l, c).await
+    }
+    async fn resolve_approval(&self, r: &str, c: &str, d: &Decision) -> Result<(), StoreError> {
+        self.inner.resolve_approval(r, c, d).await
+    }
+    async fn expire_approval(
+        &self,
+        l: &store::RunLease,
+        c: &str,
+    ) -> Result<Option<Decision>, StoreError> {
+        self.inner.expire_approval(l, c).await
+    }
+    async fn request_cancel(&self, r: &str, why: &str) -> Result<(), StoreError> {
+        self.inner.request_cancel(r, why).await
+    }
+    async fn signals(&self, rep: &str) -> Result<Vec<Signal>, StoreError> {
+        self.inner.signals(rep).await
+    }
+    async fn claim_expired(&self, rep: &str, n: u32) -> Result<Vec<store::ClaimedRun>, StoreError> {
+        self.inner.claim_expired(rep, n).await
+    }
+    async fn expire_sessions(
+        &self,
+        ttl: Duration,
+        n: u32,
+    ) -> Result<Vec<hookwire::session::Session>, StoreError> {
+        self.inner.expire_sessions(ttl, n).await
+    }
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.inner.subscribe()
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+/// A cache reads only the messages after its copy: none when it is
+/// current, just the new ones when another replica appended.
+async fn the_transcript_cache_reads_only_what_follows_its_copy(engine: &str) {
+    let s = Recording {
+        inner: open(engine, StoreOptions::default()).await,
+        reads: Default::default(),
+    };
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let cache = TranscriptCache::default();
+    cache.load(&s, "s").await.unwrap();
+    commit_run(
+        &s,
+        "r1",
+        "A",
+        &[Message::user("one"), Message::assistant_text("two")],
+    )
+    .await;
+    cache.load(&s, "s").await.unwrap();
+    cache.load(&s, "s").await.unwrap();
+    commit_run(
+        &s,
+        "r2",
+        "B",
+        &[Message::user("three"), Message::assistant_text("four")],
+    )
+    .await;
+    let got = cache.load(&s, "s").await.unwrap();
+    assert_eq!(texts(&got), ["one", "two", "three", "four"]);
+    assert_eq!(
+        *s.reads.lock().unwrap(),
+        [(0, 0), (0, 2), (2, 0), (2, 2)],
+        "(from, messages read) per load"
+    );
+    s.close().await;
+}
+
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -460,6 +673,9 @@ contract!(
     transcript_size_is_limited,
     idle_sessions_expire_but_busy_ones_do_not,
     deleting_a_session_with_an_active_run_lets_the_run_end,
+    the_transcript_reads_from_a_position,
+    a_replicas_transcript_cache_sees_what_other_replicas_appended,
+    the_transcript_cache_reads_only_what_follows_its_copy,
 );
 
 /// Two stores opening one fresh Postgres database at once: sqlx's migrator

@@ -246,6 +246,7 @@ impl Engine {
             Ok(gone) => {
                 for s in gone {
                     tracing::info!(session = %s.id, "session expired (server.session_ttl)");
+                    self.transcripts.forget(&s.id);
                     self.session_end(&s, "expired");
                 }
             }

@@ -197,6 +197,19 @@ impl SessionStore for MemoryStore {
             .ok_or_else(|| StoreError::SessionNotFound(session_id.to_string()))
     }
 
+    async fn transcript_after(
+        &self,
+        session_id: &str,
+        from: u64,
+    ) -> Result<Vec<Message>, StoreError> {
+        let from = usize::try_from(from).unwrap_or(usize::MAX);
+        self.lock()
+            .sessions
+            .get(session_id)
+            .map(|s| s.transcript.get(from..).unwrap_or_default().to_vec())
+            .ok_or_else(|| StoreError::SessionNotFound(session_id.to_string()))
+    }
+
     async fn begin_run(
         &self,
         session_id: &str,

@@ -12,6 +12,7 @@
 //! claimed the run after the lease expired) changes nothing and answers
 //! [`StoreError::LeaseLost`].
 
+mod cache;
 mod error;
 mod memory;
 mod migrations;
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
+pub use cache::{TranscriptCache, DEFAULT_CACHE_BYTES};
 pub use error::StoreError;
 pub use memory::MemoryStore;
 
@@ -175,6 +177,17 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError>;
     /// The committed transcript, in order.
     async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError>;
+    /// The committed messages from position `from` on (the first message
+    /// is 0), in order: what a reader holding the first `from` lacks.
+    /// Committed messages never change and are numbered without gaps, so
+    /// those first `from` stay valid whatever is appended (see
+    /// [`TranscriptCache`]). An unknown session reads as empty or
+    /// [`StoreError::SessionNotFound`].
+    async fn transcript_after(
+        &self,
+        session_id: &str,
+        from: u64,
+    ) -> Result<Vec<Message>, StoreError>;
 
     /// Starts a run: the one active run of the session (enforced here),
     /// leased to `replica`.

@@ -438,6 +438,26 @@ impl SessionStore for SqlStore {
             .collect()
     }
 
+    async fn transcript_after(
+        &self,
+        session_id: &str,
+        from: u64,
+    ) -> Result<Vec<Message>, StoreError> {
+        let from = i64::try_from(from).unwrap_or(i64::MAX);
+        // The primary key (session_id, seq) serves this: a replica that is
+        // up to date reads no row at all.
+        let rows: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(
+            "SELECT body FROM messages WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
+        )
+        .bind(session_id)
+        .bind(from)
+        .fetch_all(p)
+        .await?);
+        rows.iter()
+            .map(|(b,)| serde_json::from_str(b).map_err(StoreError::from))
+            .collect()
+    }
+
     async fn begin_run(
         &self,
         session_id: &str,

@@ -124,6 +124,11 @@ impl SessionStore for Counting {
         self.read.fetch_add(t.len() as u64, Ordering::Relaxed);
         Ok(t)
     }
+    async fn transcript_after(&self, id: &str, from: u64) -> Result<Vec<Message>, StoreError> {
+        let t = self.inner.transcript_after(id, from).await?;
+        self.read.fetch_add(t.len() as u64, Ordering::Relaxed);
+        Ok(t)
+    }
     async fn begin_run(&self, s: &str, r: &str, rep: &str) -> Result<RunLease, StoreError> {
         self.w();
         self.inner.begin_run(s, r, rep).await
