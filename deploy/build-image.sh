@@ -160,8 +160,9 @@ fi
 if [ "$(id -u)" = 0 ] && command -v chroot >/dev/null; then
     step "smoke test: hookwire --help inside the image's root filesystem"
     chroot --userspec=65532:65532 "$ctx/rootfs" /usr/local/bin/hookwire --help >/dev/null
-    # A bare start as the image runs it (its environment only, no config):
-    # the demo agent on SQLite in the image's data directory, on free ports.
+    # A start as the image runs it (its data directory, no config): the demo
+    # agent on SQLite in the image's data directory, on free loopback ports
+    # (without auth: hookwire refuses 0.0.0.0).
     step "smoke test: a bare 'hookwire serve' with the image's environment"
     mkdir -p "$ctx/rootfs/var/lib/hookwire"
     chown 65532:65532 "$ctx/rootfs/var/lib/hookwire"

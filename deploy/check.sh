@@ -48,10 +48,17 @@ import collections, sys, yaml
 c = collections.Counter(d["kind"] for d in yaml.safe_load_all(open(sys.argv[1])) if d)
 print(", ".join(f"{n} {k}" for k, n in sorted(c.items())))' "$out")
     printf 'render   %-28s %s\n' "$dir" "$kinds"
+    # cert-manager's kinds have no schema in kubernetes-validate: they are
+    # checked by check_wiring.py (issuers, secrets, mounts) instead.
+    python3 -c '
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+core = [d for d in docs if not d["apiVersion"].startswith("cert-manager.io/")]
+yaml.safe_dump_all(core, open(sys.argv[2], "w"), sort_keys=False)' "$out" "$out.core"
     for v in $KUBE_VERSIONS; do
         # --quiet prints only problems; a warning (e.g. a deprecated API)
         # counts as a failure too.
-        report=$(kubernetes-validate --strict --quiet --kubernetes-version "$v" "$out" 2>&1) \
+        report=$(kubernetes-validate --strict --quiet --kubernetes-version "$v" "$out.core" 2>&1) \
             || die "kubernetes-validate $v $dir:"$'\n'"$report"
         [ -z "$report" ] || die "kubernetes-validate $v $dir:"$'\n'"$report"
     done
@@ -59,12 +66,12 @@ print(", ".join(f"{n} {k}" for k, n in sorted(c.items())))' "$out")
     python3 "$deploy/check_wiring.py" "$dir" <"$out" || die "wiring of $dir"
     stale=$(grep -E '^ *image: hookwire' "$out" | grep -vE ":$version\$" || true)
     [ -z "$stale" ] || die "$dir runs images not tagged $version (Cargo.toml's version):"$'\n'"$stale"
-    printf 'wiring   %-28s services, ports, config, probes, securityContext, store, images :%s\n' "$dir" "$version"
+    printf 'wiring   %-28s services, ports, config, probes, securityContext, store, auth, policies, certificates, images :%s\n' "$dir" "$version"
 done
 
 # The configs are checked by hookwire's own loader (unknown fields, dangling
-# references, bad durations). HOOKWIRE_BIN makes this step mandatory; without
-# it a built binary in target/ is used when there is one.
+# references, bad durations): HOOKWIRE_BIN, else a built binary in target/.
+# Without one the check fails: a skipped step must not end in "OK".
 bin=${HOOKWIRE_BIN:-}
 if [ -z "$bin" ]; then
     for b in target/debug/hookwire target/release/hookwire; do
@@ -79,11 +86,13 @@ if [ -n "$bin" ]; then
         die "$bin config check accepted an invalid config"
     fi
     for c in $configs; do
-        "$bin" config check "$c" >/dev/null || die "hookwire config check $c"
-        printf 'config   %-28s hookwire config check\n' "$c"
+        # --skip-files: the tokens and certificates the configs name live in
+        # the pod (Secrets), not here; check_wiring.py checks they are mounted.
+        "$bin" config check --skip-files "$c" >/dev/null || die "hookwire config check $c"
+        printf 'config   %-28s hookwire config check --skip-files\n' "$c"
     done
 else
-    printf 'config   SKIPPED: no hookwire binary (set HOOKWIRE_BIN or build first)\n'
+    die "no hookwire binary to check the configs with: build one (cargo build) or set HOOKWIRE_BIN"
 fi
 
 for f in deploy/Dockerfile deploy/images/*.Dockerfile; do

@@ -20,6 +20,11 @@ that the pieces point at each other and keep the platform rules.
   from a Secret (never a literal), an HPA may scale it, and when the Secret
   is in the render its URL names a Service of the render on a port it
   exposes and holds no password.
+- security: hookwire authenticates callers (auth.mode is not none), every
+  file its config names (tokens, JWKS, certificates) lies under a volume
+  mount of its container, a NetworkPolicy guards hookwire and one guards
+  each hook server, and cert-manager Certificates name an Issuer of the
+  render and a Secret some pod mounts.
 
 Prints one line per failure and exits 1 if there is any. Needs PyYAML
 (installed with kubernetes-validate).
@@ -115,6 +120,19 @@ def main() -> int:
         config = yaml.safe_load(configmaps.get(cm_name, {}).get("data", {}).get("config.yaml", "{}"))
         for hook in config.get("hooks", []):
             service_port(hook["endpoint"], f"hook {hook['name']} endpoint")
+        mounts = [m["mountPath"].rstrip("/") + "/" for m in container.get("volumeMounts", [])]
+        auth = config.get("auth", {})
+        if auth.get("mode", "none") == "none":
+            errors.append("hookwire config: auth.mode is none (it would refuse to start on 0.0.0.0)")
+        files = [(f"auth.{k}", auth.get(k)) for k in ("tokens_file", "jwks_file")]
+        files += [(f"tls.{k}", (config.get("tls") or {}).get(k)) for k in ("cert_file", "key_file", "client_ca_file")]
+        for h in config.get("hooks", []):
+            files += [(f"hooks[{h['name']}].tls.{k}", (h.get("tls") or {}).get(k)) for k in ("ca_file", "cert_file", "key_file")]
+            files.append((f"hooks[{h['name']}].credentials.bearer_token_file",
+                          (h.get("credentials") or {}).get("bearer_token_file")))
+        for what, path in files:
+            if path and not any(path.startswith(m) for m in mounts):
+                errors.append(f"hookwire config {what} {path} is under no volume mount of the container")
         check_store(hookwire, container, config, secrets, hpas, pvcs, service_port, errors)
         grace = seconds(config.get("server", {}).get("shutdown_grace", "25s"))
         pause = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
@@ -126,6 +144,35 @@ def main() -> int:
                 f"hookwire terminationGracePeriodSeconds {budget} is under"
                 f" preStop {pause}s + shutdown_grace {grace}s + 10s"
             )
+
+    policies = by_kind.get("NetworkPolicy", {}).values()
+
+    def guarded(labels: dict) -> bool:
+        return any(p["spec"].get("podSelector", {}).get("matchLabels", {}).items() <= labels.items()
+                   and "Ingress" in p["spec"].get("policyTypes", []) for p in policies)
+
+    for dname, dep in deployments.items():
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        if (dname == "hookwire" or labels.get("app.kubernetes.io/component") == "hook") and not guarded(labels):
+            errors.append(f"Deployment {dname}: no NetworkPolicy limits who reaches it")
+
+    issuers = set(by_kind.get("Issuer", {})) | set(by_kind.get("ClusterIssuer", {}))
+    mounted = {v["secret"]["secretName"] for dep in deployments.values()
+               for v in dep["spec"]["template"]["spec"].get("volumes", []) if "secret" in v}
+    for cname, cert in by_kind.get("Certificate", {}).items():
+        spec = cert["spec"]
+        if spec.get("issuerRef", {}).get("name") not in issuers:
+            errors.append(f"Certificate {cname}: issuerRef names no Issuer of this render")
+        secret = spec.get("secretName")
+        if not secret:
+            errors.append(f"Certificate {cname}: no secretName")
+        elif not spec.get("isCA") and secret not in mounted:
+            errors.append(f"Certificate {cname}: Secret {secret} is mounted by no pod")
+    for iname, issuer in by_kind.get("Issuer", {}).items():
+        ca = issuer["spec"].get("ca", {}).get("secretName")
+        if ca and not any(c["spec"].get("secretName") == ca and c["spec"].get("isCA")
+                          for c in by_kind.get("Certificate", {}).values()):
+            errors.append(f"Issuer {iname}: CA Secret {ca} is issued by no CA Certificate here")
 
     for e in errors:
         print(f"  FAIL {name}: {e}")

@@ -14,10 +14,14 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use crate::agent::approvals::{Approvals, Decision};
+use crate::agent::contain::drive_contained;
 use crate::agent::events::{RunEvent, RunReport};
 use crate::agent::ledger::Ledger;
 use crate::agent::outcome::RunOutcome;
-use crate::agent::runner::{drive, AgentRuntime, Run};
+use crate::agent::runner::{AgentRuntime, Run};
+use crate::auth::access::{self, Action, Denied, SessionGrant};
+use crate::auth::quota::{self, Held, QuotaExceeded, QuotaLedger};
+use crate::auth::Principal;
 use crate::config::Config;
 use crate::event::{nearest, EventKind};
 use crate::hooks::client::{HookClient, HookSnapshot};
@@ -52,6 +56,10 @@ pub enum EngineError {
     SessionHookFailed(HookFailure),
     #[error("server is shutting down; retry against another replica")]
     ShuttingDown,
+    #[error("principal `{principal}` may not use agent `{agent}` (agents[].allow)")]
+    AgentDenied { principal: String, agent: String },
+    #[error(transparent)]
+    Quota(#[from] QuotaExceeded),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +97,14 @@ pub struct Engine {
     idle: Notify,
     inst: Instruments,
     background: replica::Background,
+    quotas: Arc<QuotaLedger>,
+}
+
+/// The caller's identity as hooks see it in EventContext.
+fn with_principal(mut ctx: EventContext, p: &Principal) -> EventContext {
+    ctx.principal = p.name.clone();
+    ctx.principal_claims = p.claims.clone();
+    ctx
 }
 
 impl Engine {
@@ -123,6 +139,7 @@ impl Engine {
             );
         }
         Ok(Engine {
+            quotas: Arc::new(QuotaLedger::new(config.quotas.clone())),
             config,
             agents,
             registry,
@@ -209,28 +226,91 @@ impl Engine {
         }
     }
 
-    /// Creates a session owned by `owner` (the caller's principal;
+    /// Refusals of `access` as the caller sees them: a session the caller
+    /// may not see answers exactly like a missing one.
+    fn denied(&self, d: Denied, session_id: &str) -> EngineError {
+        match d {
+            Denied::Hidden => StoreError::SessionNotFound(session_id.to_string()).into(),
+            Denied::Agent { principal, agent } => EngineError::AgentDenied { principal, agent },
+        }
+    }
+
+    fn quota(&self, p: &Principal, e: QuotaExceeded) -> EngineError {
+        self.inst.metrics.quota_rejected(e.limit, p.class());
+        e.into()
+    }
+
+    /// What `p` holds in the store, when a quota needs it.
+    async fn held(&self, p: &Principal, needed: bool) -> Result<Held, EngineError> {
+        if !needed {
+            return Ok(Held::default());
+        }
+        let u = self.store.owner_usage(&p.name, quota::WINDOW).await?;
+        Ok(Held {
+            sessions: u.sessions,
+            active_runs: u.active_runs,
+            recent_runs: u.recent_runs,
+        })
+    }
+
+    /// The session (without its transcript), if `p` may do `action` with it.
+    async fn grant(
+        &self,
+        p: &Principal,
+        action: Action,
+        id: &str,
+    ) -> Result<(Session, SessionGrant), EngineError> {
+        let s = self.store.get_session(id).await?;
+        let agent = self.config.agent(&s.agent);
+        let g =
+            access::authorize(p, action, &s.id, &s.owner, agent).map_err(|d| self.denied(d, id))?;
+        Ok((s, g))
+    }
+
+    /// The session of an active run, wherever it executes, if `p` may do
+    /// `action` with it; a run the caller may not see answers exactly like
+    /// a finished one.
+    async fn grant_run(
+        &self,
+        p: &Principal,
+        action: Action,
+        run_id: &str,
+    ) -> Result<SessionGrant, EngineError> {
+        let s = self.store.run_session(run_id).await?;
+        access::authorize(p, action, &s.id, &s.owner, self.config.agent(&s.agent))
+            .map_err(|_| StoreError::RunNotFound(run_id.to_string()).into())
+    }
+
+    /// Creates a session owned by the caller (`principal`;
     /// [`crate::session::ANONYMOUS`] without authentication).
     pub async fn create_session(
         &self,
+        principal: &Principal,
         agent_name: &str,
         extra_hooks: Vec<String>,
         metadata: BTreeMap<String, String>,
-        owner: &str,
     ) -> Result<Session, EngineError> {
         if !self.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
         let agent = self.agent(agent_name)?.clone();
+        access::may_use_agent(principal, &agent.config).map_err(|d| self.denied(d, ""))?;
         for h in &extra_hooks {
             if self.registry.get(h).is_none() {
                 return Err(EngineError::UnknownHook(h.clone()));
             }
         }
+        // Held until the session is stored (or refused), so concurrent
+        // creations here cannot both take the last slot.
+        let held = self.held(principal, self.quotas.limits_sessions()).await?;
+        let _slot = self
+            .quotas
+            .begin_session(principal, held)
+            .map_err(|e| self.quota(principal, e))?;
         let session = NewSession {
             id: uuid::Uuid::new_v4().to_string(),
             agent: agent_name.to_string(),
-            owner: owner.to_string(),
+            owner: principal.name.clone(),
             extra_hooks: extra_hooks.clone(),
             metadata: metadata.clone(),
         };
@@ -239,11 +319,14 @@ impl Engine {
             let names: Vec<String> = clients.iter().map(|c| c.name().to_string()).collect();
             let hooks = RunHooks::new(
                 clients,
-                EventContext {
-                    session_id: session.id.clone(),
-                    agent: agent_name.to_string(),
-                    ..Default::default()
-                },
+                with_principal(
+                    EventContext {
+                        session_id: session.id.clone(),
+                        agent: agent_name.to_string(),
+                        ..Default::default()
+                    },
+                    principal,
+                ),
                 Instant::now() + agent.config.event_budget,
                 agent.config.event_budget,
                 self.inst.clone(),
@@ -271,23 +354,46 @@ impl Engine {
     }
 
     /// The session with its transcript.
-    pub async fn get_session(&self, id: &str) -> Result<Session, EngineError> {
-        let mut s = self.store.get_session(id).await?;
-        s.transcript = self.transcripts.load(&*self.store, id).await?.to_vec();
+    pub async fn get_session(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<Session, EngineError> {
+        let (mut s, grant) = self.grant(principal, Action::Read, id).await?;
+        s.transcript = self
+            .transcripts
+            .load(&*self.store, grant.session_id())
+            .await?
+            .to_vec();
         Ok(s)
     }
 
     /// The session without its transcript.
-    pub async fn session_info(&self, id: &str) -> Result<Session, EngineError> {
-        Ok(self.store.get_session(id).await?)
+    pub async fn session_info(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<Session, EngineError> {
+        Ok(self.grant(principal, Action::Read, id).await?.0)
     }
 
-    pub async fn list_sessions(&self, filter: &SessionFilter) -> Result<SessionPage, EngineError> {
-        Ok(self.store.list_sessions(filter).await?)
+    /// A page of the sessions `principal` may see: its own, or all for an
+    /// admin (filtered in the store, so pages are full).
+    pub async fn list_sessions(
+        &self,
+        principal: &Principal,
+        mut filter: SessionFilter,
+    ) -> Result<SessionPage, EngineError> {
+        filter.owner = match access::list_scope(principal) {
+            access::ListScope::All => None,
+            access::ListScope::OwnedBy(o) => Some(o),
+        };
+        Ok(self.store.list_sessions(&filter).await?)
     }
 
-    pub async fn delete_session(&self, id: &str) -> Result<(), EngineError> {
-        let session = self.store.delete_session(id).await?;
+    pub async fn delete_session(&self, principal: &Principal, id: &str) -> Result<(), EngineError> {
+        let (_, grant) = self.grant(principal, Action::Delete, id).await?;
+        let session = self.store.delete_session(grant.session_id()).await?;
         self.transcripts.forget(id);
         if let Some(run) = &session.active_run {
             // Wherever it runs, its replica is told to stop it.
@@ -301,21 +407,26 @@ impl Engine {
                 r.cancel("session deleted");
             }
         }
-        self.session_end(&session, "deleted");
+        self.session_end(&session, "deleted", Some(principal));
         Ok(())
     }
 
-    /// Fires session_end (observe) at the session's hooks.
-    fn session_end(&self, session: &Session, reason: &str) {
+    /// Fires session_end (observe) at the session's hooks; `by`: the caller
+    /// that ended it (none when it expired).
+    fn session_end(&self, session: &Session, reason: &str, by: Option<&Principal>) {
         if let Ok(agent) = self.agent(&session.agent) {
             let clients = self.session_hooks(agent, &session.extra_hooks);
             if !clients.is_empty() {
+                let ctx = EventContext {
+                    session_id: session.id.clone(),
+                    agent: session.agent.clone(),
+                    ..Default::default()
+                };
                 let hooks = RunHooks::new(
                     clients,
-                    EventContext {
-                        session_id: session.id.clone(),
-                        agent: session.agent.clone(),
-                        ..Default::default()
+                    match by {
+                        Some(p) => with_principal(ctx, p),
+                        None => ctx,
                     },
                     Instant::now() + agent.config.event_budget,
                     agent.config.event_budget,
@@ -332,6 +443,7 @@ impl Engine {
     /// Starts a run; its events arrive on the handle until `Finished`.
     pub async fn start_run(
         self: &Arc<Self>,
+        principal: &Principal,
         session_id: &str,
         input: String,
         streaming: bool,
@@ -350,11 +462,20 @@ impl Engine {
                 max,
             });
         }
+        let (session, grant) = self.grant(principal, Action::Run, session_id).await?;
+        let held = self.held(principal, self.quotas.limits_runs()).await?;
+        let starting = self
+            .quotas
+            .begin_run(principal, held)
+            .map_err(|e| self.quota(principal, e))?;
         let run_id = uuid::Uuid::new_v4().to_string();
         let lease = self
             .store
-            .begin_run(session_id, &run_id, &self.replica)
-            .await?;
+            .begin_run(grant.session_id(), &run_id, &self.replica)
+            .await;
+        // From here the store counts the run (or it did not start).
+        drop(starting);
+        let lease = lease?;
         let ledger = Ledger {
             store: self.store.clone(),
             lease,
@@ -363,13 +484,12 @@ impl Engine {
         // session are read; the transcript is shared with the run, not
         // copied, and nothing of it is rewritten.
         let loaded = async {
-            let session = self.store.get_session(session_id).await?;
             let agent = self.agent(&session.agent)?.clone();
-            let transcript = self.transcripts.load(&*self.store, session_id).await?;
-            Ok::<_, EngineError>((session, agent, transcript))
+            let transcript = self.transcripts.load(&*self.store, &session.id).await?;
+            Ok::<_, EngineError>((agent, transcript))
         }
         .await;
-        let (session, agent, transcript) = match loaded {
+        let (agent, transcript) = match loaded {
             Ok(l) => l,
             Err(e) => {
                 let end = RunEnd {
@@ -404,6 +524,8 @@ impl Engine {
                 streaming,
                 traceparent: String::new(),
                 tracestate: String::new(),
+                principal: principal.name.clone(),
+                principal_claims: principal.claims.clone(),
             },
             deadline,
             agent.config.event_budget,
@@ -435,7 +557,7 @@ impl Engine {
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
         let task = tokio::spawn(async move {
-            let report = drive(run.clone(), transcript, input)
+            let report = drive_contained(run.clone(), transcript, input)
                 .instrument(span.clone())
                 .await;
             let outcome = report.outcome.name();
@@ -444,6 +566,10 @@ impl Engine {
                 outcome,
                 (report.outcome != crate::agent::outcome::RunOutcome::Completed).then_some(outcome),
             );
+            // The run's span ends here, before the run counts as finished:
+            // whoever waits for that (a drain, a test about to flush the
+            // exporter) then finds the span closed and handed to export.
+            drop(span);
             engine
                 .inst
                 .metrics
@@ -467,8 +593,9 @@ impl Engine {
 
     /// Cancels a run wherever it executes: recorded in the store (which
     /// denies its pending approvals) and delivered to its replica.
-    pub async fn cancel_run(&self, run_id: &str) -> Result<(), EngineError> {
+    pub async fn cancel_run(&self, principal: &Principal, run_id: &str) -> Result<(), EngineError> {
         const REASON: &str = "cancelled by client";
+        self.grant_run(principal, Action::Cancel, run_id).await?;
         self.store.request_cancel(run_id, REASON).await?;
         if let Some(r) = self.local_run(run_id) {
             r.cancel(REASON);
@@ -480,11 +607,14 @@ impl Engine {
     /// recorded wins.
     pub async fn resolve_approval(
         &self,
+        principal: &Principal,
         run_id: &str,
         call_id: &str,
         approve: bool,
         note: String,
     ) -> Result<(), EngineError> {
+        self.grant_run(principal, Action::ResolveApproval, run_id)
+            .await?;
         let d = Decision { approve, note };
         self.store.resolve_approval(run_id, call_id, &d).await?;
         self.approvals.deliver(run_id, call_id, d);

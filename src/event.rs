@@ -167,7 +167,13 @@ mod tests {
     #[test]
     fn nonsense_lists_all_names() {
         let err = "zzzzzzzzzzzzzzzzzzzzzzzz".parse::<EventKind>().unwrap_err();
-        assert!(err.to_string().contains("valid events: session_start"));
+        // Spelled out, so a list that loses or reorders a name fails here.
+        assert_eq!(
+            err.to_string(),
+            "unknown event `zzzzzzzzzzzzzzzzzzzzzzzz`; valid events: session_start, run_start, \
+             model_request, text_delta, model_response, invalid_tool_call, tool_call, \
+             tool_result, turn_end, run_end, session_end"
+        );
     }
 
     #[test]

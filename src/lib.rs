@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod conformance;
@@ -19,3 +20,4 @@ pub mod server;
 pub mod session;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

@@ -112,11 +112,50 @@ impl Message {
             _ => None,
         })
     }
+
+    /// Gives each tool call without an id the id `{prefix}{position}`
+    /// (position among the message's calls). Calls a hook injected (`respond`,
+    /// `rewrite_response`) or a terse server sent may lack one, but results
+    /// are paired with calls by id, and approvals are addressed by it.
+    pub fn fill_missing_call_ids(&mut self, prefix: &str) {
+        let calls = self.blocks.iter_mut().filter_map(|b| match b {
+            Block::ToolCall(c) => Some(c),
+            _ => None,
+        });
+        for (i, c) in calls.enumerate() {
+            if c.id.is_empty() {
+                c.id = format!("{prefix}{i}");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_without_an_id_get_one_and_ids_are_kept() {
+        let call = |id: &str| {
+            Block::ToolCall(ToolCall {
+                id: id.into(),
+                name: "t".into(),
+                arguments_json: "{}".into(),
+            })
+        };
+        let mut m = Message {
+            role: Role::Assistant,
+            blocks: vec![
+                Block::Text { text: "x".into() },
+                call(""),
+                call("given"),
+                call(""),
+            ],
+        };
+        m.fill_missing_call_ids("hw_r1_2_");
+        let ids: Vec<_> = m.tool_calls().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["hw_r1_2_0", "given", "hw_r1_2_2"]);
+    }
 
     #[test]
     fn usage_from_a_lying_endpoint_saturates() {

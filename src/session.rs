@@ -6,13 +6,14 @@ use std::collections::BTreeMap;
 use crate::message::Message;
 
 /// The principal that owns sessions created without authentication.
-pub const ANONYMOUS: &str = "anonymous";
+pub use crate::auth::ANONYMOUS;
 
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Session {
     pub id: String,
     pub agent: String,
-    /// The principal that created it (`anonymous` without authentication).
+    /// The principal that created it (`anonymous` when auth is off); only
+    /// it (and admins) may see or act on it.
     pub owner: String,
     /// Extra hooks enabled for this session (after the agent's own).
     pub extra_hooks: Vec<String>,

@@ -21,6 +21,11 @@ async fn check(endpoint: &str, timeout: Duration) -> Report {
     conformance::check(&opts).await.expect("valid options")
 }
 
+/// Deadline for checks whose point is not timing: a well-behaved answer
+/// comes in milliseconds, so no load makes one miss it, and exact failure
+/// counts stay exact.
+const RELAXED: Duration = Duration::from_secs(30);
+
 fn failures(r: &Report) -> Vec<(String, String, String)> {
     r.failures()
         .map(|f| (f.subject.clone(), f.check.clone(), f.reason.clone()))
@@ -77,7 +82,7 @@ async fn cli(args: &[&str]) -> (bool, String, String) {
 #[tokio::test]
 async fn the_python_example_passes() {
     let py = PythonHook::start(&[]).await;
-    let r = check(&py.addr, Duration::from_secs(5)).await;
+    let r = check(&py.addr, RELAXED).await;
     assert!(r.passed(), "{}", r.table());
     assert_eq!(r.count(Status::Skip), 0, "{}", r.table());
     // Its redactor acted on the scripted input and on the customer record,
@@ -132,7 +137,7 @@ async fn the_go_example_passes_every_event() {
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("audit.jsonl");
     let go = GoHook::start(&["--audit-log", audit.to_str().unwrap()]).await;
-    let r = check(&go.addr, Duration::from_secs(5)).await;
+    let r = check(&go.addr, RELAXED).await;
     assert!(r.passed(), "{}", r.table());
     let server = r.server.as_ref().unwrap();
     assert_eq!(server.events.len(), 11, "it audits all eleven events");
@@ -173,7 +178,7 @@ async fn the_go_example_passes_every_event() {
 #[tokio::test]
 async fn the_go_example_without_events_only_owns_a_tool() {
     let go = GoHook::start(&[]).await;
-    let r = check(&go.addr, Duration::from_secs(5)).await;
+    let r = check(&go.addr, RELAXED).await;
     assert!(r.passed(), "{}", r.table());
     assert_eq!(
         r.row("tool word_count", "CallTool").unwrap().status,
@@ -186,12 +191,10 @@ async fn fault(on: K, how: Misbehave, also: &[K]) -> String {
     FaultHook::new(on, how, also).start().await.0
 }
 
-const QUICK: Duration = Duration::from_secs(1);
-
 #[tokio::test]
 async fn a_wrong_kind_verdict_fails() {
     let addr = fault(K::ToolCall, Misbehave::WrongKind, &[K::RunStart]).await;
-    let r = check(&addr, QUICK).await;
+    let r = check(&addr, RELAXED).await;
     fails_on_every_tool_call(
         &r,
         "verdict",
@@ -201,15 +204,14 @@ async fn a_wrong_kind_verdict_fails() {
 
 #[tokio::test]
 async fn a_late_verdict_fails() {
-    // Answers after 800 ms; the deadline sent is 300 ms. The checker waits
-    // past the deadline (300 ms + 1 s grace) so it sees the verdict arrive.
-    let addr = fault(
-        K::RunStart,
-        Misbehave::Late(Duration::from_millis(800)),
-        &[],
-    )
-    .await;
-    let r = check(&addr, Duration::from_millis(300)).await;
+    // The deadline sent is 2 s; the hook starts its 3 s wait only once it
+    // received the event, so its answer is late whatever the load. The
+    // checker keeps listening 30 s past the deadline, so it sees it come.
+    let addr = fault(K::RunStart, Misbehave::Late(Duration::from_secs(3)), &[]).await;
+    let mut opts = Options::new(addr.as_str());
+    opts.timeout = Duration::from_secs(2);
+    opts.grace = Some(Duration::from_secs(30));
+    let r = conformance::check(&opts).await.unwrap();
     fails_only(
         &r,
         "run_start",
@@ -220,21 +222,28 @@ async fn a_late_verdict_fails() {
         .row("run_start", "answered in time")
         .unwrap()
         .reason
-        .contains("past the 300 ms deadline"));
+        .contains("past the 2000 ms deadline"));
 }
 
 #[tokio::test]
 async fn no_verdict_fails_within_a_bounded_wait() {
+    // 2 s deadline, 1 s grace: run_start (answered at once) is in time
+    // whatever the load; the hung turn_end is reported after 3 s, far
+    // inside the bound only a checker waiting forever crosses.
     let addr = fault(K::TurnEnd, Misbehave::Hang, &[K::RunStart]).await;
-    let started = std::time::Instant::now();
-    let r = check(&addr, Duration::from_millis(300)).await;
+    let mut opts = Options::new(addr.as_str());
+    opts.timeout = Duration::from_secs(2);
+    opts.grace = Some(Duration::from_secs(1));
+    let r = tokio::time::timeout(RELAXED, conformance::check(&opts))
+        .await
+        .expect("the checker gives up on a missing verdict")
+        .unwrap();
     fails_only(
         &r,
         "turn_end",
         "answered in time",
         "deadline: no verdict for seq 2",
     );
-    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 #[tokio::test]
@@ -242,7 +251,7 @@ async fn a_duplicate_verdict_fails() {
     // It answers every model_request twice; turn 1's is seq 1 on the run
     // stream, turn 2's seq 2.
     let addr = fault(K::ModelRequest, Misbehave::Duplicate, &[]).await;
-    let r = check(&addr, QUICK).await;
+    let r = check(&addr, RELAXED).await;
     assert_eq!(
         failures(&r),
         [1, 2].map(|seq| (
@@ -258,7 +267,7 @@ async fn a_duplicate_verdict_fails() {
 #[tokio::test]
 async fn a_verdict_for_a_seq_never_sent_fails() {
     let addr = fault(K::RunStart, Misbehave::Spurious, &[]).await;
-    let r = check(&addr, QUICK).await;
+    let r = check(&addr, RELAXED).await;
     fails_only(
         &r,
         "run stream",
@@ -270,7 +279,7 @@ async fn a_verdict_for_a_seq_never_sent_fails() {
 #[tokio::test]
 async fn invalid_json_arguments_fail() {
     let addr = fault(K::ToolCall, Misbehave::Invalid, &[]).await;
-    let r = check(&addr, QUICK).await;
+    let r = check(&addr, RELAXED).await;
     fails_on_every_tool_call(
         &r,
         "verdict",
@@ -281,7 +290,7 @@ async fn invalid_json_arguments_fail() {
 #[tokio::test]
 async fn answering_an_observe_only_event_fails() {
     let addr = fault(K::RunEnd, Misbehave::AnswerObserve, &[K::RunStart]).await;
-    let r = check(&addr, QUICK).await;
+    let r = check(&addr, RELAXED).await;
     fails_only(
         &r,
         "run_end",
@@ -293,7 +302,7 @@ async fn answering_an_observe_only_event_fails() {
 #[tokio::test]
 async fn a_refused_stream_fails() {
     let addr = fault(K::RunStart, Misbehave::RefuseStream, &[]).await;
-    let r = check(&addr, QUICK).await;
+    let r = check(&addr, RELAXED).await;
     fails_only(&r, "run stream", "opens", "stream_refused: Unimplemented");
 }
 
@@ -308,7 +317,7 @@ async fn a_tool_that_errors_on_valid_arguments_fails() {
         })
         .start()
         .await;
-    let r = check(&hook.addr, QUICK).await;
+    let r = check(&hook.addr, RELAXED).await;
     fails_only(
         &r,
         "tool get_weather",
@@ -338,7 +347,7 @@ async fn a_tool_that_errors_on_valid_arguments_fails() {
 #[tokio::test]
 async fn the_cli_exits_non_zero_and_says_why() {
     let addr = fault(K::ToolCall, Misbehave::WrongKind, &[]).await;
-    let (ok, out, err) = cli(&["hooks", "check", &addr, "--timeout", "1s"]).await;
+    let (ok, out, err) = cli(&["hooks", "check", &addr, "--timeout", "30s"]).await;
     assert!(!ok);
     assert!(
         out.lines().any(|l| l.contains("FAIL")
@@ -347,17 +356,11 @@ async fn the_cli_exits_non_zero_and_says_why() {
     );
     assert!(err.contains("error: 3 of"), "one per tool_call: {err}");
 
-    // An endpoint nobody listens on: one clear row naming it, no hang.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let (ok, out, _) = cli(&["hooks", "check", &format!("127.0.0.1:{port}")]).await;
+    // An endpoint nobody listens on (port 1: privileged, and never handed
+    // out for port 0): one clear row naming it, no hang.
+    let (ok, out, _) = cli(&["hooks", "check", "127.0.0.1:1"]).await;
     assert!(!ok);
-    assert!(
-        out.contains(&format!("http://127.0.0.1:{port}: connect:")),
-        "{out}"
-    );
+    assert!(out.contains("http://127.0.0.1:1: connect:"), "{out}");
 
     // Bad flags are usage errors with the nearest event name.
     let (ok, _, err) = cli(&["hooks", "check", &addr, "--events", "tool_cal"]).await;
@@ -370,7 +373,7 @@ async fn tools_the_server_does_not_own_are_offered_and_its_policy_exercised() {
     // The Python example's policy denies delete_file and asks approval for
     // send_email; it owns neither, so only offering other tools shows it.
     let py = PythonHook::start(&[]).await;
-    let r = check(&py.addr, Duration::from_secs(5)).await;
+    let r = check(&py.addr, RELAXED).await;
     assert!(r.passed(), "{}", r.table());
     let reason = |subject: &str, check: &str| {
         r.row(subject, check)
@@ -420,7 +423,9 @@ async fn tools_the_server_does_not_own_are_offered_and_its_policy_exercised() {
 async fn a_server_not_ready_for_concurrent_events_fails() {
     let n = conformance::script::STAND_INS.len();
     let addr = fault(K::ToolCall, Misbehave::LatestSeq(n), &[]).await;
-    let r = check(&addr, QUICK).await;
+    // Two verdicts never come, so the checker waits out their deadline: a
+    // short one. Only the concurrency row is asserted, not a failure count.
+    let r = check(&addr, Duration::from_secs(2)).await;
     let row = r.row("run stream", "concurrent events").unwrap();
     assert_eq!(row.status, Status::Fail, "{}", r.table());
     assert!(
@@ -439,7 +444,7 @@ async fn a_server_not_ready_for_concurrent_events_fails() {
 #[tokio::test]
 async fn an_ask_verdict_is_exercised_and_the_call_goes_on() {
     let hook = asker("send it?", 0).start().await;
-    let r = check(&hook.addr, QUICK).await;
+    let r = check(&hook.addr, RELAXED).await;
     assert!(r.passed(), "{}", r.table());
     for t in conformance::script::STAND_INS {
         let v = r.row(&format!("tool_call {t}"), "verdict").unwrap();
@@ -478,7 +483,7 @@ async fn tool_call_events_are_in_flight_together_as_with_tool_concurrency() {
         })
         .start()
         .await;
-    let r = check(&hook.addr, QUICK).await;
+    let r = check(&hook.addr, RELAXED).await;
     assert!(r.passed(), "{}", r.table());
     assert_eq!(
         r.row("run stream", "concurrent events").unwrap().reason,
@@ -489,7 +494,7 @@ async fn tool_call_events_are_in_flight_together_as_with_tool_concurrency() {
 #[tokio::test]
 async fn the_node_example_passes() {
     let node = NodeHook::start().await;
-    let r = check(&node.addr, Duration::from_secs(5)).await;
+    let r = check(&node.addr, RELAXED).await;
     assert!(r.passed(), "{}", r.table());
     assert_eq!(r.count(Status::Skip), 0, "health is served: {}", r.table());
     let reason = |subject: &str, check: &str| r.row(subject, check).unwrap().reason.clone();
@@ -513,7 +518,7 @@ async fn a_node_server_loading_the_proto_with_default_options_is_told_why() {
         "/tests/support/node/default_options.js"
     );
     let node = NodeHook::script(script, &[]).await;
-    let r = check(&node.addr, QUICK).await;
+    let r = check(&node.addr, RELAXED).await;
     fails_only(
         &r,
         "run_start",

@@ -63,7 +63,8 @@ async fn make_demo_shows_redaction_denial_and_remote_tool() {
     );
     assert!(timeline.contains("[REDACTED:api_key]"), "{timeline}");
     assert!(!timeline.contains("sk-live-"), "{timeline}");
-    // The denial: hidden from the model, then skipped when called anyway.
+    // The denial: hidden from the model; called anyway, it is an unknown
+    // tool for that call (never executed), which the policy skips.
     assert!(
         timeline.contains(
             "model_request · patch_request [active_tools] — hid denied tools: lookup_customer"
@@ -71,7 +72,7 @@ async fn make_demo_shows_redaction_denial_and_remote_tool() {
         "{timeline}"
     );
     assert!(
-        timeline.contains("tool_call · skip — tool lookup_customer is denied by policy"),
+        timeline.contains("invalid_tool_call · skip — tool lookup_customer is denied by policy"),
         "{timeline}"
     );
     assert!(

@@ -80,7 +80,8 @@ async fn every_event_fires_at_its_point_in_order() {
             "session_end"
         ]
     );
-    // One stream per run: every run event carried the same run id.
+    // Every run event carried the same run id (how they travel, one stream
+    // per run with increasing seqs, is read off the wire in protocol.rs).
     let runs: std::collections::HashSet<String> = hook
         .hook
         .seen
@@ -401,9 +402,13 @@ async fn response_rewrite_retry_and_turn_end_continue_run() {
             _ => None,
         })
         .collect();
-    assert!(
-        deltas.iter().all(|d| d.chars().all(|c| !c.is_lowercase())),
-        "{deltas:?}"
+    assert_eq!(
+        deltas,
+        [
+            "SYS=BASE TEMP= USER=TRY AGAIN",
+            "SYS=BASE TEMP= USER=AND MORE"
+        ],
+        "one delta per accepted (rewritten) turn, none for the retried one"
     );
     server.stop().await;
 }
@@ -502,24 +507,73 @@ async fn scratchpad_is_shared_across_hooks_and_events() {
 
 #[tokio::test]
 async fn observe_mode_hook_never_delays_the_run() {
-    // This hook never answers anything: it blocks forever.
+    // The hook is stuck on everything it receives until the run is over:
+    // a run that waited for it in any way could never finish, and its
+    // one-hour timeout leaves no deadline to end the wait early.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (g1, g2) = (gate.clone(), gate.clone());
     let stuck = FnHook::new(
         "stuck",
-        &[K::RunStart, K::ModelRequest, K::ModelResponse, K::TurnEnd],
+        &[
+            K::RunStart,
+            K::ModelRequest,
+            K::ModelResponse,
+            K::TurnEnd,
+            K::RunEnd,
+        ],
     )
-    .on_run_start(|_, _| async { std::future::pending().await })
+    .on_observe(move |_, _| {
+        let g = g1.clone();
+        async move {
+            let _ = g.acquire().await;
+        }
+    })
+    .on_run_start(move |_, _| {
+        let g = g2.clone();
+        async move {
+            let _ = g.acquire().await;
+            proceed_run_start()
+        }
+    })
     .start()
     .await;
     let server = TestServer::start(&config(
-        &[("stuck", &stuck.addr, "mode: observe\ntimeout: 60s")],
+        &[("stuck", &stuck.addr, "mode: observe\ntimeout: 3600s")],
         "",
     ))
     .await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
-    let r = invoke(&mut c, &s, "hi").await;
+    let r = tokio::time::timeout(std::time::Duration::from_secs(30), invoke(&mut c, &s, "hi"))
+        .await
+        .expect("the run waited for an observe-mode hook");
     assert_eq!(outcome(&r), pb::RunOutcome::Completed);
     assert!(r.hook_verdicts.is_empty(), "observers cannot steer");
+    // It did get every event (each one then stuck), as observe events.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        stuck.hook.wait_for("run_end"),
+    )
+    .await
+    .expect("run_end reaches the observer");
+    assert_eq!(
+        stuck.hook.seen_kinds(),
+        [
+            "run_start",
+            "model_request",
+            "model_response",
+            "turn_end",
+            "run_end"
+        ]
+    );
+    assert!(stuck
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|e| !e.expects_verdict));
+    gate.add_permits(100);
     server.stop().await;
 }
 
@@ -582,5 +636,50 @@ async fn session_extra_hooks_fire_after_agent_hooks() {
     assert_eq!(s.hooks, ["agenthook", "extra"]);
     let r = invoke(&mut c, &s.id, "x").await;
     assert_eq!(r.final_text, "sys=base temp= user=x-agenthook-extra");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn patched_max_tokens_reaches_the_model_and_the_first_writer_wins() {
+    let patcher = |name: &'static str, max_tokens: u32| {
+        FnHook::new(name, &[K::ModelRequest]).on_model_request(move |_, _| async move {
+            Reply::new(hook_server::patch_request(pb::RequestPatch {
+                max_tokens: Some(max_tokens),
+                ..Default::default()
+            }))
+        })
+    };
+    let first = patcher("first", 77).start().await;
+    let second = patcher("second", 99).start().await;
+    let yaml = config(
+        &[
+            ("first", &first.addr, "priority: 2"),
+            ("second", &second.addr, "priority: 1"),
+        ],
+        "",
+    )
+    .replace(
+        "temp={{temperature}}",
+        "temp={{temperature}} max={{max_tokens}}",
+    );
+    let server = TestServer::start(&yaml).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let events = run_events(&mut c, &s, "hi").await;
+    let r = result_of(&events);
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert_eq!(r.final_text, "sys=base temp= max=77 user=hi");
+    let v = verdicts(&events);
+    let first = v.iter().find(|v| v.hook == "first").unwrap();
+    assert_eq!(first.fields_changed, ["max_tokens"]);
+    let second = v.iter().find(|v| v.hook == "second").unwrap();
+    assert_eq!(
+        second.conflicts,
+        [pb::PatchConflict {
+            field: "max_tokens".into(),
+            winner: "first".into(),
+            loser: "second".into()
+        }]
+    );
     server.stop().await;
 }

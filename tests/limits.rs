@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use hookwire::agent::events::RunEvent;
 use hookwire::agent::outcome::RunOutcome;
+use hookwire::auth::Principal;
 use hookwire::config::Config;
 use hookwire::engine::{Engine, RunHandle};
 use hookwire::telemetry::Instruments;
@@ -28,17 +29,18 @@ async fn engine(yaml: &str) -> Arc<Engine> {
 
 async fn start(e: &Arc<Engine>, input: &str) -> RunHandle {
     let s = e
-        .create_session(
-            "a",
-            vec![],
-            Default::default(),
-            hookwire::session::ANONYMOUS,
-        )
+        .create_session(&Principal::anonymous(), "a", vec![], Default::default())
         .await
         .unwrap();
-    e.start_run(&s.id, input.into(), true, Default::default())
-        .await
-        .unwrap()
+    e.start_run(
+        &Principal::anonymous(),
+        &s.id,
+        input.into(),
+        true,
+        Default::default(),
+    )
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -139,16 +141,24 @@ async fn approvals_are_withdrawn_when_their_run_is_cancelled_or_times_out() {
         approval_pending(&mut h).await;
         assert_eq!(e.pending_approvals(), 1);
         if want == RunOutcome::Cancelled {
-            e.cancel_run(&h.run_id).await.unwrap();
+            e.cancel_run(&Principal::anonymous(), &h.run_id)
+                .await
+                .unwrap();
         }
         let report = h.task.await.unwrap();
         assert_eq!(report.outcome, want, "{}", report.reason);
         assert_eq!(e.pending_approvals(), 0, "withdrawn with its run ({want})");
         let call_id = "call_1_0";
         assert!(
-            e.resolve_approval(&h.run_id, call_id, true, String::new())
-                .await
-                .is_err(),
+            e.resolve_approval(
+                &Principal::anonymous(),
+                &h.run_id,
+                call_id,
+                true,
+                String::new()
+            )
+            .await
+            .is_err(),
             "nothing left to answer"
         );
     }

@@ -521,6 +521,67 @@ async fn a_429_waits_for_retry_after() {
     assert_eq!(server.count(), 2);
 }
 
+/// A 429 asking for an absurd wait (`retry-after-ms: 1e30` once overflowed
+/// `Duration::from_secs_f64` and panicked the run task): the call ends at
+/// once as a model failure, and the run that made it frees its session.
+#[tokio::test]
+async fn a_429_with_an_absurd_retry_after_ends_the_call_and_the_run() {
+    let server = FaultServer::start(|_, mut s| async move {
+        respond(
+            &mut s,
+            "429 Too Many Requests",
+            "retry-after-ms: 1e30\r\nRetry-After: 1e30\r\n",
+            r#"{"error":{"message":"slow down"}}"#,
+        )
+        .await;
+    })
+    .await;
+    let model = fast_model(&server, "");
+    let err = complete(&model, &hi()).await.0.unwrap_err();
+    assert_eq!(err.status, Some(429));
+    assert!(
+        err.message.contains("longer than hookwire waits"),
+        "{}",
+        err.message
+    );
+    assert_eq!(server.count(), 1, "not retried");
+
+    // Through a hookwire run: model_failed, and the session is free again.
+    use hookwire::pb;
+    let yaml = format!(
+        "models: [{{name: gpt, provider: openai, base_url: '{}', model: m}}]\nagents: [{{name: a, model: gpt}}]\n",
+        server.base_url()
+    );
+    let hw = support::TestServer::start(&yaml).await;
+    let mut c = hw.client().await;
+    let s = support::session(&mut c, "a").await;
+    for _ in 0..2 {
+        let events = support::run_events(&mut c, &s, "hi").await;
+        let r = support::result_of(&events);
+        assert_eq!(
+            support::outcome(&r),
+            pb::RunOutcome::ModelFailed,
+            "{}",
+            r.reason
+        );
+        assert!(
+            r.reason.contains("longer than hookwire waits"),
+            "{}",
+            r.reason
+        );
+    }
+    let session = c
+        .get_session(pb::GetSessionRequest {
+            session_id: s.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(session.active_run_id, "", "the session is not wedged");
+    assert_eq!(session.run_count, 2);
+    hw.stop().await;
+}
+
 #[tokio::test]
 async fn a_400_is_not_retried_and_carries_status_and_message() {
     let server = FaultServer::start(|_, mut s| async move {

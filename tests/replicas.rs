@@ -492,6 +492,66 @@ async fn postgres_two_replicas_starting_at_once_migrate_once() {
     assert_eq!(outcome(&r), pb::RunOutcome::Completed);
 }
 
+/// Quotas count what the store holds, so they hold across replicas:
+/// sessions created on A count on B, and a run waiting on A takes the one
+/// concurrent-run slot on B too; once it ends the slot is free everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_quotas_hold_across_replicas() {
+    let store = Store::postgres();
+    let owner = weather_owner().start().await;
+    let ask = asker("May I?", 0).start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &[("asker", &ask.addr), ("owner", &owner.addr)],
+        &store.url(),
+        "",
+    );
+    let mut yaml = std::fs::read_to_string(&cfg).unwrap();
+    yaml.push_str("quotas: {max_sessions: 2, max_concurrent_runs: 1}\n");
+    std::fs::write(&cfg, yaml).unwrap();
+    let (ra, rb) = tokio::join!(Replica::start(&cfg), Replica::start(&cfg));
+    let (mut a, mut b) = (ra.client().await, rb.client().await);
+    let s1 = session(&mut a, "a").await;
+    let s2 = session(&mut a, "a").await;
+    let e = b
+        .create_session(pb::CreateSessionRequest {
+            agent: "a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("quota `max_sessions` reached (2)"),
+        "{e:?}"
+    );
+    let (run_id, stream, _) = within(
+        "approval request",
+        run_until(&mut a, &s1, "weather", is_approval),
+    )
+    .await;
+    let e = b
+        .invoke(pb::RunRequest {
+            session_id: s2.clone(),
+            input: "hi".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message()
+            .contains("quota `max_concurrent_runs` reached (1)"),
+        "{e:?}"
+    );
+    b.cancel_run(pb::CancelRunRequest { run_id })
+        .await
+        .expect("cancelled from B");
+    within("the run's end", finish(stream)).await;
+    let r = invoke(&mut b, &s2, "hi").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{r:?}");
+}
+
 // ------------------------------------------------------------ sqlite
 
 /// With SQLite the same scenarios run on one replica ("A", "B" and "C" are

@@ -353,3 +353,113 @@ async fn health_reports_serving_and_reflection_lists_services() {
     );
     server.stop().await;
 }
+
+/// Awaits `f`, failing (not hanging) the test if it never ends: a hang
+/// detector, not a timing assertion.
+async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(60), f)
+        .await
+        .expect("the run never ended: a panic wedged it")
+}
+
+/// A model that panics when the user says "boom", as any bug inside a run
+/// might; otherwise the scripted model answers.
+struct Panicky(std::sync::Arc<dyn hookwire::model::ModelProvider>);
+
+impl hookwire::model::ModelProvider for Panicky {
+    fn provider_name(&self) -> &'static str {
+        self.0.provider_name()
+    }
+    fn model_name(&self) -> &str {
+        self.0.model_name()
+    }
+    fn complete<'a>(
+        &'a self,
+        request: &'a hookwire::model::ModelRequest,
+        on_delta: hookwire::model::DeltaSink<'a>,
+    ) -> hookwire::model::BoxFuture<
+        'a,
+        Result<hookwire::model::ModelResponse, hookwire::model::ModelError>,
+    > {
+        let boom = request.history.last().is_some_and(|m| m.text() == "boom");
+        Box::pin(async move {
+            if boom {
+                panic!("injected panic in the model provider");
+            }
+            self.0.complete(request, on_delta).await
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_panic_inside_a_run_ends_that_run_failed_and_frees_everything() {
+    let (logs, _guard) = logwatch::LogWatch::install("info");
+    let watcher = FnHook::new("watcher", &[pb::EventKind::RunStart, pb::EventKind::RunEnd])
+        .start()
+        .await;
+    let yaml = config(&[("watcher", &watcher.addr, "")], "");
+    let scripted =
+        hookwire::server::build_models(&hookwire::config::Config::parse(&yaml, "t").unwrap())
+            .unwrap()["m"]
+            .clone();
+    let (server, admin) =
+        TestServer::start_with_models(&yaml, vec![("m", std::sync::Arc::new(Panicky(scripted)))])
+            .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+
+    // Run: the stream ends with the run's result.
+    let events = bounded(run_events(&mut c, &s, "boom")).await;
+    let r = result_of(&events);
+    assert_eq!(outcome(&r), pb::RunOutcome::Failed);
+    assert!(r.reason.starts_with("internal error"), "{}", r.reason);
+    assert!(
+        r.messages.is_empty(),
+        "nothing of the panicked run is committed"
+    );
+    // Logged at error with the run id; the panic text stays out of it.
+    let errors = logs.lines_with(&["ERROR", "run panicked", &r.run_id]);
+    assert_eq!(errors.len(), 1, "{}", logs.contents());
+    assert!(!errors[0].contains("injected panic"), "{}", errors[0]);
+
+    // The session is released: not wedged with an active run.
+    let got = c
+        .get_session(pb::GetSessionRequest {
+            session_id: s.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.active_run_id, "");
+
+    // Invoke gets the result too, then the session runs normally.
+    let r = bounded(invoke(&mut c, &s, "boom")).await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Failed);
+    let r = invoke(&mut c, &s, "hello").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+
+    // The hooks were told (run_end, outcome failed) and their streams closed.
+    watcher.hook.wait_for_count("run_end", 3).await;
+    let failed_ends = watcher
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            matches!(&e.payload, Some(pb::hook_event::Payload::RunEnd(end))
+                if end.outcome == pb::RunOutcome::Failed as i32)
+        })
+        .count();
+    assert_eq!(failed_ends, 2);
+    let metrics = http_get(admin, "/metrics").await;
+    for series in [
+        r#"hookwire_run_panics_total{agent="a"} 2"#,
+        r#"hookwire_runs_total{agent="a",outcome="failed"} 2"#,
+        "hookwire_active_hook_streams 0",
+        "hookwire_active_runs 0",
+    ] {
+        assert!(metrics.contains(series), "no `{series}` in\n{metrics}");
+    }
+    server.stop().await;
+}

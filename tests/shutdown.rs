@@ -11,18 +11,21 @@ use std::time::{Duration, Instant};
 use hookwire::hook_server::Reply;
 use hookwire::pb;
 use support::*;
-use tokio::io::AsyncReadExt;
+use tokio::io::AsyncBufReadExt;
 
 async fn readyz(port: u16) -> String {
     http_get(([127, 0, 0, 1], port).into(), "/readyz").await
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The gRPC and admin ports from hookwire's `listening` log line (JSON).
+fn listening_ports(line: &str) -> Option<(u16, u16)> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let f = &v["fields"];
+    if f["message"] != "listening" {
+        return None;
+    }
+    let port = |k: &str| f[k].as_str()?.rsplit(':').next()?.parse().ok();
+    Some((port("grpc")?, port("admin")?))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,21 +46,16 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
         })
         .start()
         .await;
-    let (grpc, admin) = (free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("hookwire.yaml");
     let yaml = config(&[("slow", &hook.addr, "timeout: 30s")], "event_budget: 30s")
-        .replace("hooks:\n", "server:\n  shutdown_grace: 10s\nhooks:\n");
+        .replace("hooks:\n", "server:\n  shutdown_grace: 120s\nhooks:\n");
     std::fs::write(&cfg, yaml).unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"))
         .args(["serve", "--config"])
         .arg(&cfg)
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{grpc}"),
-            "--admin-listen",
-            &format!("127.0.0.1:{admin}"),
-        ])
+        // Port 0: the ports bound are read back from the log.
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(["--log-format", "json"])
         .env("HOOKWIRE_DATA_DIR", dir.path())
         .env_remove("HOOKWIRE_STORE")
@@ -66,6 +64,28 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut logs = String::new();
+    let (grpc, admin) = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("hookwire exited before listening:\n{logs}"));
+        logs.push_str(&line);
+        logs.push('\n');
+        if let Some(ports) = listening_ports(&line) {
+            break ports;
+        }
+    };
+    // Keep reading, so the log pipe never fills; the rest is checked at exit.
+    let rest = tokio::spawn(async move {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            logs.push_str(&line);
+            logs.push('\n');
+        }
+        logs
+    });
     let server = TestServer::from_parts(
         format!("http://127.0.0.1:{grpc}"),
         tokio::spawn(async { Ok(()) }),
@@ -145,20 +165,15 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
 
     drop(c);
     drop(health);
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+    // The drain ends with the last run, not with the 120 s grace; open
+    // connections get 2 s more. Only waiting out the grace reaches 60 s.
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
         .await
-        .expect("exits within the grace period")
+        .expect("exits once drained, long before the grace period ends")
         .unwrap();
     assert!(status.success(), "exit status {status:?}");
-    assert!(started.elapsed() < Duration::from_secs(10));
-    let mut logs = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .await
-        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let logs = rest.await.unwrap();
     assert!(
         logs.lines().all(|l| l.starts_with('{')),
         "JSON logs: {logs}"

@@ -551,6 +551,16 @@ impl SessionStore for Recording {
     async fn list_sessions(&self, f: &SessionFilter) -> Result<store::SessionPage, StoreError> {
         self.inner.list_sessions(f).await
     }
+    async fn run_session(&self, run: &str) -> Result<hookwire::session::Session, StoreError> {
+        self.inner.run_session(run).await
+    }
+    async fn owner_usage(
+        &self,
+        owner: &str,
+        window: std::time::Duration,
+    ) -> Result<store::OwnerUsage, StoreError> {
+        self.inner.owner_usage(owner, window).await
+    }
     async fn delete_session(&self, id: &str) -> Result<hookwire::session::Session, StoreError> {
         self.inner.delete_session(id).await
     }
@@ -650,6 +660,99 @@ async fn the_transcript_cache_reads_only_what_follows_its_copy(engine: &str) {
     s.close().await;
 }
 
+/// Ownership lives in the store: each session keeps its owner, a listing
+/// by owner holds only that owner's sessions and pages over them alone
+/// (full pages, however the owners interleave), an active run leads to its
+/// session's owner from any replica, and the counts quotas read are per
+/// owner.
+async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    // alice and bob interleaved: alice a1..a5, bob b1..b4.
+    for i in 1..=5 {
+        s.create_session(&new_session(&format!("a{i}"), "x", "alice"))
+            .await
+            .unwrap();
+        if i < 5 {
+            s.create_session(&new_session(&format!("b{i}"), "x", "bob"))
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(s.get_session("b2").await.unwrap().owner, "bob");
+    let mut f = SessionFilter {
+        owner: Some("alice".into()),
+        page_size: 2,
+        ..Default::default()
+    };
+    let mut pages = Vec::new();
+    loop {
+        let page = s.list_sessions(&f).await.unwrap();
+        assert!(
+            page.sessions.iter().all(|x| x.owner == "alice"),
+            "only alice's: {:?}",
+            page.sessions
+        );
+        pages.push(
+            page.sessions
+                .iter()
+                .map(|x| x.id.clone())
+                .collect::<Vec<_>>(),
+        );
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        f.page_token = page.next_page_token;
+    }
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![2, 2, 1], "full pages of alice's own: {pages:?}");
+    let mut all: Vec<String> = pages.concat();
+    all.sort();
+    assert_eq!(all, ["a1", "a2", "a3", "a4", "a5"]);
+    let nobody = s
+        .list_sessions(&SessionFilter {
+            owner: Some("carol".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(nobody.sessions.is_empty());
+
+    // A run leads to its session (and owner) while it is active only.
+    let lease = s.begin_run("a1", "r1", "A").await.unwrap();
+    assert_eq!(s.run_session("r1").await.unwrap().owner, "alice");
+    assert_eq!(
+        s.run_session("nope").await.unwrap_err(),
+        StoreError::RunNotFound("nope".into())
+    );
+    let minute = Duration::from_secs(60);
+    let alice = s.owner_usage("alice", minute).await.unwrap();
+    assert_eq!(
+        alice,
+        store::OwnerUsage {
+            sessions: 5,
+            active_runs: 1,
+            recent_runs: 1
+        }
+    );
+    let bob = s.owner_usage("bob", minute).await.unwrap();
+    assert_eq!((bob.sessions, bob.active_runs, bob.recent_runs), (4, 0, 0));
+    s.end_run(&lease, &[Message::user("hi")], &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.run_session("r1").await.unwrap_err(),
+        StoreError::RunNotFound("r1".into()),
+        "an ended run leads nowhere"
+    );
+    let alice = s.owner_usage("alice", minute).await.unwrap();
+    assert_eq!((alice.active_runs, alice.recent_runs), (0, 1));
+    let empty_window = s.owner_usage("alice", Duration::ZERO).await.unwrap();
+    assert_eq!(empty_window.recent_runs, 0, "outside the window");
+    s.delete_session("a2").await.unwrap();
+    assert_eq!(s.owner_usage("alice", minute).await.unwrap().sessions, 4);
+    s.close().await;
+}
+
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -676,6 +779,7 @@ contract!(
     the_transcript_reads_from_a_position,
     a_replicas_transcript_cache_sees_what_other_replicas_appended,
     the_transcript_cache_reads_only_what_follows_its_copy,
+    sessions_are_owned_listed_by_owner_and_counted,
 );
 
 /// Two stores opening one fresh Postgres database at once: sqlx's migrator

@@ -245,7 +245,9 @@ async fn runs_export_genai_spans_without_leaking_content() {
         let v: serde_json::Value = serde_json::from_str(c.attr(key).unwrap()).unwrap();
         v[0]["parts"][0]["content"].clone()
     };
-    for c in b.iter().filter(|s| s.name == "chat m") {
+    let chats_b: Vec<_> = b.iter().filter(|s| s.name == "chat m").collect();
+    assert_eq!(chats_b.len(), 2, "both model calls of run B");
+    for c in chats_b {
         assert_eq!(
             text_of(c, attrs::GEN_AI_INPUT_MESSAGES),
             "[tel-input]",

@@ -237,6 +237,13 @@ async fn approval_run(
     }
     let ran = owner.hook.tool_calls.lock().unwrap().len();
     server.stop().await;
+    // Every case below is about an approval that was asked for: a run that
+    // never asked would pass the loop above without checking anything.
+    let asked = events
+        .iter()
+        .filter(|e| matches!(e.event, Some(pb::run_event::Event::ApprovalRequested(_))))
+        .count();
+    assert_eq!(asked, 1, "one approval requested: {events:?}");
     (result_of(&events), events, ran)
 }
 
@@ -394,4 +401,694 @@ async fn a_tool_owned_by_two_hook_servers_is_a_startup_error() {
         msg.contains("`get_weather`") && msg.contains("`a1`") && msg.contains("`b1`"),
         "{msg}"
     );
+}
+
+/// The tool results in history: (content, is_error).
+fn history_results(messages: &[pb::Message]) -> Vec<(String, bool)> {
+    messages
+        .iter()
+        .flat_map(|m| m.blocks.iter())
+        .filter_map(|b| match &b.kind {
+            Some(pb::block::Kind::ToolResult(r)) => Some((r.content.clone(), r.is_error)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_tool_that_fails_to_execute_becomes_an_error_result_and_the_run_goes_on() {
+    // An error status, and an owner that never answers (only its timeout
+    // can end the call).
+    for (case, owner_extra) in [("status", ""), ("timeout", "timeout: 300ms")] {
+        let owner = FnHook::new("owner", &[])
+            .with_fallible_tool(weather_tool(), move |_, _| async move {
+                if case == "status" {
+                    Err(tonic::Status::internal("db down"))
+                } else {
+                    std::future::pending().await
+                }
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[("owner", &owner.addr, owner_extra)],
+            "tools: [get_weather]",
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let r = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            invoke(&mut c, &s, "weather"),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{case}: the run never ended"));
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::Completed,
+            "{case}: {}",
+            r.reason
+        );
+        assert_eq!(owner.hook.tool_calls.lock().unwrap().len(), 1, "{case}");
+        let results = history_results(&r.messages);
+        assert_eq!(results.len(), 1, "{case}: {results:?}");
+        let (content, is_error) = &results[0];
+        assert!(is_error, "{case}");
+        assert!(
+            content.starts_with("tool `get_weather` failed to execute: "),
+            "{case}: {content}"
+        );
+        // The model read it and answered with it.
+        assert_eq!(r.final_text, format!("Tool said: {content}"), "{case}");
+        assert_eq!(r.turns, 2, "{case}");
+        if case == "status" {
+            assert!(content.contains("db down"), "{content}");
+        }
+        server.stop().await;
+    }
+}
+
+fn tool_call_block(id: &str, city: &str) -> pb::Block {
+    pb::Block {
+        kind: Some(pb::block::Kind::ToolCall(pb::ToolCall {
+            id: id.into(),
+            name: "get_weather".into(),
+            arguments_json: format!(r#"{{"city":"{city}"}}"#),
+        })),
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_a_hook_puts_in_the_answer_are_executed() {
+    // rewrite_response turns turn 1's plain answer into a tool call;
+    // respond answers turn 1 with a tool call instead of the model.
+    let rewriter =
+        FnHook::new("rewriter", &[K::ModelResponse]).on_model_response(|ctx, _| async move {
+            let action = if ctx.turn == 1 {
+                pb::model_response_verdict::Action::RewriteResponse(pb::RewriteResponse {
+                    blocks: vec![
+                        pb::Block {
+                            kind: Some(pb::block::Kind::Text(pb::TextBlock {
+                                text: "Let me check Rome.".into(),
+                            })),
+                        },
+                        tool_call_block("rw-1", "Rome"),
+                    ],
+                })
+            } else {
+                pb::model_response_verdict::Action::Proceed(pb::Continue {})
+            };
+            Reply::new(pb::ModelResponseVerdict {
+                action: Some(action),
+            })
+        });
+    let responder =
+        FnHook::new("responder", &[K::ModelRequest]).on_model_request(|ctx, _| async move {
+            let action = if ctx.turn == 1 {
+                pb::model_request_verdict::Action::Respond(pb::Respond {
+                    text: "Checking Oslo.".into(),
+                    tool_calls: vec![pb::ToolCall {
+                        id: "rs-1".into(),
+                        name: "get_weather".into(),
+                        arguments_json: r#"{"city":"Oslo"}"#.into(),
+                    }],
+                })
+            } else {
+                pb::model_request_verdict::Action::Proceed(pb::Continue {})
+            };
+            Reply::new(pb::ModelRequestVerdict {
+                action: Some(action),
+            })
+        });
+    for (name, hook, want, id) in [
+        ("rewriter", rewriter, "Rome", "rw-1"),
+        ("responder", responder, "Oslo", "rs-1"),
+    ] {
+        let owner = weather_owner().start().await;
+        let hook = hook.start().await;
+        let server = TestServer::start(&config(
+            &[("owner", &owner.addr, ""), (name, &hook.addr, "")],
+            "tools: [get_weather]",
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let events = run_events(&mut c, &s, "hello").await;
+        let r = result_of(&events);
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::Completed,
+            "{name}: {}",
+            r.reason
+        );
+        let ran: Vec<String> = owner
+            .hook
+            .tool_calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(city)
+            .collect();
+        assert_eq!(ran, [want], "{name}: the hook's call was executed");
+        assert_eq!(
+            results_in_events(&events),
+            [(0, format!("sunny in {want}"))],
+            "{name}"
+        );
+        let t = texts(&r.messages);
+        assert!(
+            t.contains(&format!(r#"call:get_weather({{"city":"{want}"}})"#)),
+            "{name}: {t:?}"
+        );
+        let results: Vec<_> = r
+            .messages
+            .iter()
+            .flat_map(|m| m.blocks.iter())
+            .filter_map(|b| match &b.kind {
+                Some(pb::block::Kind::ToolResult(res)) => Some(res.call_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            results,
+            [id],
+            "{name}: the result answers the hook's call id"
+        );
+        assert_eq!(
+            r.final_text,
+            format!("Tool said: sunny in {want}"),
+            "{name}"
+        );
+        server.stop().await;
+    }
+}
+
+/// With blocking turn_end hooks the client sees a final answer (its held
+/// deltas and its assistant message) only once turn_end accepted it: a
+/// turn_end terminate never follows an answer the client already has, and
+/// with `stream_deltas: pass` it retracts the deltas it streamed.
+#[tokio::test]
+async fn a_final_answer_reaches_the_client_only_once_turn_end_accepted_it() {
+    for mode in ["hold", "pass"] {
+        // Rejects the first answer, forces another turn on the second,
+        // accepts the third.
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let judge = FnHook::new("judge", &[K::TurnEnd])
+            .on_turn_end(move |_, _| {
+                let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    Reply::new(pb::TurnEndVerdict {
+                        action: Some(match i {
+                            0 => pb::turn_end_verdict::Action::Terminate(hook_server::terminate(
+                                "not that answer",
+                                Some("I cannot answer that.".into()),
+                            )),
+                            1 => pb::turn_end_verdict::Action::ContinueRun(pb::ContinueRun {
+                                message: "and more".into(),
+                            }),
+                            _ => pb::turn_end_verdict::Action::Proceed(pb::Continue {}),
+                        }),
+                    })
+                }
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[("judge", &judge.addr, "")],
+            &format!("stream_deltas: {mode}"),
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let events = run_events(&mut c, &s, "hello").await;
+        let r = result_of(&events);
+        if mode == "hold" {
+            assert_eq!(outcome(&r), pb::RunOutcome::Terminated);
+            assert_eq!(
+                kinds_of(&events),
+                ["turn_end_verdict", "finished"],
+                "hold: the rejected answer never reached the client"
+            );
+            assert_eq!(r.final_text, "I cannot answer that.");
+        } else {
+            assert_eq!(outcome(&r), pb::RunOutcome::Terminated);
+            let k = kinds_of(&events);
+            assert!(k.starts_with(&["delta"]), "pass streams at once: {k:?}");
+            assert!(
+                !k.contains(&"assistant"),
+                "pass: the rejected answer was never committed to the client: {k:?}"
+            );
+            assert_eq!(
+                k[k.len() - 3..],
+                ["turn_end_verdict", "retracted", "finished"],
+                "{k:?}"
+            );
+        }
+        // Second run: continue_run, then accepted. Each answer is shown after
+        // turn_end's decision on it.
+        let events = run_events(&mut c, &s, "hello").await;
+        let r = result_of(&events);
+        assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+        let k = kinds_of(&events);
+        let first_answer = k.iter().position(|x| *x == "assistant").unwrap();
+        let verdict = k.iter().position(|x| *x == "turn_end_verdict").unwrap();
+        assert!(verdict < first_answer, "{mode}: {k:?}");
+        if mode == "hold" {
+            let first_delta = k.iter().position(|x| *x == "delta").unwrap();
+            assert!(verdict < first_delta, "hold: {k:?}");
+        }
+        assert_eq!(k.iter().filter(|x| **x == "assistant").count(), 2, "{k:?}");
+        assert!(!k.contains(&"retracted"), "{mode}: {k:?}");
+        server.stop().await;
+    }
+}
+
+/// Nothing new starts after a sibling stopped the batch, at any concurrency.
+/// Call 0 (Paris) terminates while call 1 (Oslo) sits between the two hooks
+/// of its tool_call chain and, when it has started at all, call 2 (Rome)
+/// waits on an `ask`. Neither goes on: no second hook call, the approval is
+/// withdrawn (approving it now is refused), and the recording tool never runs.
+#[tokio::test]
+async fn a_stopped_batch_starts_nothing_new_at_any_concurrency() {
+    for concurrency in [2u32, 4] {
+        let owner = weather_owner().start().await;
+        let (go0, go1, in1) = (
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+        );
+        let (g0, g1, i1) = (go0.clone(), go1.clone(), in1.clone());
+        let gate = FnHook::new("gate", &[K::ToolCall])
+            .on_tool_call(move |_, ev| {
+                let (g0, g1, i1) = (g0.clone(), g1.clone(), i1.clone());
+                async move {
+                    let action = match ev.call_index {
+                        0 => {
+                            g0.notified().await;
+                            pb::tool_call_verdict::Action::Terminate(hook_server::terminate(
+                                "Paris stops the batch",
+                                None,
+                            ))
+                        }
+                        1 => {
+                            i1.notify_one();
+                            g1.notified().await;
+                            pb::tool_call_verdict::Action::Proceed(pb::Continue {})
+                        }
+                        _ => pb::tool_call_verdict::Action::Ask(pb::Ask {
+                            question: "Rome?".into(),
+                            timeout_ms: 0,
+                        }),
+                    };
+                    Reply::new(pb::ToolCallVerdict {
+                        action: Some(action),
+                    })
+                }
+            })
+            .start()
+            .await;
+        let second = FnHook::new("second", &[K::ToolCall]).start().await;
+        let server = TestServer::start(&config(
+            &[
+                ("owner", &owner.addr, ""),
+                ("gate", &gate.addr, "priority: 10\ntimeout: 60s"),
+                ("second", &second.addr, "priority: 5"),
+            ],
+            &format!("tools: [get_weather]\ntool_concurrency: {concurrency}\napproval_timeout: 600s\nevent_budget: 60s"),
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let mut stream = c
+            .run(pb::RunRequest {
+                session_id: s,
+                input: "three tools".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut events = Vec::new();
+        let mut next = async || {
+            let ev = stream.message().await.unwrap().expect("the run goes on");
+            events.push(ev.clone());
+            ev
+        };
+        // Call 1 is in its chain; with room for it, call 2 waits on `ask`.
+        in1.notified().await;
+        let mut asked = None;
+        if concurrency > 2 {
+            while asked.is_none() {
+                if let Some(pb::run_event::Event::ApprovalRequested(a)) = next().await.event {
+                    assert_eq!(a.call_index, 2);
+                    asked = a.call.map(|c| c.id);
+                }
+            }
+        }
+        // Call 0 terminates; its verdict reaches the client once the batch
+        // is stopped.
+        go0.notify_one();
+        let run_id = loop {
+            let ev = next().await;
+            if let Some(pb::run_event::Event::HookVerdict(v)) = &ev.event {
+                if v.hook == "gate" && v.verdict_kind() == pb::VerdictKind::Terminate {
+                    break ev.run_id;
+                }
+            }
+        };
+        if let Some(call_id) = asked {
+            let refused = c
+                .resolve_approval(pb::ResolveApprovalRequest {
+                    run_id,
+                    call_id,
+                    approve: true,
+                    note: String::new(),
+                })
+                .await
+                .expect_err("the stopped batch's approval was withdrawn");
+            assert_eq!(refused.code(), tonic::Code::NotFound);
+        }
+        // Call 1's first hook now answers `proceed`.
+        go1.notify_one();
+        while stream
+            .message()
+            .await
+            .unwrap()
+            .map(|e| events.push(e))
+            .is_some()
+        {}
+        let r = result_of(&events);
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::Terminated,
+            "concurrency {concurrency}: {}",
+            r.reason
+        );
+        assert!(r.reason.contains("Paris stops the batch"), "{}", r.reason);
+        assert!(
+            owner.hook.tool_calls.lock().unwrap().is_empty(),
+            "concurrency {concurrency}: a tool ran after the batch stopped"
+        );
+        assert!(
+            second.hook.seen_kinds().is_empty(),
+            "concurrency {concurrency}: a hook was called after the batch stopped"
+        );
+        let gate_saw: Vec<u32> = gate
+            .hook
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match &e.payload {
+                Some(pb::hook_event::Payload::ToolCall(t)) => Some(t.call_index),
+                _ => None,
+            })
+            .collect();
+        let mut gate_saw = gate_saw;
+        gate_saw.sort();
+        let want: &[u32] = if concurrency > 2 { &[0, 1, 2] } else { &[0, 1] };
+        assert_eq!(gate_saw, want, "concurrency {concurrency}");
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e.event, Some(pb::run_event::Event::ToolStarted(_)))),
+            "concurrency {concurrency}"
+        );
+        server.stop().await;
+    }
+}
+
+/// A call to a tool a `model_request` patch hid from that model call is an
+/// unknown tool (`invalid_tool_call`), never executed, even though the agent
+/// has the tool and the model (scripted here) called it anyway.
+#[tokio::test]
+async fn a_tool_hidden_by_active_tools_is_an_unknown_tool_and_never_runs() {
+    let owner = weather_owner().start().await;
+    let narrow = FnHook::new("narrow", &[K::ModelRequest, K::InvalidToolCall])
+        .on_model_request(|_, ev| async move {
+            // Hide every tool from the first call only.
+            let first = ev
+                .request
+                .is_some_and(|r| !r.history.iter().any(|m| m.role == pb::Role::Tool as i32));
+            Reply::new(if first {
+                hook_server::patch_request(pb::RequestPatch {
+                    active_tools: Some(pb::ToolNames { names: vec![] }),
+                    ..Default::default()
+                })
+            } else {
+                pb::ModelRequestVerdict {
+                    action: Some(pb::model_request_verdict::Action::Proceed(pb::Continue {})),
+                }
+            })
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(
+        &[("owner", &owner.addr, ""), ("narrow", &narrow.addr, "")],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "weather").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert!(
+        owner.hook.tool_calls.lock().unwrap().is_empty(),
+        "the hidden tool ran"
+    );
+    let invalid: Vec<pb::InvalidToolCallEvent> = narrow
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(pb::hook_event::Payload::InvalidToolCall(i)) => Some(i.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(invalid.len(), 1, "{invalid:?}");
+    assert_eq!(
+        invalid[0].problem,
+        pb::invalid_tool_call_event::Problem::UnknownTool as i32
+    );
+    assert!(
+        invalid[0].available_tools.is_empty(),
+        "{:?}",
+        invalid[0].available_tools
+    );
+    assert_eq!(
+        r.final_text,
+        "Tool said: error: unknown tool `get_weather`. Available tools: (none)"
+    );
+    server.stop().await;
+}
+
+/// Every call of a turn is validated before any starts: a valid call next
+/// to an invalid one whose hook asks for a retry never executes (its side
+/// effect would be discarded with the turn).
+#[tokio::test]
+async fn an_invalid_call_retry_discards_no_call_that_already_ran() {
+    for concurrency in [1u32, 2] {
+        let owner = weather_owner().start().await;
+        let fixer = FnHook::new("fixer", &[K::InvalidToolCall])
+            .on_invalid_tool_call(|_, _| async {
+                Reply::new(pb::InvalidToolCallVerdict {
+                    action: Some(pb::invalid_tool_call_verdict::Action::Retry(pb::Retry {
+                        feedback: "use city, not town".into(),
+                    })),
+                })
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[("owner", &owner.addr, ""), ("fixer", &fixer.addr, "")],
+            &format!("tools: [get_weather]\ntool_concurrency: {concurrency}"),
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let r = invoke(&mut c, &s, "mixed calls").await;
+        assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+        assert_eq!(r.final_text, "Tool said: sunny in Paris");
+        let ran: Vec<String> = owner
+            .hook
+            .tool_calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(city)
+            .collect();
+        assert_eq!(
+            ran,
+            ["Paris"],
+            "concurrency {concurrency}: only the retried turn's call ran"
+        );
+        server.stop().await;
+    }
+}
+
+/// Tool calls a hook injects without an id (`respond` here) get one: the
+/// call runs, its hooks and the transcript pair call and result by it.
+#[tokio::test]
+async fn injected_tool_calls_without_an_id_get_one() {
+    let owner = weather_owner().start().await;
+    let responder = FnHook::new("responder", &[K::ModelRequest, K::ToolCall])
+        .on_model_request(|_, ev| async move {
+            let first = ev
+                .request
+                .is_some_and(|r| !r.history.iter().any(|m| m.role == pb::Role::Tool as i32));
+            Reply::new(pb::ModelRequestVerdict {
+                action: Some(if first {
+                    pb::model_request_verdict::Action::Respond(pb::Respond {
+                        text: String::new(),
+                        tool_calls: vec![
+                            pb::ToolCall {
+                                id: String::new(),
+                                name: "get_weather".into(),
+                                arguments_json: r#"{"city":"Paris"}"#.into(),
+                            },
+                            pb::ToolCall {
+                                id: String::new(),
+                                name: "get_weather".into(),
+                                arguments_json: r#"{"city":"Oslo"}"#.into(),
+                            },
+                        ],
+                    })
+                } else {
+                    pb::model_request_verdict::Action::Proceed(pb::Continue {})
+                }),
+            })
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(
+        &[
+            ("owner", &owner.addr, ""),
+            ("responder", &responder.addr, ""),
+        ],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "hello").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    let calls = owner.hook.tool_calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2);
+    assert!(calls.iter().all(|c| !c.id.is_empty()), "{calls:?}");
+    assert_ne!(calls[0].id, calls[1].id);
+    let hooked: Vec<String> = responder
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(pb::hook_event::Payload::ToolCall(t)) => t.call.as_ref().map(|c| c.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hooked.len(), 2);
+    assert!(hooked.iter().all(|id| !id.is_empty()), "{hooked:?}");
+    // In the transcript, each result names its call's id.
+    let mut call_ids = Vec::new();
+    let mut result_ids = Vec::new();
+    for b in r.messages.iter().flat_map(|m| m.blocks.iter()) {
+        match &b.kind {
+            Some(pb::block::Kind::ToolCall(c)) => call_ids.push(c.id.clone()),
+            Some(pb::block::Kind::ToolResult(t)) => result_ids.push(t.call_id.clone()),
+            _ => {}
+        }
+    }
+    assert_eq!(call_ids.len(), 2);
+    assert_eq!(call_ids, result_ids);
+    server.stop().await;
+}
+
+fn kinds_of(events: &[pb::RunEvent]) -> Vec<&'static str> {
+    use pb::run_event::Event as E;
+    events
+        .iter()
+        .filter_map(|e| {
+            Some(match e.event.as_ref()? {
+                E::TextDelta(_) => "delta",
+                E::AssistantMessage(_) => "assistant",
+                E::DeltasRetracted(_) => "retracted",
+                E::HookVerdict(v) if v.event == K::TurnEnd as i32 => "turn_end_verdict",
+                E::Finished(_) => "finished",
+                _ => return None,
+            })
+        })
+        .collect()
+}
+
+/// With `stream_deltas: pass`, deltas of a turn that is never accepted are
+/// retracted whatever ends it: a hook failure, a timeout or a cancel.
+#[tokio::test]
+async fn pass_mode_retracts_deltas_when_a_failure_timeout_or_cancel_ends_the_turn() {
+    for (case, hook_extra, agent_extra, want) in [
+        ("failure", "timeout: 150ms", "", pb::RunOutcome::HookFailed),
+        (
+            "timeout",
+            "timeout: 60s",
+            "run_timeout: 300ms",
+            pb::RunOutcome::TimedOut,
+        ),
+        ("cancel", "timeout: 60s", "", pb::RunOutcome::Cancelled),
+    ] {
+        // A model_response hook that never answers; it says when it is asked.
+        let asked = Arc::new(Notify::new());
+        let a = asked.clone();
+        let silent = FnHook::new("silent", &[K::ModelResponse])
+            .on_model_response(move |_, _| {
+                let a = a.clone();
+                async move {
+                    a.notify_one();
+                    std::future::pending::<()>().await;
+                    unreachable!()
+                }
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[("silent", &silent.addr, hook_extra)],
+            &format!("stream_deltas: pass\nevent_budget: 60s\n{agent_extra}"),
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let mut c2 = c.clone();
+        let s2 = s.clone();
+        let run = tokio::spawn(async move { run_events(&mut c2, &s2, "hello").await });
+        if case == "cancel" {
+            asked.notified().await;
+            let session = c
+                .get_session(pb::GetSessionRequest {
+                    session_id: s.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            c.cancel_run(pb::CancelRunRequest {
+                run_id: session.active_run_id,
+            })
+            .await
+            .unwrap();
+        }
+        let events = run.await.unwrap();
+        let r = result_of(&events);
+        assert_eq!(outcome(&r), want, "{case}: {}", r.reason);
+        let k = kinds_of(&events);
+        assert!(k.contains(&"delta"), "{case}: deltas were streamed: {k:?}");
+        assert_eq!(k[k.len() - 2..], ["retracted", "finished"], "{case}: {k:?}");
+        let reason = events
+            .iter()
+            .find_map(|e| match &e.event {
+                Some(pb::run_event::Event::DeltasRetracted(d)) => Some(d.reason.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(reason.contains("before the turn was accepted"), "{reason}");
+        server.stop().await;
+    }
 }

@@ -84,5 +84,5 @@ cat <<'EOF'
   ⚑ run_start · rewrite_input        the redactor masked the API key before it entered history
   ⚑ model_request · patch_request    the policy hid lookup_customer from the model
   ⚙ executing get_weather            hookwire called CallTool on the Python hook server
-  ⚑ tool_call · skip                 the policy denied lookup_customer when the model called it anyway
+  ⚑ invalid_tool_call · skip         the model called the hidden lookup_customer anyway: hookwire never ran it, the policy answered
 EOF

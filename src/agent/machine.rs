@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::agent::events::RunEvent;
 use crate::agent::outcome::RunOutcome;
+use crate::event::EventKind;
 use crate::history::History;
 use crate::hooks::failure::HookFailure;
 use crate::message::{Block, Message, ToolResult, ToolSpec, Usage};
@@ -95,6 +96,20 @@ pub enum Step {
     Finish(Ending),
 }
 
+impl Step {
+    /// The lifecycle event the step is about (`None` for `Finish`).
+    pub fn event(&self) -> Option<EventKind> {
+        Some(match self {
+            Step::RunStart(_) => EventKind::RunStart,
+            Step::ModelRequest(_) | Step::CallModel(_) => EventKind::ModelRequest,
+            Step::ModelResponse(_) => EventKind::ModelResponse,
+            Step::ToolBatch(_) => EventKind::ToolCall,
+            Step::TurnEnd(_) => EventKind::TurnEnd,
+            Step::Finish(_) => return None,
+        })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ending {
     pub outcome: RunOutcome,
@@ -135,6 +150,11 @@ pub struct Machine {
     finish_reason: String,
     state: State,
     events: VecDeque<RunEvent>,
+    /// Whether blocking turn_end hooks review final answers: the answer is
+    /// shown (its `AssistantMessage`) only once they accepted it.
+    review_final: bool,
+    /// The final answer's event, held while turn_end hooks decide.
+    pending_answer: Option<RunEvent>,
 }
 
 impl Machine {
@@ -156,7 +176,16 @@ impl Machine {
             finish_reason: String::new(),
             state: State::Start(input),
             events: VecDeque::new(),
+            review_final: false,
+            pending_answer: None,
         }
+    }
+
+    /// With blocking turn_end hooks: a final answer reaches the client only
+    /// once they accepted it (a turn_end terminate never follows an answer
+    /// the client already has).
+    pub fn review_final_answers(&mut self, yes: bool) {
+        self.review_final = yes;
     }
 
     pub fn turn(&self) -> u32 {
@@ -176,13 +205,6 @@ impl Machine {
         // Only the run's own messages are ever committed (`flushed` starts
         // at the end of the transcript).
         self.history.after_prefix(from).unwrap_or_default()
-    }
-
-    /// Ends the run from any state: nothing committed after the last
-    /// [`Machine::take_committed`] is kept (it could not be recorded).
-    pub fn abort(&mut self, stop: Stop) -> Step {
-        self.history.truncate(self.flushed);
-        self.stop(stop)
     }
 
     /// The first step. `Started` is the run's first event, before any hook
@@ -236,13 +258,18 @@ impl Machine {
                 Ok(ResponseDecision::Accept(resp)) => {
                     let message = resp.message();
                     self.finish_reason = resp.finish_reason.clone();
-                    self.events.push_back(RunEvent::AssistantMessage {
+                    let shown = RunEvent::AssistantMessage {
                         turn: self.turn,
                         message: message.clone(),
                         finish_reason: resp.finish_reason.clone(),
                         usage: resp.usage,
-                    });
+                    };
                     let calls: Vec<_> = message.tool_calls().cloned().collect();
+                    if calls.is_empty() && self.review_final {
+                        self.pending_answer = Some(shown);
+                    } else {
+                        self.events.push_back(shown);
+                    }
                     if calls.is_empty() {
                         self.state = State::AwaitTurnEnd(message.clone());
                         Step::TurnEnd(message)
@@ -286,6 +313,12 @@ impl Machine {
                 Err(stop) => self.stop(stop),
             },
             (State::AwaitTurnEnd(message), Feed::TurnEnd(r)) => match r {
+                // turn_end accepted the answer: now the client sees it.
+                Ok(_) if self.pending_answer.is_some() => {
+                    self.events.extend(self.pending_answer.take());
+                    self.state = State::AwaitTurnEnd(message);
+                    self.feed(Feed::TurnEnd(r))
+                }
                 Ok(EndDecision::Finish) => {
                     let final_text = message.text();
                     self.history.push(message);
@@ -299,6 +332,25 @@ impl Machine {
                 Err(stop) => self.stop(stop),
             },
             (state, _) => panic!("feed does not match the pending step (state {state:?})"),
+        }
+    }
+
+    /// Ends the run from whatever step is pending (e.g. a hook's protocol
+    /// violation detected between steps, or a write the store refused):
+    /// that step's work is discarded as if it had returned `stop`, and
+    /// nothing committed after the last [`Machine::take_committed`] is kept
+    /// (it could not be recorded).
+    pub fn abort(&mut self, stop: Stop) -> Step {
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Done => self.finish(
+                RunOutcome::Failed,
+                "internal error: run aborted after it ended".into(),
+                String::new(),
+            ),
+            _ => {
+                self.history.truncate(self.flushed);
+                self.stop(stop)
+            }
         }
     }
 
@@ -669,6 +721,104 @@ mod tests {
             vec![Message::user("hi")],
             "{msg:?} was never recorded"
         );
+    }
+
+    #[test]
+    fn abort_ends_the_run_from_any_step_and_commits_nothing_of_the_turn() {
+        let failure = || {
+            Stop::HookFailed(HookFailure {
+                hook: "guard".into(),
+                event: EventKind::RunStart,
+                fault: crate::hooks::failure::Fault::new(
+                    crate::hooks::failure::FailureClass::Duplicate,
+                    "second verdict for seq 1",
+                ),
+            })
+        };
+        // Before the tool batch: the assistant turn with its calls is not
+        // committed (no call without its result).
+        let mut m = machine(4);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        // As the runner does after each step: the input is recorded.
+        assert_eq!(m.take_committed(), &[Message::user("hi")]);
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        let Step::ToolBatch(_) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+        else {
+            panic!()
+        };
+        let e = finish(m.abort(failure()));
+        assert_eq!(e.outcome, RunOutcome::HookFailed);
+        assert!(
+            e.reason.contains("failed on run_start: duplicate"),
+            "{}",
+            e.reason
+        );
+        assert_eq!(e.messages, vec![Message::user("hi")]);
+        // Before run_start's result is fed: the input is not committed.
+        let mut m = machine(4);
+        m.start();
+        let e = finish(m.abort(failure()));
+        assert!(e.messages.is_empty());
+        assert_eq!(e.turns, 0);
+        // After the end: nothing to abort, and it says so.
+        let e = finish(m.abort(failure()));
+        assert_eq!(e.outcome, RunOutcome::Failed);
+    }
+
+    #[test]
+    fn a_reviewed_final_answer_is_shown_only_once_turn_end_accepted_it() {
+        let answer_shown = |m: &mut Machine| {
+            m.drain_events()
+                .any(|e| matches!(e, RunEvent::AssistantMessage { .. }))
+        };
+        for accepted in [true, false] {
+            let mut m = machine(4);
+            m.review_final_answers(true);
+            m.start();
+            let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+                panic!()
+            };
+            m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+            let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(text_response("yo")))) else {
+                panic!()
+            };
+            let Step::TurnEnd(_) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+            else {
+                panic!()
+            };
+            assert!(!answer_shown(&mut m), "not before turn_end decided");
+            let end = if accepted {
+                Ok(EndDecision::Finish)
+            } else {
+                Err(Stop::Terminate {
+                    hook: "h".into(),
+                    reason: "no".into(),
+                    reply: None,
+                })
+            };
+            let e = finish(m.feed(Feed::TurnEnd(end)));
+            assert_eq!(answer_shown(&mut m), accepted);
+            assert_eq!(e.final_text, if accepted { "yo" } else { "" });
+        }
+        // Tool-call turns are not final answers: shown at once.
+        let mut m = machine(4);
+        m.review_final_answers(true);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))));
+        assert!(answer_shown(&mut m));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod approvals;
 pub mod batch;
 pub mod client_queue;
+pub mod contain;
 pub mod events;
 pub mod ledger;
 pub mod machine;

@@ -11,19 +11,20 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::approvals::{Approvals, Decision};
-use crate::agent::batch::{run_batch, CallOutcome};
+use crate::agent::batch::{run_batch, BatchStop, CallOutcome};
 use crate::agent::client_queue::{ClientQueue, Refused, Unwritable};
 use crate::agent::events::{RunEvent, RunReport};
 use crate::agent::ledger::Ledger;
 use crate::agent::machine::*;
 use crate::agent::outcome::RunOutcome;
-use crate::agent::tools::process_call;
+use crate::agent::tools::{process_call, screen_call};
 use crate::config::{AgentConfig, StreamDeltas};
 use crate::event::EventKind;
 use crate::hooks::compose::{
     self, Merged, ModelResponseChain, ResponseStop, RunStartChain, TurnEndChain, TurnEndStop,
 };
 use crate::hooks::dispatch::RunHooks;
+use crate::hooks::failure::HookFailure;
 use crate::hooks::payload::Payload;
 use crate::hooks::provenance::VerdictRecord;
 use crate::hooks::registry::HookRegistry;
@@ -72,7 +73,8 @@ pub struct Run {
     /// Bounded (`server.run_event_buffer`): see [`Run::emit`].
     events: ClientQueue,
     records: Mutex<Vec<VerdictRecord>>,
-    /// Text deltas held back until model_response hooks accept the turn.
+    /// Text deltas held back until model_response hooks accept the turn
+    /// (a final answer's, under blocking turn_end hooks, until those do).
     held: Mutex<Vec<String>>,
     pub inst: Instruments,
     /// Where the run records what it commits, under its lease.
@@ -200,6 +202,15 @@ impl Run {
         }
     }
 
+    /// The notable verdicts so far (for a report built outside the drive
+    /// loop, e.g. after a panic: a poisoned lock still yields its records).
+    pub fn verdict_records(&self) -> Vec<VerdictRecord> {
+        self.records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Waits until at least half of the client's event queue is free, so
     /// the events of the next step fit without waiting: this is how a slow
     /// client slows the run down.
@@ -215,7 +226,9 @@ impl Run {
         }
     }
 
-    /// Pauses a call for approval; `None` means approved.
+    /// Pauses a call for approval; `None` means approved. The request is
+    /// withdrawn when the batch stops (the call is then `Halted`), and
+    /// however else the wait ends.
     pub async fn ask_approval(
         &self,
         turn: u32,
@@ -223,6 +236,7 @@ impl Run {
         call: &ToolCall,
         hook: &str,
         ask: Ask,
+        stop: &BatchStop,
     ) -> Option<CallOutcome> {
         let denied = |content: String| {
             Some(CallOutcome::Result(crate::message::ToolResult {
@@ -239,15 +253,21 @@ impl Run {
                 call.name, ask.question
             ))));
         }
+        if stop.is_stopped() {
+            return Some(CallOutcome::Halted);
+        }
         let timeout = ask.timeout.unwrap_or(self.agent.config.approval_timeout);
         // Waiting locally before the request is recorded, so an answer
-        // delivered right after it is never missed. The waiter is withdrawn
-        // when dropped, however the wait ends (answered, timed out, or the
-        // run cancelled or out of time mid-wait); the store's record of a
-        // request left pending is denied when the run's end is recorded.
-        let mut waiter = self.approvals.register(&self.run_id, &call.id);
-        if let Err(stop) = self.ledger.request_approval(&call.id).await {
-            return Some(CallOutcome::Stop(stop));
+        // delivered right after it is never missed. The local request is
+        // withdrawn when dropped, however the wait ends (answered, timed
+        // out, batch stopped, or the run cancelled or out of time mid-wait);
+        // the store's record of a request left pending is denied when the
+        // run's end is recorded.
+        let mut pending =
+            self.approvals
+                .register(&self.run_id, &call.id, Some(stop.token().clone()));
+        if let Err(s) = self.ledger.request_approval(&call.id).await {
+            return Some(CallOutcome::Stop(s));
         }
         self.emit(RunEvent::ApprovalRequested {
             turn,
@@ -257,16 +277,27 @@ impl Run {
             hook: hook.to_string(),
             timeout,
         });
-        let decision = match tokio::time::timeout_at(
-            (Instant::now() + timeout).min(self.deadline),
-            &mut waiter.answer,
-        )
-        .await
-        {
-            Ok(Ok(d)) => Some(d),
+        // The hook's timeout is a number from the hook: never past the run.
+        let until = Instant::now()
+            .checked_add(timeout)
+            .map_or(self.deadline, |t| t.min(self.deadline));
+        let waited = tokio::select! {
+            biased;
+            _ = stop.stopped() => None,
+            d = tokio::time::timeout_at(until, &mut pending.answer) => Some(d),
+        };
+        drop(pending);
+        let decision = match waited {
+            // The batch stopped: the request is withdrawn in the store too,
+            // so a ResolveApproval on any replica now answers NOT_FOUND.
+            None => {
+                let _ = self.ledger.expire_approval(&call.id).await;
+                return Some(CallOutcome::Halted);
+            }
+            Some(Ok(Ok(d))) => Some(d),
             // Timed out: unless an answer was recorded at the last moment
             // (the store decides which came first), it is denied.
-            _ => self.ledger.expire_approval(&call.id).await,
+            Some(_) => self.ledger.expire_approval(&call.id).await,
         };
         match decision {
             Some(Decision { approve: true, .. }) => None,
@@ -284,6 +315,16 @@ impl Run {
                 humantime_serde::re::humantime::format_duration(timeout)
             )),
         }
+    }
+
+    /// Faults that broke a hook's stream since the last check (a duplicate
+    /// or spurious verdict, ...): failed-open records go to the client; a
+    /// closed hook's fault is the run's failure.
+    pub fn check_faults(&self, fallback: EventKind) -> Result<(), HookFailure> {
+        let mut records = Vec::new();
+        let checked = self.hooks.check_faults(&mut records, fallback);
+        self.emit_records(&records);
+        checked
     }
 
     /// Runs a step's IO, ending it early on cancellation or the run deadline.
@@ -325,13 +366,21 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
         max_tokens: cfg.max_tokens,
     };
     let mut machine = Machine::new(template, cfg.max_turns, transcript, input);
+    // With blocking turn_end hooks, a final answer waits for them.
+    let review_final = run.hooks.has_blocking(EventKind::TurnEnd);
+    machine.review_final_answers(review_final);
     let mut step = machine.start();
-    let mut sent_deltas = false;
+    // The turn whose deltas the client has seen provisionally (pass mode)
+    // while it is not accepted yet; retracted if it never is.
+    let mut provisional: Option<u32> = None;
     // Telemetry for the model call in flight: the model_request hooks'
     // redaction (input content), and the chat span kept open until the
     // model_response hooks decided what the output content is.
     let mut input_redaction: Option<String> = None;
     let mut chat_span: Option<Span> = None;
+    // The tools offered to the model call in flight (the agent's, narrowed
+    // by model_request patches): its tool calls may only name these.
+    let mut offered = tools.clone();
     let ending = loop {
         for ev in machine.drain_events() {
             run.deliver(ev).await;
@@ -340,6 +389,19 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
             run.wait_for_room().await;
         }
         let turn = machine.turn();
+        // A protocol violation detected since the last step stops the run
+        // here, not at its end.
+        if let Some(kind) = step.event() {
+            if let Err(f) = run.check_faults(kind) {
+                step = machine.abort(Stop::HookFailed(f));
+                continue;
+            }
+        }
+        if matches!(step, Step::ModelRequest(_)) {
+            // Until a model call narrows them (a hook's `respond` replaces
+            // the call): the agent's tools.
+            offered = tools.clone();
+        }
         let feed = match step {
             Step::Finish(ending) => break ending,
             Step::RunStart(input) => Feed::RunStart(
@@ -387,9 +449,10 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                 .await,
             ),
             Step::CallModel(request) => {
+                offered = Arc::new(request.tools.clone());
                 let (r, sent, span) =
-                    call_model(&run, turn, &request, input_redaction.take()).await;
-                sent_deltas = sent;
+                    call_model(&run, turn, &request, input_redaction.take(), review_final).await;
+                provisional = sent.then_some(turn);
                 chat_span = Some(span);
                 Feed::Model(r)
             }
@@ -399,11 +462,11 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                         &run,
                         turn,
                         response,
-                        sent_deltas,
+                        &mut provisional,
+                        review_final,
                         chat_span.take(),
                     ))
                     .await;
-                sent_deltas = false;
                 Feed::ModelResponse(r)
             }
             Step::ToolBatch(message) => {
@@ -416,39 +479,64 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                 let r = match staged {
                     Err(stop) => Err(stop),
                     Ok(()) => {
-                        run.guarded(run_batch(calls.len(), concurrency, |i| {
-                            let span = spans::execute_tool(&calls[i].name, &calls[i].id);
-                            process_call(
-                                run.clone(),
-                                turn,
-                                i as u32,
-                                calls[i].clone(),
-                                tools.clone(),
-                            )
-                            .instrument(span)
-                        }))
+                        run.guarded(run_batch(
+                            calls.len(),
+                            concurrency,
+                            |i| screen_call(&run, turn, &calls[i], &offered),
+                            |i, stop| {
+                                let span = spans::execute_tool(&calls[i].name, &calls[i].id);
+                                process_call(
+                                    run.clone(),
+                                    turn,
+                                    i as u32,
+                                    calls[i].clone(),
+                                    offered.clone(),
+                                    stop,
+                                )
+                                .instrument(span)
+                            },
+                        ))
                         .await
                     }
                 };
                 Feed::ToolBatch(r)
             }
-            Step::TurnEnd(message) => Feed::TurnEnd(
-                run.guarded(async {
-                    let out = run
-                        .hooks
-                        .chain::<TurnEndChain>(turn, message, |m| Payload::TurnEnd(m.clone()))
-                        .await
-                        .map_err(Stop::HookFailed)?;
-                    run.emit_records(&out.records);
-                    run.content.redact_message(&out.payload, out.redaction);
-                    match out.stop {
-                        None => Ok(EndDecision::Finish),
-                        Some((_, TurnEndStop::ContinueRun(m))) => Ok(EndDecision::ContinueRun(m)),
-                        Some((hook, TurnEndStop::Terminate(t))) => Err(terminate(hook, t)),
+            Step::TurnEnd(message) => {
+                let r = run
+                    .guarded(async {
+                        let out = run
+                            .hooks
+                            .chain::<TurnEndChain>(turn, message, |m| Payload::TurnEnd(m.clone()))
+                            .await
+                            .map_err(Stop::HookFailed)?;
+                        run.emit_records(&out.records);
+                        run.content.redact_message(&out.payload, out.redaction);
+                        match out.stop {
+                            None => Ok(EndDecision::Finish),
+                            Some((_, TurnEndStop::ContinueRun(m))) => {
+                                Ok(EndDecision::ContinueRun(m))
+                            }
+                            Some((hook, TurnEndStop::Terminate(t))) => Err(terminate(hook, t)),
+                        }
+                    })
+                    .await;
+                // The answer is accepted (deltas held for turn_end go out
+                // now), or it never reaches the client.
+                let held = std::mem::take(&mut *run.held.lock().unwrap());
+                match &r {
+                    Ok(_) => {
+                        for text in held {
+                            run.emit(RunEvent::TextDelta { turn, text });
+                        }
+                        provisional = None;
                     }
-                })
-                .await,
-            ),
+                    Err(Stop::Terminate { .. }) => {
+                        retract(&run, &mut provisional, "rejected by a turn_end hook")
+                    }
+                    Err(_) => {}
+                }
+                Feed::TurnEnd(r)
+            }
         };
         step = machine.feed(feed);
         // Record what this step committed before the next one starts (the
@@ -462,6 +550,13 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
             }
         }
     };
+    // Deltas of a turn that was never accepted (a hook failure, a timeout,
+    // a cancel after they were streamed) are withdrawn too.
+    let reason = format!(
+        "the run ended ({}) before the turn was accepted",
+        ending.outcome
+    );
+    retract(&run, &mut provisional, &reason);
     let ending = record_end(&run, &mut machine, ending).await;
     for ev in machine.drain_events() {
         run.deliver(ev).await;
@@ -493,14 +588,27 @@ async fn record_end(run: &Run, machine: &mut Machine, mut ending: Ending) -> End
     ending
 }
 
+/// Tells the client that the deltas of the provisional turn (pass mode) do
+/// not stand, once.
+fn retract(run: &Run, provisional: &mut Option<u32>, reason: &str) {
+    if let Some(turn) = provisional.take() {
+        run.emit(RunEvent::DeltasRetracted {
+            turn,
+            reason: reason.to_string(),
+        });
+    }
+}
+
 /// Calls the model under its `chat` span, streaming or holding deltas.
 /// Returns whether deltas reached the client provisionally, and the span
 /// (still open: output content is recorded after model_response hooks).
+/// `review_final`: blocking turn_end hooks review final answers.
 async fn call_model(
     run: &Run,
     turn: u32,
     request: &ModelRequest,
     redaction: Option<String>,
+    review_final: bool,
 ) -> (Result<ModelResponse, Stop>, bool, Span) {
     let model = run.agent.model.clone();
     let provider = model.provider_name();
@@ -510,7 +618,7 @@ async fn call_model(
         .record_request(&span, request, redaction.as_deref());
     let started = std::time::Instant::now();
     let hold = run.agent.config.stream_deltas == StreamDeltas::Hold
-        && run.hooks.has_blocking(EventKind::ModelResponse);
+        && (review_final || run.hooks.has_blocking(EventKind::ModelResponse));
     let sent = std::sync::atomic::AtomicBool::new(false);
     let held: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let on_delta = |chunk: &str| {
@@ -576,12 +684,16 @@ async fn call_model(
     (r, sent, span)
 }
 
-/// model_response hooks; releases held deltas only for an accepted turn.
+/// model_response hooks; releases held deltas only for an accepted turn
+/// (for a final answer under blocking turn_end hooks, only once those
+/// accepted it too). `provisional`: the turn whose deltas were streamed
+/// provisionally (pass mode).
 async fn review_response(
     run: &Run,
     turn: u32,
     response: ModelResponse,
-    sent_deltas: bool,
+    provisional: &mut Option<u32>,
+    review_final: bool,
     chat: Option<Span>,
 ) -> Result<ResponseDecision, Stop> {
     let original_text = response.message().text();
@@ -590,28 +702,33 @@ async fn review_response(
         .chain::<ModelResponseChain>(turn, response, |r| Payload::ModelResponse(r.clone()))
         .await;
     let held = std::mem::take(&mut *run.held.lock().unwrap());
-    let out = out.map_err(Stop::HookFailed)?;
+    let mut out = out.map_err(Stop::HookFailed)?;
     run.emit_records(&out.records);
+    if let Some(m) = out.payload.message.as_mut() {
+        m.fill_missing_call_ids(&call_id_prefix(&run.run_id, turn));
+    }
     let rewritten = out.payload.message().text() != original_text;
-    let retract = |reason: &str| {
-        if sent_deltas {
-            run.emit(RunEvent::DeltasRetracted {
-                turn,
-                reason: reason.to_string(),
-            });
-        }
-    };
     match out.stop {
         None => {
-            if rewritten {
-                retract("rewritten by a model_response hook");
+            let release = if rewritten {
+                retract(run, provisional, "rewritten by a model_response hook");
                 let text = out.payload.message().text();
-                if !text.is_empty() {
+                (!text.is_empty()).then_some(text).into_iter().collect()
+            } else {
+                held
+            };
+            let await_turn_end = review_final && !Machine::has_tool_calls(&out.payload.message());
+            if await_turn_end && run.agent.config.stream_deltas == StreamDeltas::Hold {
+                *run.held.lock().unwrap() = release;
+            } else {
+                let sent = !release.is_empty();
+                for text in release {
                     run.emit(RunEvent::TextDelta { turn, text });
                 }
-            } else {
-                for text in held {
-                    run.emit(RunEvent::TextDelta { turn, text });
+                if !await_turn_end {
+                    *provisional = None;
+                } else if sent {
+                    *provisional = Some(turn);
                 }
             }
             // Output content, once, now that every model_response hook ran
@@ -628,19 +745,33 @@ async fn review_response(
             Ok(ResponseDecision::Accept(out.payload))
         }
         Some((_, ResponseStop::Retry(f))) => {
-            retract("retried by a model_response hook");
+            retract(run, provisional, "retried by a model_response hook");
             Ok(ResponseDecision::Retry(f))
         }
         Some((hook, ResponseStop::Terminate(t))) => {
-            retract("rejected by a model_response hook");
+            retract(run, provisional, "rejected by a model_response hook");
             Err(terminate(hook, t))
         }
     }
 }
 
+/// Ids hookwire gives tool calls that came without one: unique per run
+/// (a run-id fragment) and turn, short, letters, digits and `_` only.
+fn call_id_prefix(run_id: &str, turn: u32) -> String {
+    let short: String = run_id
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(12)
+        .collect();
+    format!("hw_{short}_{turn}_")
+}
+
 fn finish(run: &Run, mut ending: Ending) -> RunReport {
-    if ending.outcome == RunOutcome::Completed {
-        if let Some(f) = run.hooks.violation(EventKind::TurnEnd) {
+    // The last check: a run that ended well does not end so when a closed
+    // hook broke its protocol since the last step; any other ending keeps
+    // its reason, and the fault is still counted and logged.
+    if let Err(f) = run.check_faults(EventKind::RunEnd) {
+        if matches!(ending.outcome, RunOutcome::Completed | RunOutcome::MaxTurns) {
             ending.outcome = RunOutcome::HookFailed;
             ending.reason = f.to_string();
         }

@@ -1,12 +1,13 @@
 //! One tool call from the model to its result: validation
-//! (invalid_tool_call), tool_call hooks, approval, execution on the owning
-//! hook server, tool_result hooks.
+//! (invalid_tool_call) before any call of the batch starts, then tool_call
+//! hooks, approval, execution on the owning hook server, tool_result hooks,
+//! each step only while the batch is not stopped.
 
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::agent::batch::CallOutcome;
+use crate::agent::batch::{BatchStop, CallOutcome};
 use crate::agent::events::RunEvent;
 use crate::agent::machine::Stop;
 use crate::agent::runner::Run;
@@ -15,10 +16,12 @@ use crate::hooks::compose::{
 };
 use crate::hooks::payload::{CallProblem, Payload};
 use crate::message::{ToolCall, ToolResult, ToolSpec};
-use tracing::Span;
+use crate::telemetry::spans;
+use tracing::{Instrument, Span};
 
-/// Checks a call against the offered tools and the tool's argument schema;
-/// `Some` describes the problem.
+/// Checks a call against the tools offered for its model call (the agent's
+/// tools, narrowed by `model_request` patches) and the tool's argument
+/// schema; `Some` describes the problem.
 pub fn validate_call(
     call: &ToolCall,
     tools: &[ToolSpec],
@@ -84,64 +87,87 @@ fn terminate(hook: String, t: crate::hooks::verdict::Terminate) -> CallOutcome {
     })
 }
 
+/// Phase one for one call, before any call of its batch starts: a call to
+/// a tool not offered for this model call, or with arguments that fail the
+/// tool's schema, goes through the `invalid_tool_call` hooks and is decided
+/// here (under its own `execute_tool` span). `None`: valid, it will execute.
+pub async fn screen_call(
+    run: &Run,
+    turn: u32,
+    call: &ToolCall,
+    offered: &[ToolSpec],
+) -> Option<CallOutcome> {
+    let (problem, error) = validate_call(call, offered, |s| run.registry.validator(s))?;
+    let available: Vec<String> = offered.iter().map(|t| t.name.clone()).collect();
+    let out = match run
+        .hooks
+        .chain::<InvalidToolCallChain>(turn, call.clone(), |c| Payload::InvalidToolCall {
+            call: c.clone(),
+            problem,
+            error: error.clone(),
+            available: available.clone(),
+        })
+        .instrument(spans::execute_tool(&call.name, &call.id))
+        .await
+    {
+        Ok(o) => o,
+        Err(f) => return Some(CallOutcome::Stop(Stop::HookFailed(f))),
+    };
+    run.emit_records(&out.records);
+    run.content.redact_arguments(call, out.redaction);
+    Some(match out.stop {
+        None => CallOutcome::Result(result(
+            call,
+            format!(
+                "error: {error}. Available tools: {}",
+                if available.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    available.join(", ")
+                }
+            ),
+            true,
+        )),
+        Some((_, InvalidCallStop::Retry(f))) => CallOutcome::Retry(f),
+        Some((_, InvalidCallStop::Skip(s))) => {
+            CallOutcome::Result(result(call, s.result, s.is_error))
+        }
+        Some((hook, InvalidCallStop::Terminate(t))) => terminate(hook, t),
+    })
+}
+
+/// Phase two for a screened call. Nothing new starts once `stop` fired:
+/// it is checked before each hook call, before an approval is requested and
+/// before `CallTool` (the call is then `Halted`).
 pub async fn process_call(
     run: Arc<Run>,
     turn: u32,
     index: u32,
     call: ToolCall,
     tools: Arc<Vec<ToolSpec>>,
+    stop: BatchStop,
 ) -> CallOutcome {
     let hooks = &run.hooks;
-    if let Some((problem, error)) = validate_call(&call, &tools, |s| run.registry.validator(s)) {
-        let available: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
-        let out = match hooks
-            .chain::<InvalidToolCallChain>(turn, call.clone(), |c| Payload::InvalidToolCall {
-                call: c.clone(),
-                problem,
-                error: error.clone(),
-                available: available.clone(),
-            })
-            .await
-        {
-            Ok(o) => o,
-            Err(f) => return CallOutcome::Stop(Stop::HookFailed(f)),
-        };
-        run.emit_records(&out.records);
-        run.content.redact_arguments(&call, out.redaction);
-        return match out.stop {
-            None => CallOutcome::Result(result(
-                &call,
-                format!(
-                    "error: {error}. Available tools: {}",
-                    if available.is_empty() {
-                        "(none)".to_string()
-                    } else {
-                        available.join(", ")
-                    }
-                ),
-                true,
-            )),
-            Some((_, InvalidCallStop::Retry(f))) => CallOutcome::Retry(f),
-            Some((_, InvalidCallStop::Skip(s))) => {
-                CallOutcome::Result(result(&call, s.result, s.is_error))
-            }
-            Some((hook, InvalidCallStop::Terminate(t))) => terminate(hook, t),
-        };
-    }
     let spec = tools
         .iter()
         .find(|t| t.name == call.name)
         .cloned()
         .unwrap_or_default();
     let out = match hooks
-        .chain::<ToolCallChain>(turn, call.clone(), |c| Payload::ToolCall {
-            call: c.clone(),
-            index,
-            tool: spec.clone(),
-        })
+        .chain_until::<ToolCallChain>(
+            turn,
+            call.clone(),
+            |c| Payload::ToolCall {
+                call: c.clone(),
+                index,
+                tool: spec.clone(),
+            },
+            stop.token(),
+        )
         .await
     {
-        Ok(o) => o,
+        Ok(Some(o)) => o,
+        Ok(None) => return CallOutcome::Halted,
         Err(f) => return CallOutcome::Stop(Stop::HookFailed(f)),
     };
     run.emit_records(&out.records);
@@ -164,7 +190,10 @@ pub async fn process_call(
         }
         Some((hook, ToolCallStop::Terminate(t))) => return terminate(hook, t),
         Some((hook, ToolCallStop::Ask(ask))) => {
-            if let Some(denied) = run.ask_approval(turn, index, &effective, &hook, ask).await {
+            if let Some(denied) = run
+                .ask_approval(turn, index, &effective, &hook, ask, &stop)
+                .await
+            {
                 if let CallOutcome::Result(r) = &denied {
                     record_result(r);
                 }
@@ -173,6 +202,14 @@ pub async fn process_call(
         }
     }
 
+    if stop.is_stopped() {
+        return CallOutcome::Halted;
+    }
+    // A closed hook that broke its protocol since the last step (a
+    // duplicate verdict, say) stops the run before the tool starts.
+    if let Err(f) = run.check_faults(crate::event::EventKind::ToolCall) {
+        return CallOutcome::Stop(Stop::HookFailed(f));
+    }
     run.emit(RunEvent::ToolStarted {
         turn,
         index,
@@ -202,14 +239,20 @@ pub async fn process_call(
     };
     let raw = result(&effective, content, is_error);
     let out = match hooks
-        .chain::<ToolResultChain>(turn, raw, |r| Payload::ToolResult {
-            call: effective.clone(),
-            index,
-            result: r.clone(),
-        })
+        .chain_until::<ToolResultChain>(
+            turn,
+            raw,
+            |r| Payload::ToolResult {
+                call: effective.clone(),
+                index,
+                result: r.clone(),
+            },
+            stop.token(),
+        )
         .await
     {
-        Ok(o) => o,
+        Ok(Some(o)) => o,
+        Ok(None) => return CallOutcome::Halted,
         Err(f) => return CallOutcome::Stop(Stop::HookFailed(f)),
     };
     run.emit_records(&out.records);

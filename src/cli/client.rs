@@ -2,26 +2,9 @@
 
 use std::io::{IsTerminal, Write};
 
-use anyhow::Context;
-use tonic::transport::Channel;
-
+use crate::cli::connection::{connect, ServerOpts};
 use crate::cli::SessionsAction;
 use crate::pb;
-use crate::pb::agent_service_client::AgentServiceClient;
-
-async fn connect(addr: &str) -> anyhow::Result<AgentServiceClient<Channel>> {
-    let ch = tonic::transport::Endpoint::from_shared(addr.to_string())
-        .with_context(|| {
-            format!("bad server address `{addr}` (expected e.g. http://127.0.0.1:50051)")
-        })?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .with_context(|| {
-            format!("cannot connect to hookwire at {addr} (is `hookwire serve` running?)")
-        })?;
-    Ok(AgentServiceClient::new(ch))
-}
 
 fn status_err(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
@@ -57,15 +40,17 @@ fn outcome_name(v: i32) -> String {
         .unwrap_or_else(|_| v.to_string())
 }
 
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     addr: &str,
+    opts: &ServerOpts,
     agent: &str,
     session: Option<String>,
     hooks: Vec<String>,
     json: bool,
     prompt: String,
 ) -> anyhow::Result<()> {
-    let mut client = connect(addr).await?;
+    let mut client = connect(addr, opts).await?;
     let session_id = match session {
         Some(id) => id,
         None => {
@@ -290,8 +275,8 @@ fn ask_approval(a: &pb::ApprovalRequested, json: bool) -> anyhow::Result<Option<
     )))
 }
 
-pub async fn sessions(addr: &str, action: SessionsAction) -> anyhow::Result<()> {
-    let mut client = connect(addr).await?;
+pub async fn sessions(addr: &str, opts: &ServerOpts, action: SessionsAction) -> anyhow::Result<()> {
+    let mut client = connect(addr, opts).await?;
     match action {
         SessionsAction::List { agent } => {
             // Every page, oldest first.
@@ -318,9 +303,10 @@ pub async fn sessions(addr: &str, action: SessionsAction) -> anyhow::Result<()> 
             }
             for s in sessions {
                 println!(
-                    "{}  agent={}  runs={}{}",
+                    "{}  agent={}  owner={}  runs={}{}",
                     s.id,
                     s.agent,
+                    s.owner,
                     s.run_count,
                     if s.active_run_id.is_empty() {
                         String::new()
@@ -376,8 +362,8 @@ pub async fn sessions(addr: &str, action: SessionsAction) -> anyhow::Result<()> 
     Ok(())
 }
 
-pub async fn hooks(addr: &str) -> anyhow::Result<()> {
-    let mut client = connect(addr).await?;
+pub async fn hooks(addr: &str, opts: &ServerOpts) -> anyhow::Result<()> {
+    let mut client = connect(addr, opts).await?;
     let r = client
         .list_hooks(pb::ListHooksRequest {})
         .await
@@ -407,6 +393,21 @@ pub async fn hooks(addr: &str) -> anyhow::Result<()> {
                     .map(|t| t.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
+            );
+        }
+        if !h.unsubscribed_events.is_empty() {
+            println!(
+                "    unsubscribed: {} (configured, but not in the server's Describe: {})",
+                h.unsubscribed_events
+                    .iter()
+                    .map(|e| event_name(*e))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if h.mode == "observe" {
+                    "not delivered".to_string()
+                } else {
+                    format!("each fails under failure: {}", h.failure)
+                }
             );
         }
         if !h.last_error.is_empty() {

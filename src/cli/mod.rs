@@ -2,6 +2,7 @@
 //! (list and conformance check) and config tools.
 
 mod client;
+pub mod connection;
 mod json;
 
 use std::net::SocketAddr;
@@ -92,6 +93,8 @@ pub enum Command {
         json: bool,
         /// The user input.
         prompt: String,
+        #[command(flatten)]
+        server: connection::ServerOpts,
     },
     /// List, show or delete sessions on a server.
     Sessions {
@@ -104,6 +107,8 @@ pub enum Command {
         addr: String,
         #[command(subcommand)]
         action: SessionsAction,
+        #[command(flatten)]
+        server: connection::ServerOpts,
     },
     /// Hook servers: list a hookwire server's configured hooks, or check a
     /// hook server against the protocol.
@@ -145,6 +150,8 @@ pub enum HooksAction {
         /// hookwire server address.
         #[arg(long, env = "HOOKWIRE_ADDR", default_value = "http://127.0.0.1:50051")]
         addr: String,
+        #[command(flatten)]
+        server: connection::ServerOpts,
     },
     /// Check a hook server against the protocol: one PASS/FAIL row per check.
     ///
@@ -173,7 +180,37 @@ pub enum HooksAction {
         /// Print the report as JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// PEM CA bundle the server's certificate must chain to (https://;
+        /// default: the webpki roots), as a hook's `tls.ca_file`.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+        /// PEM client certificate for servers that require mTLS (with --key-file).
+        #[arg(long, requires = "key_file")]
+        cert_file: Option<PathBuf>,
+        #[arg(long, requires = "cert_file")]
+        key_file: Option<PathBuf>,
+        /// Name to verify the certificate against (and send as SNI) instead
+        /// of the endpoint's host, as `tls.server_name`.
+        #[arg(long)]
+        server_name: Option<String>,
+        /// Bearer token sent on every call, as a hook's `credentials`.
+        #[arg(long, env = "HOOKWIRE_HOOK_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// The caller the events claim to come from (EventContext.principal).
+        #[arg(long, default_value = crate::conformance::script::DEFAULT_PRINCIPAL)]
+        principal: String,
+        /// A claim of that caller (EventContext.principal_claims): KEY=VALUE.
+        /// Repeatable.
+        #[arg(long = "claim", value_name = "KEY=VALUE", value_parser = parse_claim)]
+        claims: Vec<(String, String)>,
     },
+}
+
+fn parse_claim(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| "expected KEY=VALUE, e.g. tenant=acme".to_string())
 }
 
 const CHECK_HELP: &str = "\
@@ -230,6 +267,11 @@ pub enum ConfigAction {
         /// Do not contact hook servers (so tool ownership is not checked).
         #[arg(long)]
         offline: bool,
+        /// Do not read the files the security settings name (certificates,
+        /// keys, tokens, JWKS, hook tokens): for checking a config away from
+        /// the machine or pod it runs on. Their settings are still checked.
+        #[arg(long)]
+        skip_files: bool,
     },
 }
 
@@ -314,11 +356,16 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             hooks,
             json,
             prompt,
-        } => client::run(&addr, &agent, session, hooks, json, prompt).await,
-        Command::Sessions { addr, action } => client::sessions(&addr, action).await,
+            server,
+        } => client::run(&addr, &server, &agent, session, hooks, json, prompt).await,
+        Command::Sessions {
+            addr,
+            action,
+            server,
+        } => client::sessions(&addr, &server, action).await,
         Command::Hooks {
-            action: HooksAction::List { addr },
-        } => client::hooks(&addr).await,
+            action: HooksAction::List { addr, server },
+        } => client::hooks(&addr, &server).await,
         Command::Hooks {
             action:
                 HooksAction::Check {
@@ -327,14 +374,30 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     timeout,
                     tool_args,
                     json,
+                    ca_file,
+                    cert_file,
+                    key_file,
+                    server_name,
+                    token,
+                    principal,
+                    claims,
                 },
         } => {
-            let opts = crate::conformance::Options {
-                endpoint,
-                events,
-                timeout,
-                tool_args: tool_args.into_iter().collect(),
+            let mut opts = crate::conformance::Options::new(endpoint);
+            opts.events = events;
+            opts.timeout = timeout;
+            opts.tool_args = tool_args.into_iter().collect();
+            opts.tls = crate::config::HookTls {
+                ca_file,
+                cert_file,
+                key_file,
+                server_name,
             };
+            opts.token = token;
+            opts.principal = principal;
+            if !claims.is_empty() {
+                opts.principal_claims = claims.into_iter().collect();
+            }
             let report = crate::conformance::check(&opts).await?;
             if json {
                 println!("{}", report.to_json());
@@ -351,8 +414,13 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Config {
-            action: ConfigAction::Check { file, offline },
-        } => check_config(&file, offline).await,
+            action:
+                ConfigAction::Check {
+                    file,
+                    offline,
+                    skip_files,
+                },
+        } => check_config(&file, offline, skip_files).await,
     }
 }
 
@@ -400,8 +468,19 @@ fn default_data_dir() -> PathBuf {
 }
 
 /// `hookwire config check`: `serve`'s start-up checks, without listening.
-async fn check_config(file: &std::path::Path, offline: bool) -> anyhow::Result<()> {
-    let mut cfg = Config::load(file)?;
+async fn check_config(
+    file: &std::path::Path,
+    offline: bool,
+    skip_files: bool,
+) -> anyhow::Result<()> {
+    let cfg = Config::load(file)?;
+    let mut cfg = if skip_files {
+        crate::server::preflight::without_files(&cfg)
+    } else {
+        // Authentication and TLS as `serve` sets them up on `listen:`.
+        crate::server::preflight::security(&cfg, cfg.listen)?;
+        cfg
+    };
     // The exporter `serve` would install, built and dropped.
     let (_, telemetry) = crate::telemetry::build(
         &crate::telemetry::TelemetryOptions::from_env(&cfg.telemetry, LogFormat::Text),

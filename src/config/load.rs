@@ -316,6 +316,7 @@ impl Config {
         if self.server.max_input_bytes == 0 {
             errs.push(("server.max_input_bytes".into(), "must be at least 1".into()));
         }
+        errs.extend(self.validate_security());
 
         if let Some(r) = self.telemetry.sampling_ratio {
             if !(0.0..=1.0).contains(&r) {
@@ -410,6 +411,28 @@ mod tests {
         );
         assert_eq!(e.path(), Some("agents[0].model"));
         assert!(e.to_string().contains("did you mean `scripted`"), "{e}");
+    }
+
+    /// The defaults README and docs/writing-hooks.md promise, spelled out
+    /// (not read back from the constants, which would agree with anything).
+    #[test]
+    fn hook_defaults_are_the_documented_ones() {
+        let c = Config::parse(
+            "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m, hooks: [h]}]\nhooks: [{name: h, endpoint: 'http://x:1'}]\n",
+            "t",
+        )
+        .unwrap();
+        let h = &c.hooks[0];
+        use crate::config::{FailurePolicy, HookMode};
+        use std::time::Duration;
+        assert_eq!(h.timeout, Duration::from_secs(5));
+        assert_eq!(h.failure, FailurePolicy::Closed);
+        assert_eq!(h.mode, HookMode::Blocking);
+        assert_eq!(h.priority, 0);
+        assert!(h.detach_on_failure);
+        assert_eq!(h.observe_queue, 256);
+        assert_eq!(h.breaker.failures, 5);
+        assert_eq!(h.breaker.cooldown, Duration::from_secs(30));
     }
 
     #[test]

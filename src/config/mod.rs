@@ -6,6 +6,7 @@
 
 mod env;
 mod load;
+mod security;
 mod store;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use crate::event::EventKind;
 use crate::model::scripted::Rule;
 
 pub use load::{ConfigError, EMBEDDED_DEFAULT};
+pub use security::*;
 pub use store::StoreSetting;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -45,6 +47,14 @@ pub struct Config {
     /// uses SQLite in its data directory; the library's `serve` uses memory.
     #[serde(default)]
     pub store: Option<StoreSetting>,
+    /// TLS on the gRPC port; plaintext when absent.
+    pub tls: Option<ServerTls>,
+    /// How callers authenticate; `none` (loopback only) when absent.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Limits per principal.
+    #[serde(default)]
+    pub quotas: Quotas,
 }
 
 fn default_listen() -> SocketAddr {
@@ -144,6 +154,12 @@ pub struct HookConfig {
     pub observe_queue: usize,
     #[serde(default)]
     pub breaker: BreakerConfig,
+    /// TLS settings for an `https://` endpoint.
+    #[serde(default)]
+    pub tls: HookTls,
+    /// Bearer token sent on every call.
+    #[serde(default)]
+    pub credentials: HookCredentials,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -242,6 +258,16 @@ pub struct AgentConfig {
     pub approval_timeout: Duration,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
+    /// Who may create sessions on this agent; everyone when absent.
+    pub allow: Option<AgentAllow>,
+    /// Roles that may resolve approvals on this agent's sessions without
+    /// owning them.
+    #[serde(default = "default_approver_roles")]
+    pub approver_roles: Vec<String>,
+}
+
+fn default_approver_roles() -> Vec<String> {
+    vec![ROLE_APPROVER.to_string()]
 }
 
 fn default_max_turns() -> u32 {
@@ -283,6 +309,7 @@ pub const DEFAULT_RUN_EVENT_BUFFER: usize = 1024;
 pub const DEFAULT_CLIENT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Smallest `server.run_event_buffer`: one step's events must fit in half.
 pub const MIN_RUN_EVENT_BUFFER: usize = 16;
+pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -315,6 +342,11 @@ pub struct ServerConfig {
     /// events (its queue full) before it is cancelled.
     #[serde(default = "default_client_stall", with = "humantime_serde")]
     pub client_stall_timeout: Duration,
+    /// How often certificate, key, token and JWKS files are checked for
+    /// changes (on use: a connection or call after this long re-reads them);
+    /// 0s checks on every use.
+    #[serde(default = "default_reload_interval", with = "humantime_serde")]
+    pub reload_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -327,6 +359,7 @@ impl Default for ServerConfig {
             max_transcript_bytes: DEFAULT_MAX_TRANSCRIPT_BYTES,
             run_event_buffer: DEFAULT_RUN_EVENT_BUFFER,
             client_stall_timeout: DEFAULT_CLIENT_STALL_TIMEOUT,
+            reload_interval: DEFAULT_RELOAD_INTERVAL,
         }
     }
 }
@@ -349,6 +382,9 @@ fn default_max_input() -> usize {
 }
 fn default_grace() -> Duration {
     DEFAULT_SHUTDOWN_GRACE
+}
+fn default_reload_interval() -> Duration {
+    DEFAULT_RELOAD_INTERVAL
 }
 
 impl Config {

@@ -11,6 +11,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
+use crate::hooks::client::HookChannel;
+
 use crate::conformance::script::Scenario;
 use crate::conformance::stream::Recorder;
 use crate::conformance::transcript::{Health, ToolCallLog, Transcript};
@@ -52,7 +54,7 @@ impl Timing {
 }
 
 pub async fn describe(
-    mut client: HookServiceClient<Channel>,
+    mut client: HookServiceClient<HookChannel>,
     timeout: Duration,
 ) -> Result<(pb::DescribeResponse, Duration), Fault> {
     let mut req = tonic::Request::new(pb::DescribeRequest {
@@ -92,7 +94,7 @@ pub async fn health(channel: Channel, service: &str, timeout: Duration) -> Healt
 /// Plays the session and the run; `hook` is the name the session lists.
 pub async fn run(
     scenario: &Scenario,
-    client: HookServiceClient<Channel>,
+    client: HookServiceClient<HookChannel>,
     hook: &str,
     timing: Timing,
 ) -> Transcript {
@@ -131,7 +133,7 @@ struct Pending {
 
 struct Driver<'a> {
     sc: &'a Scenario,
-    client: HookServiceClient<Channel>,
+    client: HookServiceClient<HookChannel>,
     timing: Timing,
     scratchpad: BTreeMap<String, Vec<u8>>,
     transcript: Transcript,

@@ -28,6 +28,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::event::EventKind;
+use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::wire::event_kind_from_wire;
 use crate::message::ToolSpec;
 use crate::pb::hook_service_client::HookServiceClient;
@@ -50,6 +51,18 @@ pub struct Options {
     /// Arguments (a JSON object, as text) per owned tool, instead of ones
     /// derived from the tool's schema.
     pub tool_args: BTreeMap<String, String>,
+    /// TLS for an https:// endpoint, as a hook's `tls:` in config.
+    pub tls: crate::config::HookTls,
+    /// Bearer token sent on every call, as a hook's `credentials:`.
+    pub token: Option<String>,
+    /// The caller the events say they come from (EventContext.principal).
+    pub principal: String,
+    /// Its claims (EventContext.principal_claims).
+    pub principal_claims: BTreeMap<String, String>,
+    /// How long past a deadline to keep waiting, so a late verdict is
+    /// reported as late rather than as missing. Default: the deadline,
+    /// between 1 s and 2 s.
+    pub grace: Option<Duration>,
 }
 
 impl Options {
@@ -59,6 +72,11 @@ impl Options {
             events: None,
             timeout: DEFAULT_TIMEOUT,
             tool_args: BTreeMap::new(),
+            tls: Default::default(),
+            token: None,
+            principal: script::DEFAULT_PRINCIPAL.into(),
+            principal_claims: BTreeMap::from([("roles".to_string(), String::new())]),
+            grace: None,
         }
     }
 }
@@ -91,15 +109,39 @@ pub async fn check(opts: &Options) -> Result<Report, CheckError> {
         return Err(CheckError::ZeroTimeout);
     }
     let url = normalize(&opts.endpoint);
-    let channel = crate::hooks::client::endpoint(
+    if !url.starts_with("https://") && opts.tls != crate::config::HookTls::default() {
+        return Err(CheckError::Endpoint(format!(
+            "TLS options need an https:// endpoint (got {url})"
+        )));
+    }
+    // Exactly as hookwire connects: same connector, TLS and credentials.
+    let tls = if url.starts_with("https://") {
+        Some(
+            crate::tls::HookTls::new(&url, &opts.tls, Duration::ZERO)
+                .map_err(|e| CheckError::Endpoint(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    let channel = crate::hooks::client::connect(
         &url,
         opts.timeout
             .clamp(Duration::from_secs(1), Duration::from_secs(10)),
+        tls.as_ref(),
+        // The checker makes one connection and does not re-Describe.
+        Default::default(),
     )
-    .map_err(CheckError::Endpoint)?
-    .connect_lazy();
-    let client =
-        HookServiceClient::new(channel.clone()).max_decoding_message_size(16 * 1024 * 1024);
+    .map_err(CheckError::Endpoint)?;
+    let credentials = match &opts.token {
+        Some(t) => crate::hooks::credentials::Credentials::bearer(t)
+            .map_err(|e| CheckError::Endpoint(format!("--token: {e}")))?,
+        None => Default::default(),
+    };
+    let client = HookServiceClient::new(tonic::service::interceptor::InterceptedService::new(
+        channel.clone(),
+        credentials,
+    ))
+    .max_decoding_message_size(16 * 1024 * 1024);
     let mut report = Report {
         endpoint: url.clone(),
         server: None,
@@ -109,6 +151,17 @@ pub async fn check(opts: &Options) -> Result<Report, CheckError> {
     let (desc, took) = match drive::describe(client.clone(), opts.timeout).await {
         Ok(d) => d,
         Err(f) => {
+            // Refused in TLS after the handshake (a TLS 1.3 server checking
+            // our client certificate): say so, as hookwire would.
+            let f = match (
+                &f.class,
+                tls.as_ref().and_then(crate::tls::HookTls::late_error),
+            ) {
+                (FailureClass::StreamReset | FailureClass::Connect, Some(why)) => {
+                    Fault::new(FailureClass::Tls, why)
+                }
+                _ => f,
+            };
             // Nothing else can be checked without Describe.
             report.rows.push(checks::describe_failed(&url, &f));
             return Ok(report);
@@ -174,19 +227,19 @@ pub async fn check(opts: &Options) -> Result<Report, CheckError> {
         events: events.clone(),
         tools: tools.iter().map(|t| t.name.clone()).collect(),
     });
-    let scenario = script::Scenario::new(events, planned);
+    let mut scenario = script::Scenario::new(events, planned);
+    scenario.principal = opts.principal.clone();
+    scenario.principal_claims = opts.principal_claims.clone();
     let hook_name = if desc.name.trim().is_empty() {
         "hook"
     } else {
         desc.name.as_str()
     };
-    let transcript = drive::run(
-        &scenario,
-        client,
-        hook_name,
-        drive::Timing::new(opts.timeout),
-    )
-    .await;
+    let mut timing = drive::Timing::new(opts.timeout);
+    if let Some(grace) = opts.grace {
+        timing.grace = grace;
+    }
+    let transcript = drive::run(&scenario, client, hook_name, timing).await;
 
     // Tool rows together: schema, arguments, then the call made in the run.
     for spec in &tools {

@@ -20,6 +20,8 @@ use crate::hooks::payload::{CallProblem, EventContext, Payload};
 use crate::message::{Block, Message, Role, ToolCall, ToolResult, ToolSpec, Usage};
 use crate::model::{ModelRequest, ModelResponse, ToolChoice};
 
+/// The principal the checker sends unless `--principal` names another.
+pub const DEFAULT_PRINCIPAL: &str = "hookwire-check";
 pub const AGENT: &str = "conformance-check";
 pub const MODEL: &str = "scripted";
 pub const SYSTEM_PROMPT: &str =
@@ -45,6 +47,9 @@ pub struct Scenario {
     trace_id: String,
     events: Vec<EventKind>,
     calls: Vec<PlannedCall>,
+    /// Who the checker says is calling (EventContext.principal).
+    pub principal: String,
+    pub principal_claims: BTreeMap<String, String>,
 }
 
 /// The tool names the checker offers and answers itself.
@@ -111,6 +116,8 @@ impl Scenario {
             trace_id: uuid::Uuid::new_v4().simple().to_string(),
             events,
             calls,
+            principal: DEFAULT_PRINCIPAL.into(),
+            principal_claims: BTreeMap::from([("roles".to_string(), String::new())]),
         }
     }
 
@@ -131,6 +138,8 @@ impl Scenario {
             session_id: self.session_id.clone(),
             agent: AGENT.into(),
             traceparent: self.traceparent(),
+            principal: self.principal.clone(),
+            principal_claims: self.principal_claims.clone(),
             ..Default::default()
         }
     }
@@ -144,6 +153,8 @@ impl Scenario {
             streaming: true,
             traceparent: self.traceparent(),
             tracestate: String::new(),
+            principal: self.principal.clone(),
+            principal_claims: self.principal_claims.clone(),
         }
     }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tonic::transport::Channel;
+
+use crate::hooks::client::HookChannel;
 
 use crate::conformance::transcript::{Arrival, SentEvent, StreamEnd, StreamLog};
 use crate::event::EventKind;
@@ -31,7 +32,7 @@ const QUEUE: usize = 64;
 
 pub struct Recorder {
     name: String,
-    client: HookServiceClient<Channel>,
+    client: HookServiceClient<HookChannel>,
     tx: Option<mpsc::Sender<pb::HookEvent>>,
     inbound: Option<mpsc::UnboundedReceiver<Inbound>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -44,7 +45,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(name: impl Into<String>, client: HookServiceClient<Channel>) -> Recorder {
+    pub fn new(name: impl Into<String>, client: HookServiceClient<HookChannel>) -> Recorder {
         Recorder {
             name: name.into(),
             client,

@@ -247,7 +247,7 @@ impl Engine {
                 for s in gone {
                     tracing::info!(session = %s.id, "session expired (server.session_ttl)");
                     self.transcripts.forget(&s.id);
-                    self.session_end(&s, "expired");
+                    self.session_end(&s, "expired", None);
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot expire idle sessions"),

@@ -8,11 +8,14 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
 
-use crate::config::{HookConfig, HookMode};
+use crate::config::{self, HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
+use crate::hooks::connector::{self, Connector};
+use crate::hooks::credentials::Credentials;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::failure_log::FailureLog;
 use crate::hooks::stream::{classify_status, RunStream};
@@ -21,6 +24,7 @@ use crate::message::{ToolCall, ToolSpec};
 use crate::pb;
 use crate::pb::hook_service_client::HookServiceClient;
 use crate::telemetry::Metrics;
+use crate::tls::HookTls;
 
 /// What a hook server said about itself.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -44,17 +48,25 @@ struct Status {
     last_error: Option<String>,
 }
 
+/// A hook server's channel with its call credentials applied.
+pub type HookChannel = InterceptedService<Channel, Credentials>;
+
 pub struct HookClient {
     pub config: HookConfig,
-    channel: Channel,
+    channel: HookChannel,
+    tls: Option<HookTls>,
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
     /// Signalled when the breaker opens: `maintain` then probes the server.
     breaker_opened: Notify,
-    redescribe: Notify,
-    failure_log: Mutex<FailureLog>,
-    /// Where the breaker gauge lives (set once by the engine).
+    /// Describe again: a connection-level fault, or a connection ended.
+    redescribe: Arc<Notify>,
+    /// Shared with the hook's run streams, which log faults seen after
+    /// their run ended.
+    failure_log: Arc<Mutex<FailureLog>>,
+    /// Where the breaker gauge and the unsubscribed-events gauge live (set
+    /// once by the engine).
     metrics: OnceLock<Arc<Metrics>>,
 }
 
@@ -92,10 +104,14 @@ pub struct HookSnapshot {
     pub events: Vec<EventKind>,
     pub description: Option<Description>,
     pub last_error: Option<String>,
+    /// Configured events the server's Describe does not list (a blocking
+    /// hook fails at each of them under its failure policy).
+    pub unsubscribed: Vec<EventKind>,
 }
 
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const REDESCRIBE_PAUSE: Duration = Duration::from_millis(100);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(300);
 /// While the breaker is open the server is probed with Describe, first after
 /// [`PROBE_FIRST`], then backing off to [`PROBE_MAX`]: runs succeed again
@@ -106,10 +122,79 @@ pub const PROBE_MAX: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How hookwire connects to a hook server (also used by `hookwire hooks
-/// check`, so the checker connects exactly like the engine).
+/// check`, so the checker connects exactly like the engine): lazily, with
+/// `tls` for `https://` endpoints (the webpki roots when `None`).
+///
+/// TLS is done by our own connector (`tls::HookTls`), so certificate files
+/// are re-read when they change and failures say what did not match; the
+/// channel itself is then given the `http://` form of the URL, because
+/// tonic refuses an `https://` URL without its own TLS.
+///
+/// `closed` is signalled whenever a connection ends, so the client can ask
+/// a (possibly restarted) server for its Describe again.
+pub fn connect(
+    url: &str,
+    connect_timeout: Duration,
+    tls: Option<&HookTls>,
+    closed: Arc<Notify>,
+) -> Result<Channel, String> {
+    let endpoint = endpoint(url, connect_timeout)?;
+    let Some(rest) = url.strip_prefix("https://") else {
+        let tcp = Connector::new(connector::plain_tcp(connect_timeout), closed);
+        return Ok(endpoint.connect_with_connector_lazy(tcp));
+    };
+    let default_tls;
+    let tls = match tls {
+        Some(t) => t,
+        None => {
+            default_tls = HookTls::new(url, &config::HookTls::default(), Duration::MAX)
+                .map_err(|e| e.to_string())?;
+            &default_tls
+        }
+    };
+    let mut plain = endpoint_settings(
+        Endpoint::from_shared(format!("http://{rest}"))
+            .map_err(|e| format!("bad endpoint `{url}`: {e}"))?,
+        connect_timeout,
+    );
+    if let Some(name) = tls.server_name() {
+        // The name the certificate is for is also the :authority a proxy
+        // or a virtual host routes on.
+        let port = plain.uri().port_u16().unwrap_or(443);
+        let origin = format!("http://{name}:{port}")
+            .parse()
+            .map_err(|e| format!("tls.server_name `{name}`: {e}"))?;
+        plain = plain.origin(origin);
+    }
+    Ok(plain.connect_with_connector_lazy(Connector::new(tls.connector(), closed)))
+}
+
+/// Whether `url` names this machine (plaintext is fine there).
+pub fn is_loopback(url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    match uri
+        .host()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+    {
+        Some("localhost") => true,
+        Some(h) => h
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
+/// The endpoint for `url` with hookwire's connection settings (no TLS).
 pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String> {
-    let mut endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("bad endpoint `{url}`: {e}"))?
+    let endpoint =
+        Endpoint::from_shared(url.to_string()).map_err(|e| format!("bad endpoint `{url}`: {e}"))?;
+    Ok(endpoint_settings(endpoint, connect_timeout))
+}
+
+fn endpoint_settings(endpoint: Endpoint, connect_timeout: Duration) -> Endpoint {
+    endpoint
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
         // grpc-go and grpcio servers by default answer pings more frequent
@@ -118,25 +203,41 @@ pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String
         // streams are open.
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(false);
-    if url.starts_with("https://") {
-        endpoint = endpoint
-            .tls_config(ClientTlsConfig::new().with_webpki_roots())
-            .map_err(|e| format!("TLS setup for `{url}`: {e}"))?;
-    }
-    Ok(endpoint)
+        .keep_alive_while_idle(false)
 }
 
 impl HookClient {
-    pub fn new(config: HookConfig) -> Result<Arc<HookClient>, String> {
-        let endpoint = endpoint(
+    /// `reload_interval`: how often TLS and token files are checked for
+    /// changes (`server.reload_interval`).
+    pub fn new(config: HookConfig, reload_interval: Duration) -> Result<Arc<HookClient>, String> {
+        let owner = format!("hook `{}`", config.name);
+        let tls = if config.endpoint.starts_with("https://") {
+            Some(HookTls::new(&owner, &config.tls, reload_interval).map_err(|e| e.to_string())?)
+        } else {
+            if !is_loopback(&config.endpoint) {
+                tracing::warn!(
+                    hook = %config.name,
+                    endpoint = %config.endpoint,
+                    "hook reached over plaintext on the network: events (prompts, tool arguments) travel unencrypted; use https:// with tls"
+                );
+            }
+            None
+        };
+        // A new connection may reach a restarted server with another
+        // Describe: every connection that ends asks for a fresh one.
+        let redescribe = Arc::new(Notify::new());
+        let channel = connect(
             &config.endpoint,
             config.timeout.min(Duration::from_secs(10)),
+            tls.as_ref(),
+            redescribe.clone(),
         )
-        .map_err(|e| format!("hook `{}`: {e}", config.name))?;
+        .map_err(|e| format!("{owner}: {e}"))?;
+        let credentials = Credentials::new(&owner, &config.credentials, reload_interval)?;
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
         Ok(Arc::new(HookClient {
-            channel: endpoint.connect_lazy(),
+            channel: InterceptedService::new(channel, credentials),
+            tls,
             config,
             described: RwLock::new(None),
             status: Mutex::new(Status {
@@ -145,16 +246,19 @@ impl HookClient {
             }),
             breaker: Mutex::new(breaker),
             breaker_opened: Notify::new(),
-            redescribe: Notify::new(),
-            failure_log: Mutex::new(FailureLog::default()),
+            redescribe,
+            failure_log: Arc::default(),
             metrics: OnceLock::new(),
         }))
     }
 
-    /// Publishes this hook's breaker state in `metrics` from now on.
+    /// Publishes this hook's breaker state in `metrics`, and counts what
+    /// Describe says (`hookwire_hook_unsubscribed`), from now on.
     pub fn attach_metrics(&self, metrics: Arc<Metrics>) {
         metrics.breaker_state(self.name(), self.breaker_open());
-        let _ = self.metrics.set(metrics);
+        if self.metrics.set(metrics).is_ok() {
+            self.count_unsubscribed();
+        }
     }
 
     fn publish_breaker(&self, open: bool) {
@@ -167,7 +271,7 @@ impl HookClient {
         &self.config.name
     }
 
-    fn client(&self) -> HookServiceClient<Channel> {
+    fn client(&self) -> HookServiceClient<HookChannel> {
         HookServiceClient::new(self.channel.clone()).max_decoding_message_size(16 * 1024 * 1024)
     }
 
@@ -184,7 +288,7 @@ impl HookClient {
         let result = tokio::time::timeout(timeout, self.client().describe(req)).await;
         let result = match result {
             Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Ok(Err(status)) => Err(self.refine(classify_status(&status, false))),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "Describe timed out")),
         };
         match result {
@@ -200,9 +304,23 @@ impl HookClient {
                     tools: d.tools.into_iter().map(Into::into).collect(),
                 };
                 *self.described.write().unwrap() = Some(desc.clone());
-                let mut s = self.status.lock().unwrap();
-                s.state = ConnState::Connected;
-                s.last_error = None;
+                {
+                    let mut s = self.status.lock().unwrap();
+                    s.state = ConnState::Connected;
+                    s.last_error = None;
+                }
+                let missing = self.unsubscribed_events();
+                if !missing.is_empty() {
+                    let events: Vec<&str> = missing.iter().map(|e| e.name()).collect();
+                    tracing::warn!(
+                        hook = %self.config.name,
+                        events = %events.join(","),
+                        failure = ?self.config.failure,
+                        mode = ?self.config.mode,
+                        "hook server's Describe does not list events its config names; a blocking hook fails at each of them (class unsubscribed) under its failure policy"
+                    );
+                }
+                self.count_unsubscribed();
                 Ok(desc)
             }
             Err(f) => {
@@ -232,7 +350,14 @@ impl HookClient {
             };
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = self.redescribe.notified() => {}
+                _ = self.redescribe.notified() => {
+                    // A server that ends every connection must not turn
+                    // this into a busy loop.
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(REDESCRIBE_PAUSE) => {}
+                    }
+                }
                 _ = self.breaker_opened.notified() => {
                     self.probe_until_closed(&cancel).await;
                 }
@@ -271,6 +396,23 @@ impl HookClient {
         }
     }
 
+    /// A connection that died because the server refused us in TLS (after
+    /// our side of a TLS 1.3 handshake, e.g. a missing or untrusted client
+    /// certificate) is reported as class `tls` with the server's reason,
+    /// not as a reset.
+    pub fn refine(&self, fault: Fault) -> Fault {
+        if !matches!(
+            fault.class,
+            FailureClass::StreamReset | FailureClass::Connect
+        ) {
+            return fault;
+        }
+        match self.tls.as_ref().and_then(HookTls::late_error) {
+            Some(why) => Fault::new(FailureClass::Tls, why),
+            None => fault,
+        }
+    }
+
     /// Records a connection-level fault so the next Describe refreshes the
     /// cached subscriptions and tools.
     pub fn note_fault(&self, fault: &Fault) {
@@ -283,6 +425,48 @@ impl HookClient {
             s.last_error = Some(format!("{}: {}", fault.class, fault.detail));
             drop(s);
             self.redescribe.notify_one();
+        }
+    }
+
+    /// Configured events the server's Describe does not list (empty before
+    /// the first Describe, or when the config names no events).
+    pub fn unsubscribed_events(&self) -> Vec<EventKind> {
+        match &*self.described.read().unwrap() {
+            Some(d) => self
+                .config
+                .events
+                .iter()
+                .copied()
+                .filter(|e| !d.events.contains(e))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether `kind` is configured for this hook but its server's Describe
+    /// no longer lists it: a contract broken by configuration drift, never
+    /// a silent skip.
+    pub fn unsubscribed(&self, kind: EventKind) -> bool {
+        self.config.events.contains(&kind)
+            && self
+                .described
+                .read()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|d| !d.events.contains(&kind))
+    }
+
+    /// One gauge per configured event: 1 while Describe does not list it.
+    fn count_unsubscribed(&self) {
+        let Some(m) = self.metrics.get() else {
+            return;
+        };
+        if self.description().is_none() {
+            return;
+        }
+        let missing = self.unsubscribed_events();
+        for e in &self.config.events {
+            m.hook_unsubscribed(&self.config.name, e.name(), missing.contains(e));
         }
     }
 
@@ -371,8 +555,19 @@ impl HookClient {
         self.breaker.lock().unwrap().is_open()
     }
 
-    pub fn open_stream(&self, metadata: Vec<(&'static str, String)>) -> RunStream {
-        RunStream::open(self.client(), self.config.observe_queue, metadata)
+    pub fn open_stream(
+        &self,
+        metadata: Vec<(&'static str, String)>,
+        metrics: Arc<crate::telemetry::Metrics>,
+    ) -> RunStream {
+        RunStream::open(
+            self.client(),
+            self.config.observe_queue,
+            metadata,
+            self.config.name.clone(),
+            metrics,
+            self.failure_log.clone(),
+        )
     }
 
     pub async fn call_tool(
@@ -391,7 +586,7 @@ impl HookClient {
                 let r = r.into_inner();
                 Ok((r.content, r.is_error))
             }
-            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Ok(Err(status)) => Err(self.refine(classify_status(&status, false))),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "CallTool timed out")),
         }
     }
@@ -413,6 +608,7 @@ impl HookClient {
             events: self.subscriptions().unwrap_or_default(),
             description: self.description(),
             last_error: s.last_error.clone(),
+            unsubscribed: self.unsubscribed_events(),
         }
     }
 }
@@ -426,7 +622,7 @@ mod tests {
             "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    breaker: {breaker}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
-        HookClient::new(cfg.hooks[0].clone()).unwrap()
+        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span};
 
 use crate::config::FailurePolicy;
@@ -30,6 +31,15 @@ struct RunHook {
     /// The run's stream to this hook, with its active-streams gauge share.
     stream: Mutex<Option<(Arc<RunStream>, ActiveGuard)>>,
     detached: AtomicBool,
+    /// Set when the hook failed with `failure: closed`: the run is over, and
+    /// the hook is never called again in it (not even on a fresh stream).
+    failed: Mutex<Option<HookFailure>>,
+}
+
+impl RunHook {
+    fn failed(&self) -> Option<HookFailure> {
+        self.failed.lock().unwrap().clone()
+    }
 }
 
 /// Counters a run's hooks produce, for metrics and tests.
@@ -81,6 +91,7 @@ impl RunHooks {
                     client,
                     stream: Mutex::new(None),
                     detached: AtomicBool::new(false),
+                    failed: Mutex::new(None),
                 })
                 .collect(),
             ctx,
@@ -114,9 +125,10 @@ impl RunHooks {
     /// Whether any hook of this run may steer `kind` (used to decide whether
     /// text deltas must be held back).
     pub fn has_blocking(&self, kind: EventKind) -> bool {
-        self.hooks
-            .iter()
-            .any(|h| !h.client.is_observe() && h.client.subscribes(kind).unwrap_or(true))
+        self.hooks.iter().any(|h| {
+            !h.client.is_observe()
+                && (h.client.subscribes(kind).unwrap_or(true) || h.client.unsubscribed(kind))
+        })
     }
 
     fn event_deadline(&self) -> Instant {
@@ -125,7 +137,8 @@ impl RunHooks {
 
     /// Decides whether `hook` takes part in `kind`. An undescribed hook with
     /// no configured events is described now; failing that is a connect
-    /// failure of the event.
+    /// failure of the event. A configured event its server's Describe no
+    /// longer lists is a failure of its own (`unsubscribed`), never a skip.
     async fn participates(
         &self,
         hook: &RunHook,
@@ -134,6 +147,12 @@ impl RunHooks {
     ) -> Result<bool, Fault> {
         if hook.detached.load(Ordering::Relaxed) {
             return Ok(false);
+        }
+        if hook.client.unsubscribed(kind) {
+            return Err(Fault::new(
+                FailureClass::Unsubscribed,
+                format!("the hook server's Describe no longer lists {kind}, which the hook's config names"),
+            ));
         }
         match hook.client.subscribes(kind) {
             Some(subscribed) => Ok(subscribed),
@@ -168,7 +187,7 @@ impl RunHooks {
                 md.push((propagation::TRACESTATE, trace.1.clone()));
             }
             (
-                Arc::new(hook.client.open_stream(md)),
+                Arc::new(hook.client.open_stream(md, self.inst.metrics.clone())),
                 self.inst.metrics.active_hook_stream(),
             )
         })
@@ -176,12 +195,9 @@ impl RunHooks {
         .clone()
     }
 
-    /// Closes a stream and counts its late verdicts.
-    fn retire(&self, hook: &RunHook, stream: &RunStream) {
+    /// Half-closes a stream (its late verdicts are counted as they come).
+    fn retire(&self, _hook: &RunHook, stream: &RunStream) {
         stream.close();
-        for _ in 0..stream.late_count() {
-            self.inst.metrics.hook_late_verdict(hook.client.name());
-        }
     }
 
     fn wire_event(
@@ -238,6 +254,7 @@ impl RunHooks {
             })?);
             let trace = propagation::current_trace_context(&span);
             let stream = self.stream(hook, &trace);
+            // A fault that broke the stream since the last check.
             if let Some(f) = stream.take_unreported() {
                 return Err(f);
             }
@@ -251,7 +268,8 @@ impl RunHooks {
             accept_verdict(kind, v, baseline)
         }
         .instrument(span.clone())
-        .await;
+        .await
+        .map_err(|f| hook.client.refine(f));
         let latency = started.elapsed();
         let m = &self.inst.metrics;
         match &result {
@@ -263,7 +281,7 @@ impl RunHooks {
                 spans::record_hook_result(&span, "none", f.class.name(), latency);
                 spans::record_error(&span, f.class.name());
                 m.hook_call(name, kind.name(), f.class.name(), latency);
-                m.hook_failure(name, kind.name(), f.class.name());
+                m.hook_failure(name, f.event(kind).name(), f.class.name());
                 hook.client.note_fault(f);
             }
         }
@@ -271,6 +289,19 @@ impl RunHooks {
             permit.record(result.is_ok());
         }
         (result, span)
+    }
+
+    /// A failure found without calling the hook (it could not be described,
+    /// or its Describe dropped the event): counted, with a `hook {hook}
+    /// {event}` span of its own for the policy to mark.
+    fn not_called(&self, hook: &RunHook, kind: EventKind, fault: &Fault) -> Span {
+        let name = hook.client.name();
+        let class = fault.class.name();
+        let span = spans::hook_call(name, kind.name());
+        spans::record_hook_result(&span, "none", class, Duration::ZERO);
+        spans::record_error(&span, class);
+        self.inst.metrics.hook_failure(name, kind.name(), class);
+        span
     }
 
     /// Applies the hook's failure policy. Closed: the failure ends the run.
@@ -283,6 +314,8 @@ impl RunHooks {
         records: &mut Vec<VerdictRecord>,
         span: &Span,
     ) -> Result<(), HookFailure> {
+        // A fault that broke the stream names the event it was seen after.
+        let kind = fault.event(kind);
         let cfg = &hook.client.config;
         // One line per hook and class per interval (the rest are counted in
         // `suppressed`); the hook server's own words only at debug.
@@ -307,11 +340,16 @@ impl RunHooks {
             "hook failure detail"
         );
         if cfg.failure == FailurePolicy::Closed && !hook.client.is_observe() {
-            return Err(HookFailure {
+            let failure = HookFailure {
                 hook: cfg.name.clone(),
                 event: kind,
                 fault,
-            });
+            };
+            hook.failed
+                .lock()
+                .unwrap()
+                .get_or_insert_with(|| failure.clone());
+            return Err(failure);
         }
         if cfg.detach_on_failure {
             hook.detached.store(true, Ordering::Relaxed);
@@ -395,7 +433,17 @@ impl RunHooks {
                 let deadline = *deadline.get_or_insert_with(|| self.event_deadline());
                 let trace = propagation::current_trace_context(&Span::current());
                 let ev = self.wire_event(turn, payload, deadline, &trace);
-                if !self.stream(hook, &trace).send_observe(ev) {
+                let stream = if hook.failed().is_some() {
+                    // A hook that failed closed gets no fresh stream; an
+                    // intact one still carries run_end.
+                    match hook.stream.lock().unwrap().as_ref() {
+                        Some((s, _)) if s.poisoned().is_none() => s.clone(),
+                        _ => continue,
+                    }
+                } else {
+                    self.stream(hook, &trace)
+                };
+                if !stream.send_observe(ev) {
                     self.stats.observe_dropped.fetch_add(1, Ordering::Relaxed);
                     self.inst.metrics.observe_dropped(hook.client.name());
                     tracing::debug!(hook = %hook.client.name(), event = %kind, "observe event dropped");
@@ -415,9 +463,35 @@ impl RunHooks {
     pub async fn chain<E: ChainEvent>(
         &self,
         turn: u32,
-        mut payload: E::Payload,
+        payload: E::Payload,
         to_wire: impl Fn(&E::Payload) -> Payload,
     ) -> Result<ChainOutcome<E>, HookFailure> {
+        match self.run_chain(turn, payload, to_wire, None).await? {
+            Some(out) => Ok(out),
+            None => unreachable!("a chain without a stop signal never halts"),
+        }
+    }
+
+    /// [`RunHooks::chain`] that checks `stop` before each hook call: `None`
+    /// when it was stopped before calling every hook (the caller's batch is
+    /// over; the payload is dropped).
+    pub async fn chain_until<E: ChainEvent>(
+        &self,
+        turn: u32,
+        payload: E::Payload,
+        to_wire: impl Fn(&E::Payload) -> Payload,
+        stop: &CancellationToken,
+    ) -> Result<Option<ChainOutcome<E>>, HookFailure> {
+        self.run_chain(turn, payload, to_wire, Some(stop)).await
+    }
+
+    async fn run_chain<E: ChainEvent>(
+        &self,
+        turn: u32,
+        mut payload: E::Payload,
+        to_wire: impl Fn(&E::Payload) -> Payload,
+        halt: Option<&CancellationToken>,
+    ) -> Result<Option<ChainOutcome<E>>, HookFailure> {
         let kind = E::KIND;
         let event_deadline = self.event_deadline();
         let mut records = Vec::new();
@@ -426,13 +500,20 @@ impl RunHooks {
             if hook.client.is_observe() {
                 continue;
             }
+            if halt.is_some_and(CancellationToken::is_cancelled) {
+                return Ok(None);
+            }
             match self.participates(hook, kind, event_deadline).await {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(f) => {
-                    self.policy(hook, kind, f, &mut records, &Span::current())?;
+                    let span = self.not_called(hook, kind, &f);
+                    self.policy(hook, kind, f, &mut records, &span)?;
                     continue;
                 }
+            }
+            if let Some(f) = hook.failed() {
+                return Err(f);
             }
             let (result, span) = self
                 .call(hook, turn, &to_wire(&payload), event_deadline)
@@ -472,24 +553,24 @@ impl RunHooks {
                         Step::Stop(stop) => {
                             records.push(rec);
                             self.notify_observers(turn, kind, || to_wire(&payload), true);
-                            return Ok(ChainOutcome {
+                            return Ok(Some(ChainOutcome {
                                 payload,
                                 stop: Some((name, stop)),
                                 records,
                                 redaction,
-                            });
+                            }));
                         }
                     }
                 }
             }
         }
         self.notify_observers(turn, kind, || to_wire(&payload), true);
-        Ok(ChainOutcome {
+        Ok(Some(ChainOutcome {
             payload,
             stop: None,
             records,
             redaction,
-        })
+        }))
     }
 
     /// `model_request`: every subscribed hook is called concurrently on the
@@ -513,7 +594,10 @@ impl RunHooks {
                 match self.participates(hook, kind, event_deadline).await {
                     Ok(true) => Some(self.call(hook, turn, payload, event_deadline).await),
                     Ok(false) => None,
-                    Err(f) => Some((Err(f), Span::current())),
+                    Err(f) => {
+                        let span = self.not_called(hook, kind, &f);
+                        Some((Err(f), span))
+                    }
                 }
             }
         });
@@ -595,26 +679,34 @@ impl RunHooks {
         })
     }
 
-    /// The first protocol violation (duplicate / spurious verdict, reset)
-    /// seen on a fail-closed hook's stream, so a run does not complete as if
-    /// nothing happened.
-    pub fn violation(&self, event: EventKind) -> Option<HookFailure> {
-        self.hooks.iter().find_map(|h| {
-            if h.client.config.failure != FailurePolicy::Closed || h.client.is_observe() {
-                return None;
+    /// Faults that broke hooks' streams between their events (a duplicate
+    /// or spurious verdict, a reset with nothing in flight) and failed no
+    /// event yet: each goes through its hook's failure policy now, counted
+    /// and logged once, named after the event it was seen after (`fallback`
+    /// if that is unknown), under a `hook {hook} {event}` span of its own.
+    /// A closed blocking hook's fault is the run's failure (the first in
+    /// firing order is returned); open and observe-mode ones are recorded as
+    /// failed open in `records`. The runner calls this before every step and
+    /// before every `CallTool`.
+    pub fn check_faults(
+        &self,
+        records: &mut Vec<VerdictRecord>,
+        fallback: EventKind,
+    ) -> Result<(), HookFailure> {
+        let mut failed = None;
+        for hook in &self.hooks {
+            let stream = hook.stream.lock().unwrap().as_ref().map(|(s, _)| s.clone());
+            let Some(fault) = stream.and_then(|s| s.take_unreported()) else {
+                continue;
+            };
+            let event = fault.event(fallback);
+            let span = self.not_called(hook, event, &fault);
+            hook.client.note_fault(&fault);
+            if let Err(f) = self.policy(hook, event, fault, records, &span) {
+                failed.get_or_insert(f);
             }
-            let stream = h.stream.lock().unwrap().as_ref()?.0.clone();
-            let fault = stream.take_unreported()?;
-            matches!(
-                fault.class,
-                FailureClass::Duplicate | FailureClass::Spurious
-            )
-            .then(|| HookFailure {
-                hook: h.client.name().to_string(),
-                event,
-                fault,
-            })
-        })
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// Verdicts that arrived after their deadline, over all streams.
@@ -634,7 +726,13 @@ impl RunHooks {
     /// Half-closes every open stream (after run_end / session events).
     pub fn close(&self) {
         for h in &self.hooks {
-            if let Some((s, _active)) = h.stream.lock().unwrap().take() {
+            // Also after a panic poisoned the lock: the stream must close.
+            let taken = h
+                .stream
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some((s, _active)) = taken {
                 self.retire(h, &s);
             }
         }
@@ -674,15 +772,97 @@ pub fn accept_verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hooks::compose::RunStartChain;
+    use crate::config::Config;
+    use crate::hooks::compose::{RunStartChain, ToolCallChain};
+    use crate::message::{ToolCall, ToolSpec};
     use crate::telemetry::Instruments;
+
+    /// A hook that failed closed is never called again in its run: a later
+    /// chain fails with the same failure without calling it, and no fresh
+    /// stream is opened for it (not even for run_end).
+    #[tokio::test]
+    async fn a_hook_that_failed_closed_is_never_called_again() {
+        let config = Config::parse(
+            "models: [{name: m, provider: scripted}]\nhooks: [{name: h, endpoint: 'http://127.0.0.1:1', events: [tool_call, run_end], breaker: {failures: 0}}]\nagents: [{name: a, model: m, hooks: [h]}]\n",
+            "test",
+        )
+        .unwrap();
+        let inst = Instruments::new(&config.telemetry);
+        let client =
+            HookClient::new(config.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap();
+        let hooks = RunHooks::new(
+            vec![client],
+            EventContext::default(),
+            Instant::now() + Duration::from_secs(60),
+            Duration::from_secs(30),
+            inst.clone(),
+        );
+        let call = ToolCall {
+            id: "c".into(),
+            name: "t".into(),
+            arguments_json: "{}".into(),
+        };
+        let to_wire = |c: &ToolCall| Payload::ToolCall {
+            call: c.clone(),
+            index: 0,
+            tool: ToolSpec::default(),
+        };
+        let calls = || {
+            let text = inst.metrics.encode();
+            text.lines()
+                .find(|l| {
+                    l.starts_with("hookwire_hook_call_duration_seconds_count{")
+                        && l.contains(r#"hook="h""#)
+                })
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_owned)
+        };
+        let first = hooks
+            .chain::<ToolCallChain>(0, call.clone(), to_wire)
+            .await
+            .err()
+            .expect("connect failure, closed");
+        assert_eq!(first.fault.class, FailureClass::Connect);
+        assert_eq!(calls().as_deref(), Some("1"));
+        let broken = hooks.hooks[0]
+            .stream
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|(s, _)| s.clone());
+        let again = hooks
+            .chain::<ToolCallChain>(0, call, to_wire)
+            .await
+            .err()
+            .expect("still failed");
+        assert_eq!(again, first);
+        assert_eq!(calls().as_deref(), Some("1"), "not called again");
+        hooks.observe(0, EventKind::RunEnd, || Payload::RunEnd {
+            outcome: crate::agent::outcome::RunOutcome::HookFailed,
+            reason: String::new(),
+            final_text: String::new(),
+            usage: Default::default(),
+            turns: 0,
+        });
+        let now = hooks.hooks[0]
+            .stream
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|(s, _)| s.clone());
+        assert!(
+            matches!((&broken, &now), (Some(a), Some(b)) if Arc::ptr_eq(a, b)),
+            "no fresh stream for the failed hook"
+        );
+        hooks.close();
+    }
 
     fn client(endpoint: &str) -> Arc<HookClient> {
         let yaml = format!(
             "hooks:\n  - name: h\n    endpoint: {endpoint}\n    events: [run_start]\n    timeout: 60s\n    breaker: {{failures: 1, cooldown: 0s}}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
-        HookClient::new(cfg.hooks[0].clone()).unwrap()
+        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
     }
 
     fn hooks(client: &Arc<HookClient>, run_deadline: Instant) -> RunHooks {

@@ -29,10 +29,13 @@ pub enum FailureClass {
     Spurious,
     /// The hook's circuit breaker is open; it was not called.
     CircuitOpen,
+    /// A blocking hook's config names the event, but its server's Describe
+    /// no longer lists it (a redeploy changed it): not called.
+    Unsubscribed,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 11] = [
+    pub const ALL: [FailureClass; 12] = [
         FailureClass::Connect,
         FailureClass::Tls,
         FailureClass::StreamRefused,
@@ -44,6 +47,7 @@ impl FailureClass {
         FailureClass::Duplicate,
         FailureClass::Spurious,
         FailureClass::CircuitOpen,
+        FailureClass::Unsubscribed,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -59,6 +63,7 @@ impl FailureClass {
             FailureClass::Duplicate => "duplicate",
             FailureClass::Spurious => "spurious",
             FailureClass::CircuitOpen => "circuit_open",
+            FailureClass::Unsubscribed => "unsubscribed",
         }
     }
 }
@@ -76,6 +81,10 @@ pub struct Fault {
     /// The whole story, for the client and the model (a run's reason, a
     /// failed tool's result). May quote the hook server.
     pub detail: String,
+    /// For a fault that broke the hook's stream (a duplicate or spurious
+    /// verdict, a reset): the event it was seen after, which is the event a
+    /// failure names, whatever event was in flight when it was noticed.
+    pub seen_after: Option<EventKind>,
     /// `detail` without the text the hook server supplied (its gRPC status
     /// message, which often quotes request content); `None` when `detail`
     /// holds none. Logs above debug and spans use this one.
@@ -87,8 +96,14 @@ impl Fault {
         Fault {
             class,
             detail: detail.into(),
+            seen_after: None,
             quiet: None,
         }
+    }
+
+    /// The event a failure from this fault is about, when noticed at `kind`.
+    pub fn event(&self, kind: EventKind) -> EventKind {
+        self.seen_after.unwrap_or(kind)
     }
 
     /// A fault whose `detail` quotes the hook server; `quiet` is the same
@@ -101,6 +116,7 @@ impl Fault {
         Fault {
             class,
             detail: detail.into(),
+            seen_after: None,
             quiet: Some(quiet.into()),
         }
     }

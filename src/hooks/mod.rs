@@ -4,6 +4,8 @@
 pub mod breaker;
 pub mod client;
 pub mod compose;
+pub mod connector;
+pub mod credentials;
 pub mod dispatch;
 pub mod failure;
 pub mod failure_log;

@@ -82,4 +82,8 @@ pub struct EventContext {
     pub streaming: bool,
     pub traceparent: String,
     pub tracestate: String,
+    /// The authenticated caller whose call caused the event.
+    pub principal: String,
+    /// The caller's claims selected by `auth.forward_claims`.
+    pub principal_claims: BTreeMap<String, String>,
 }

@@ -48,7 +48,8 @@ impl HookRegistry {
         let mut clients = Vec::new();
         let mut by_name = HashMap::new();
         for h in &config.hooks {
-            let c = HookClient::new(h.clone()).map_err(RegistryError::Endpoint)?;
+            let c = HookClient::new(h.clone(), config.server.reload_interval)
+                .map_err(RegistryError::Endpoint)?;
             by_name.insert(h.name.clone(), c.clone());
             clients.push(c);
         }

@@ -1,43 +1,66 @@
 //! One `Process` stream of one hook for one run: events out, verdicts
 //! matched back by `seq`. Anything that is not exactly one verdict per
-//! blocking event (late, duplicate, spurious, reset) is classified here.
+//! blocking event (late, duplicate, spurious, reset) is classified here,
+//! with the event it was seen after. Late verdicts are counted when they
+//! arrive, for as long as the connection lives (after the run too).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::hooks::client::HookChannel;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
+use crate::event::EventKind;
 use crate::hooks::failure::{FailureClass, Fault};
+use crate::hooks::failure_log::FailureLog;
+use crate::hooks::wire::event_kind_from_wire;
 use crate::pb;
 use crate::pb::hook_service_client::HookServiceClient;
+use crate::telemetry::Metrics;
 
 type Waiter = oneshot::Sender<Result<pb::HookVerdict, Fault>>;
 
 #[derive(Default)]
 struct Routing {
     next_seq: u64,
-    waiting: HashMap<u64, Waiter>,
-    answered: HashSet<u64>,
+    /// Blocking events awaiting their verdict, with their kind.
+    waiting: HashMap<u64, (Waiter, i32)>,
+    answered: HashMap<u64, i32>,
     expired: HashSet<u64>,
     poisoned: Option<Fault>,
     /// Whether the poison fault already failed some event.
     delivered: bool,
+    /// The kind of the last event sent (or being sent).
+    last_sent: i32,
     late: u64,
     closing: bool,
 }
 
 impl Routing {
-    fn poison(&mut self, fault: Fault) {
-        if self.poisoned.is_none() {
+    /// Breaks the stream with `fault`, seen after the event `after` (a wire
+    /// kind; the last event sent when `None`). Returns whether this was the
+    /// stream's first fault.
+    fn poison(&mut self, mut fault: Fault, after: Option<i32>) -> bool {
+        fault.seen_after = event_kind_from_wire(after.unwrap_or(self.last_sent));
+        let first = self.poisoned.is_none();
+        if first {
             self.poisoned = Some(fault.clone());
         }
-        for (_, w) in self.waiting.drain() {
+        for (_, (w, _)) in self.waiting.drain() {
             self.delivered |= w.send(Err(fault.clone())).is_ok();
         }
+        first
     }
+}
+
+/// Whose stream this is, for what is counted and logged when nobody waits.
+struct Owner {
+    hook: String,
+    metrics: Arc<Metrics>,
+    /// The hook's warning budget, shared with its failures seen in runs.
+    failure_log: Arc<Mutex<FailureLog>>,
 }
 
 pub struct RunStream {
@@ -62,9 +85,12 @@ impl RunStream {
     /// send headers with their first reply) and so opening never blocks a
     /// run past its deadline. Open failures surface on the first wait.
     pub fn open(
-        mut client: HookServiceClient<Channel>,
+        mut client: HookServiceClient<HookChannel>,
         capacity: usize,
         metadata: Vec<(&'static str, String)>,
+        hook: String,
+        metrics: Arc<Metrics>,
+        failure_log: Arc<Mutex<FailureLog>>,
     ) -> RunStream {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let routing = Arc::new(Mutex::new(Routing {
@@ -72,6 +98,11 @@ impl RunStream {
             ..Default::default()
         }));
         let r = routing.clone();
+        let owner = Owner {
+            hook,
+            metrics,
+            failure_log,
+        };
         let reader = tokio::spawn(async move {
             let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
             for (k, v) in metadata {
@@ -83,7 +114,7 @@ impl RunStream {
                 Ok(resp) => resp.into_inner(),
                 Err(status) => {
                     let fault = classify_status(&status, true);
-                    r.lock().unwrap().poison(fault);
+                    r.lock().unwrap().poison(fault, None);
                     return;
                 }
             };
@@ -98,21 +129,24 @@ impl RunStream {
                     inbound.message().await
                 };
                 match next {
-                    Ok(Some(v)) => route(&r, v),
+                    Ok(Some(v)) => route(&r, v, &owner),
                     Ok(None) => {
                         let mut g = r.lock().unwrap();
                         if !g.closing || !g.waiting.is_empty() {
-                            g.poison(Fault::new(
-                                FailureClass::StreamReset,
-                                "hook server ended the stream before the run ended",
-                            ));
+                            g.poison(
+                                Fault::new(
+                                    FailureClass::StreamReset,
+                                    "hook server ended the stream before the run ended",
+                                ),
+                                None,
+                            );
                         }
                         return;
                     }
                     Err(status) => {
                         let mut g = r.lock().unwrap();
                         if !g.closing || !g.waiting.is_empty() {
-                            g.poison(classify_status(&status, false));
+                            g.poison(classify_status(&status, false), None);
                         }
                         return;
                     }
@@ -140,13 +174,14 @@ impl RunStream {
         let (wtx, rx) = oneshot::channel();
         let seq = {
             let mut g = self.routing.lock().unwrap();
+            g.last_sent = event.kind;
             if let Some(f) = g.poisoned.clone() {
                 g.delivered = true;
                 return Err(f);
             }
             let seq = g.next_seq;
             g.next_seq += 1;
-            g.waiting.insert(seq, wtx);
+            g.waiting.insert(seq, (wtx, event.kind));
             seq
         };
         event.seq = seq;
@@ -175,6 +210,7 @@ impl RunStream {
     pub fn send_observe(&self, mut event: pb::HookEvent) -> bool {
         {
             let mut g = self.routing.lock().unwrap();
+            g.last_sent = event.kind;
             if g.poisoned.is_some() {
                 return false;
             }
@@ -270,25 +306,76 @@ impl Drop for RunStream {
     }
 }
 
-fn route(r: &Mutex<Routing>, v: pb::HookVerdict) {
+fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {
     let mut g = r.lock().unwrap();
     let seq = v.seq;
-    if let Some(w) = g.waiting.remove(&seq) {
-        g.answered.insert(seq);
-        let _ = w.send(Ok(v));
-    } else if g.expired.remove(&seq) {
-        g.late += 1;
-    } else if g.answered.contains(&seq) {
-        g.poison(Fault::new(
-            FailureClass::Duplicate,
-            format!("second verdict for seq {seq}"),
-        ));
-    } else {
-        g.poison(Fault::new(
-            FailureClass::Spurious,
-            format!("verdict for seq {seq}, which was never sent or expects no verdict"),
-        ));
+    if let Some((w, kind)) = g.waiting.remove(&seq) {
+        g.answered.insert(seq, kind);
+        if w.send(Ok(v)).is_err() {
+            // Nobody waits any more: the run's deadline (or its end) came
+            // first. Late, like one after its own deadline.
+            late(&mut g, owner);
+        }
+        return;
     }
+    if g.expired.remove(&seq) {
+        late(&mut g, owner);
+        return;
+    }
+    let (fault, after) = match g.answered.get(&seq) {
+        Some(&kind) => (
+            Fault::new(
+                FailureClass::Duplicate,
+                format!("second verdict for seq {seq}"),
+            ),
+            Some(kind),
+        ),
+        None => (
+            Fault::new(
+                FailureClass::Spurious,
+                format!("verdict for seq {seq}, which was never sent or expects no verdict"),
+            ),
+            None,
+        ),
+    };
+    if !g.poison(fault, after) {
+        return; // already broken: the first fault is the one reported
+    }
+    let Some(first) = g.poisoned.clone() else {
+        return;
+    };
+    let event = first.seen_after.map_or("unknown", EventKind::name);
+    tracing::debug!(hook = %owner.hook, class = %first.class, after = event, "hook stream fault; the run fails at its next step");
+    if g.closing && !g.delivered {
+        // The run is over, so no step will report it: count and log it now.
+        g.delivered = true;
+        owner
+            .metrics
+            .hook_failure(&owner.hook, event, first.class.name());
+        // Thinned like every hook failure warning (a hook that answers
+        // every run twice must not flood the log).
+        let admitted = owner
+            .failure_log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(first.class, Instant::now().into_std());
+        if let Some(suppressed) = admitted {
+            tracing::warn!(
+                hook = %owner.hook,
+                event = %event,
+                class = %first.class,
+                detail = %first.log_detail(),
+                suppressed,
+                "hook broke the protocol after its run ended"
+            );
+        }
+    }
+}
+
+fn late(g: &mut Routing, owner: &Owner) {
+    g.late += 1;
+    owner.metrics.hook_late_verdict(&owner.hook);
+    tracing::debug!(hook = %owner.hook, "late verdict discarded");
 }
 
 /// What the transport errors under a status say, by type rather than by
@@ -296,6 +383,8 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict) {
 #[derive(Default)]
 struct TransportCause {
     tls: bool,
+    /// What did not match, when a TLS error says (expired, unknown CA...).
+    tls_detail: Option<String>,
     refused: bool,
     timeout: bool,
     text: String,
@@ -306,8 +395,15 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
     src?;
     let mut cause = TransportCause::default();
     while let Some(e) = src {
-        if e.downcast_ref::<rustls::Error>().is_some() {
+        if let Some(t) = e.downcast_ref::<crate::tls::HookTlsError>() {
             cause.tls = true;
+            cause.tls_detail.get_or_insert_with(|| t.message.clone());
+        }
+        if let Some(r) = e.downcast_ref::<rustls::Error>() {
+            cause.tls = true;
+            cause
+                .tls_detail
+                .get_or_insert_with(|| crate::tls::describe_tls_error(r));
         }
         // The channel's own timer for the call's `grpc-timeout`: the same
         // deadline hookwire waits for, so the same class.
@@ -315,11 +411,14 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
             cause.timeout = true;
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if io
+            if let Some(r) = io
                 .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
             {
                 cause.tls = true;
+                cause
+                    .tls_detail
+                    .get_or_insert_with(|| crate::tls::describe_tls_error(r));
             }
             if matches!(
                 io.kind(),
@@ -374,6 +473,11 @@ pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
                 status.message().len()
             ),
         ),
+        // Say what did not match first (a TLS failure names it).
+        Some(TransportCause {
+            tls_detail: Some(d),
+            ..
+        }) => Fault::new(class, d.clone()),
         Some(_) => Fault::new(
             class,
             format!("{:?}: {}", status.code(), error_chain(status)),

@@ -249,6 +249,12 @@ pub fn context_to_wire(
         deadline_remaining_ms: remaining.as_millis() as u64,
         traceparent: ctx.traceparent.clone(),
         tracestate: ctx.tracestate.clone(),
+        principal: ctx.principal.clone(),
+        principal_claims: ctx
+            .principal_claims
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     }
 }
 
@@ -1025,8 +1031,20 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!(p.tool_choice, Some(ToolChoice::Tool("t".into())));
-        assert_eq!(p.history, Some(vec![Message::user("x")]));
-        assert_eq!(p.additional_params.unwrap()["seed"], 1);
+        let mut params = serde_json::Map::new();
+        params.insert("seed".into(), 1.into());
+        assert_eq!(
+            p,
+            RequestPatch {
+                extra_context: vec!["doc".into()],
+                system_prompt: Some("sys".into()),
+                temperature: Some(0.3),
+                max_tokens: Some(10),
+                tool_choice: Some(ToolChoice::Tool("t".into())),
+                active_tools: Some(vec!["t".into()]),
+                additional_params: Some(params),
+                history: Some(vec![Message::user("x")]),
+            }
+        );
     }
 }

@@ -201,5 +201,10 @@ pub fn hook_info(h: &HookSnapshot) -> pb::HookInfo {
         server_name: d.name,
         server_version: d.version,
         last_error: h.last_error.clone().unwrap_or_default(),
+        unsubscribed_events: h
+            .unsubscribed
+            .iter()
+            .map(|e| pb::EventKind::from(*e) as i32)
+            .collect(),
     }
 }

@@ -7,12 +7,12 @@ use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::agent::events::RunEvent;
+use crate::auth::Principal;
 use crate::engine::Engine;
 use crate::pb;
 use crate::pb::agent_service_server::AgentService;
 use crate::server::convert;
-use crate::server::status::{invalid, missing};
-use crate::session::ANONYMOUS;
+use crate::server::status::{invalid, missing, no_principal};
 use crate::store::SessionFilter;
 
 pub struct AgentApi {
@@ -30,6 +30,15 @@ fn trace_headers<T>(req: &Request<T>) -> (String, String) {
     (get("traceparent"), get("tracestate"))
 }
 
+/// The caller, as the auth layer authenticated it. A call without one did
+/// not pass the layer: refused, never served as nobody in particular.
+fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
+    req.extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(no_principal)
+}
+
 type RunStream = Pin<Box<dyn Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -38,6 +47,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
+        let who = principal(&req)?;
         let r = req.into_inner();
         if r.agent.is_empty() {
             return Err(missing("agent"));
@@ -45,10 +55,10 @@ impl AgentService for AgentApi {
         let s = self
             .engine
             .create_session(
+                &who,
                 &r.agent,
                 r.extra_hooks,
                 r.metadata.into_iter().collect(),
-                ANONYMOUS,
             )
             .await?;
         let hooks = self.engine.session_hook_names(&s);
@@ -59,11 +69,12 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
+        let who = principal(&req)?;
         let id = req.into_inner().session_id;
         if id.is_empty() {
             return Err(missing("session_id"));
         }
-        let s = self.engine.get_session(&id).await?;
+        let s = self.engine.get_session(&who, &id).await?;
         let hooks = self.engine.session_hook_names(&s);
         Ok(Response::new(convert::session(&s, hooks, true)))
     }
@@ -72,6 +83,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let who = principal(&req)?;
         let r = req.into_inner();
         if r.page_size < 0 {
             return Err(invalid(
@@ -79,13 +91,14 @@ impl AgentService for AgentApi {
                 "must not be negative (0 means the default, 100)",
             ));
         }
+        // Whose sessions the caller sees is the engine's decision.
         let filter = SessionFilter {
             owner: None,
             agent: (!r.agent.is_empty()).then_some(r.agent),
             page_size: u32::try_from(r.page_size).unwrap_or(0),
             page_token: r.page_token,
         };
-        let page = self.engine.list_sessions(&filter).await?;
+        let page = self.engine.list_sessions(&who, filter).await?;
         Ok(Response::new(pb::ListSessionsResponse {
             sessions: page
                 .sessions
@@ -100,26 +113,28 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let who = principal(&req)?;
         let id = req.into_inner().session_id;
         if id.is_empty() {
             return Err(missing("session_id"));
         }
-        self.engine.delete_session(&id).await?;
+        self.engine.delete_session(&who, &id).await?;
         Ok(Response::new(pb::DeleteSessionResponse {}))
     }
 
     type RunStream = RunStream;
 
     async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<RunStream>, Status> {
+        let who = principal(&req)?;
         let trace = trace_headers(&req);
         let r = req.into_inner();
         if r.session_id.is_empty() {
             return Err(missing("session_id"));
         }
-        let session = self.engine.session_info(&r.session_id).await?;
+        let session = self.engine.session_info(&who, &r.session_id).await?;
         let mut handle = self
             .engine
-            .start_run(&r.session_id, r.input, true, trace)
+            .start_run(&who, &r.session_id, r.input, true, trace)
             .await?;
         let run_id = handle.run_id.clone();
         let stream = async_stream(move |tx| async move {
@@ -156,6 +171,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::RunRequest>,
     ) -> Result<Response<pb::RunResult>, Status> {
+        let who = principal(&req)?;
         let trace = trace_headers(&req);
         let r = req.into_inner();
         if r.session_id.is_empty() {
@@ -163,7 +179,7 @@ impl AgentService for AgentApi {
         }
         let mut handle = self
             .engine
-            .start_run(&r.session_id, r.input, false, trace)
+            .start_run(&who, &r.session_id, r.input, false, trace)
             .await?;
         // Same drive loop as Run; the events are consumed (and dropped) here.
         while let Some(ev) = handle.events.recv().await {
@@ -182,11 +198,12 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::CancelRunRequest>,
     ) -> Result<Response<pb::CancelRunResponse>, Status> {
+        let who = principal(&req)?;
         let id = req.into_inner().run_id;
         if id.is_empty() {
             return Err(missing("run_id"));
         }
-        self.engine.cancel_run(&id).await?;
+        self.engine.cancel_run(&who, &id).await?;
         Ok(Response::new(pb::CancelRunResponse {}))
     }
 
@@ -194,6 +211,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::ResolveApprovalRequest>,
     ) -> Result<Response<pb::ResolveApprovalResponse>, Status> {
+        let who = principal(&req)?;
         let r = req.into_inner();
         if r.run_id.is_empty() {
             return Err(missing("run_id"));
@@ -202,15 +220,16 @@ impl AgentService for AgentApi {
             return Err(missing("call_id"));
         }
         self.engine
-            .resolve_approval(&r.run_id, &r.call_id, r.approve, r.note)
+            .resolve_approval(&who, &r.run_id, &r.call_id, r.approve, r.note)
             .await?;
         Ok(Response::new(pb::ResolveApprovalResponse {}))
     }
 
     async fn list_hooks(
         &self,
-        _: Request<pb::ListHooksRequest>,
+        req: Request<pb::ListHooksRequest>,
     ) -> Result<Response<pb::ListHooksResponse>, Status> {
+        principal(&req)?;
         Ok(Response::new(pb::ListHooksResponse {
             hooks: self.engine.hooks().iter().map(convert::hook_info).collect(),
         }))

@@ -7,8 +7,11 @@ mod limits;
 pub mod preflight;
 mod status;
 
+pub use status::unauthenticated;
+
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +19,7 @@ use futures::StreamExt;
 use tokio::net::TcpListener;
 use tonic::transport::Server;
 
+use crate::auth::layer::AuthLayer;
 use crate::config::Config;
 use crate::engine::EngineSetupError;
 use crate::hooks::registry::RegistryError;
@@ -23,6 +27,7 @@ use crate::model::{ModelProvider, ModelSetupError};
 use crate::pb;
 use crate::pb::agent_service_server::AgentServiceServer;
 use crate::telemetry::{self, Instruments};
+use crate::tls::tls_incoming;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -42,6 +47,12 @@ pub enum ServeError {
         #[source]
         source: crate::store::StoreError,
     },
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthSetupError),
+    #[error("{0}")]
+    Tls(#[from] crate::tls::ReloadError),
+    #[error("cannot read the listener's address: {0}")]
+    Listener(std::io::Error),
 }
 
 /// Builds every configured model.
@@ -77,7 +88,24 @@ pub async fn serve_with_admin(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let models = build_models(&config)?;
+    serve_with_models(listener, admin, config, models, shutdown).await
+}
+
+/// [`serve_with_admin`] with the model providers given rather than built
+/// from `config.models` (one per configured model name): the seam for tests
+/// and embedders that bring a provider of their own.
+pub async fn serve_with_models(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    config: Config,
+    models: HashMap<String, Arc<dyn ModelProvider>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let inst = Instruments::new(&config.telemetry);
+    let local = listener.local_addr().map_err(ServeError::Listener)?;
+    let (auth, tls) = preflight::security(&config, local)?;
+    let auth = Arc::new(auth);
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_task = admin.map(|l| {
@@ -86,8 +114,9 @@ pub async fn serve_with_admin(
             let _ = admin_stop_rx.await;
         }))
     });
-    let engine = preflight::engine(
+    let engine = preflight::engine_with_models(
         &config,
+        models,
         inst,
         Some(preflight::STARTUP_DESCRIBE),
         preflight::StoreUse::Open,
@@ -110,15 +139,6 @@ pub async fn serve_with_admin(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
-
-    // tonic ignores the builder's tcp_nodelay for our own incoming stream;
-    // without it small unary calls wait on Nagle (~40-90 ms).
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-        if let Ok(s) = &s {
-            let _ = s.set_nodelay(true);
-        }
-        s
-    });
 
     let grace = config.server.shutdown_grace;
     let drain_engine = engine.clone();
@@ -143,12 +163,15 @@ pub async fn serve_with_admin(
     tracing::info!(
         agents = config.agents.len(),
         hooks = config.hooks.len(),
+        auth = ?auth.mode(),
+        tls = tls.is_some(),
         "hookwire serving"
     );
     // Ready only now: config loaded, hooks described, listeners bound.
     ready.store(true, std::sync::atomic::Ordering::SeqCst);
-    let server = Server::builder()
+    let router = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .layer(AuthLayer::new(auth))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -158,8 +181,25 @@ pub async fn serve_with_admin(
             })
             .max_decoding_message_size(limits::decode_limit(config.server.max_input_bytes)),
             config.server.max_input_bytes,
-        ))
-        .serve_with_incoming_shutdown(incoming, signal);
+        ));
+    let server: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
+        match tls {
+            Some(tls) => {
+                Box::pin(router.serve_with_incoming_shutdown(tls_incoming(listener, tls), signal))
+            }
+            None => {
+                // tonic ignores the builder's tcp_nodelay for our own
+                // incoming stream; without it small unary calls wait on
+                // Nagle (~40-90 ms).
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+                    if let Ok(s) = &s {
+                        let _ = s.set_nodelay(true);
+                    }
+                    s
+                });
+                Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
+            }
+        };
     // After the drain, tonic still waits for every open stream to end, and
     // some never do (a health Watch, an idle client's stream): give the last
     // responses a moment to flush, then close what is left.

@@ -2,6 +2,7 @@
 
 use tonic::{Code, Status};
 
+use crate::auth::AuthError;
 use crate::engine::EngineError;
 use crate::store::StoreError;
 
@@ -16,6 +17,8 @@ impl From<EngineError> for Status {
             EngineError::SessionRejected { .. } => Code::PermissionDenied,
             EngineError::SessionHookFailed(_) => Code::Unavailable,
             EngineError::ShuttingDown => Code::Unavailable,
+            EngineError::AgentDenied { .. } => Code::PermissionDenied,
+            EngineError::Quota(_) => Code::ResourceExhausted,
         };
         Status::new(code, e.to_string())
     }
@@ -76,4 +79,15 @@ pub fn missing(field: &str) -> Status {
 /// A request field with a value no request may carry.
 pub fn invalid(field: &str, why: &str) -> Status {
     Status::invalid_argument(format!("`{field}` {why}"))
+}
+
+/// A call the auth layer refused.
+pub fn unauthenticated(e: &AuthError) -> Status {
+    Status::unauthenticated(e.to_string())
+}
+
+/// A call that reached a service without passing the auth layer: a wiring
+/// bug, refused rather than served as nobody in particular.
+pub fn no_principal() -> Status {
+    Status::unauthenticated("no authenticated principal on this call")
 }

@@ -7,7 +7,7 @@ pub enum StoreError {
     SessionNotFound(String),
     #[error("session `{session}` already has a run in progress (`{run}`); wait for it or cancel it with CancelRun")]
     Busy { session: String, run: String },
-    #[error("run `{0}` not found or already finished")]
+    #[error("run `{0}` not found (it may have finished)")]
     RunNotFound(String),
     #[error("no pending approval for call `{call_id}` in run `{run_id}` (already answered, timed out, cancelled, or never asked)")]
     ApprovalNotPending { run_id: String, call_id: String },

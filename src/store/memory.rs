@@ -9,8 +9,8 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{
-    page_token, parse_page_token, ClaimedRun, NewSession, RunEnd, RunLease, SessionFilter,
-    SessionPage, SessionStore, Signal, StoreError, StoreOptions,
+    page_token, parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease,
+    SessionFilter, SessionPage, SessionStore, Signal, StoreError, StoreOptions,
 };
 use crate::agent::approvals::Decision;
 use crate::message::Message;
@@ -25,6 +25,9 @@ struct Stored {
 
 struct MemRun {
     session_id: String,
+    /// The session's owner (quotas).
+    owner: String,
+    started: Instant,
     replica: String,
     epoch: i64,
     lease_expires: Instant,
@@ -170,6 +173,42 @@ impl SessionStore for MemoryStore {
         })
     }
 
+    async fn run_session(&self, run_id: &str) -> Result<Session, StoreError> {
+        let g = self.lock();
+        g.runs
+            .get(run_id)
+            .filter(|r| !r.ended)
+            .and_then(|r| g.sessions.get(&r.session_id))
+            .map(|s| s.session.clone())
+            .ok_or_else(|| StoreError::RunNotFound(run_id.to_string()))
+    }
+
+    async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError> {
+        let g = self.lock();
+        let now = Instant::now();
+        // As the SQL engines count: runs of sessions that still exist.
+        let runs = || {
+            g.runs
+                .values()
+                .filter(|r| r.owner == owner && g.sessions.contains_key(&r.session_id))
+        };
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Ok(OwnerUsage {
+            sessions: count(
+                g.sessions
+                    .values()
+                    .filter(|s| s.session.owner == owner)
+                    .count(),
+            ),
+            active_runs: count(runs().filter(|r| !r.ended).count()),
+            recent_runs: count(
+                runs()
+                    .filter(|r| now.duration_since(r.started) < window)
+                    .count(),
+            ),
+        })
+    }
+
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
         let mut g = self.lock();
         let s = g
@@ -236,6 +275,7 @@ impl SessionStore for MemoryStore {
             });
         }
         s.session.active_run = Some(run_id.to_string());
+        let owner = s.session.owner.clone();
         s.session.run_count += 1;
         s.session.last_active_unix_ms = now_ms();
         s.last_active = Instant::now();
@@ -243,6 +283,8 @@ impl SessionStore for MemoryStore {
             run_id.to_string(),
             MemRun {
                 session_id: session_id.to_string(),
+                owner,
+                started: Instant::now(),
                 replica: replica.to_string(),
                 epoch: 1,
                 lease_expires: Instant::now() + self.options.lease,

@@ -152,6 +152,18 @@ pub struct ClaimedRun {
     pub pending_turn: Option<Message>,
 }
 
+/// What one principal holds, counted over every replica (quotas).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnerUsage {
+    /// Sessions it owns.
+    pub sessions: u64,
+    /// Active runs in its sessions.
+    pub active_runs: u64,
+    /// Runs started in its sessions within the window asked for (runs of
+    /// sessions deleted since are not counted).
+    pub recent_runs: u64,
+}
+
 /// A new session's record.
 #[derive(Clone, Debug)]
 pub struct NewSession {
@@ -171,6 +183,13 @@ pub trait SessionStore: Send + Sync + 'static {
     /// The session without its transcript.
     async fn get_session(&self, id: &str) -> Result<Session, StoreError>;
     async fn list_sessions(&self, filter: &SessionFilter) -> Result<SessionPage, StoreError>;
+    /// The session (without its transcript) of an active run, wherever it
+    /// executes: what access checks on CancelRun and ResolveApproval read.
+    /// [`StoreError::RunNotFound`] when the run is unknown or has ended.
+    async fn run_session(&self, run_id: &str) -> Result<Session, StoreError>;
+    /// What `owner` holds now: sessions, active runs, and runs started
+    /// within `window` (quotas that hold across replicas).
+    async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError>;
     /// Deletes the session, its transcript and its approvals; returns what
     /// it was. A run still active is left to end (its writes to the
     /// transcript become no-ops); call [`SessionStore::request_cancel`] first.

@@ -18,7 +18,7 @@ use sqlx::sqlite::{
 use tokio::sync::broadcast;
 
 use super::{
-    migrations, page_token, parse_page_token, ClaimedRun, NewSession, RunEnd, RunLease,
+    migrations, page_token, parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease,
     SessionFilter, SessionPage, SessionStore, Signal, StoreError, StoreOptions,
 };
 use crate::agent::approvals::Decision;
@@ -399,6 +399,42 @@ impl SessionStore for SqlStore {
         Ok(SessionPage {
             sessions,
             next_page_token,
+        })
+    }
+
+    async fn run_session(&self, run_id: &str) -> Result<Session, StoreError> {
+        let sql = self.sql(
+            "SELECT {session_cols} FROM sessions
+             WHERE id = (SELECT session_id FROM runs WHERE id = $1 AND ended_ms IS NULL)",
+        );
+        let row: Option<SessionRow> =
+            with_pool!(self, p => sqlx::query_as(&sql).bind(run_id).fetch_optional(p).await?);
+        match row {
+            Some(r) => session(r),
+            None => Err(StoreError::RunNotFound(run_id.to_string())),
+        }
+    }
+
+    async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError> {
+        // sessions_owner_page and the runs' session index serve these.
+        let sql = self.sql(
+            "SELECT
+               (SELECT COUNT(*) FROM sessions WHERE owner = $1),
+               (SELECT COUNT(*) FROM runs r JOIN sessions s ON s.id = r.session_id
+                 WHERE s.owner = $1 AND r.ended_ms IS NULL),
+               (SELECT COUNT(*) FROM runs r JOIN sessions s ON s.id = r.session_id
+                 WHERE s.owner = $1 AND r.started_ms > {now} - $2)",
+        );
+        let (sessions, active, recent): (i64, i64, i64) = with_pool!(self, p => sqlx::query_as(&sql)
+            .bind(owner)
+            .bind(ms(window))
+            .fetch_one(p)
+            .await?);
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(OwnerUsage {
+            sessions: n(sessions),
+            active_runs: n(active),
+            recent_runs: n(recent),
         })
     }
 

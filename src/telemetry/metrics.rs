@@ -75,9 +75,22 @@ struct RunLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentLabels {
+    agent: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
     model: String,
     provider: String,
+}
+
+/// Per principal *class* (admin, approver, user, anonymous), never per
+/// principal: the number of principals is not bounded.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuotaLabels {
+    limit: &'static str,
+    class: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,12 +115,15 @@ pub struct Metrics {
     hook_late_verdicts: Family<HookLabels, Counter>,
     observe_dropped: Family<HookLabels, Counter>,
     breaker_open: Family<HookLabels, Gauge>,
+    hook_unsubscribed: Family<HookEventLabels, Gauge>,
     runs: Family<RunLabels, Counter>,
     run_duration: HistogramFamily<RunLabels>,
+    run_panics: Family<AgentLabels, Counter>,
     model_call_duration: HistogramFamily<ModelLabels>,
     model_tokens: Family<TokenLabels, Counter>,
     active_runs: Gauge,
     active_hook_streams: Gauge,
+    quota_rejections: Family<QuotaLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -156,6 +172,12 @@ impl Metrics {
             "1 while the hook's circuit breaker is open (the hook is not called)",
             breaker_open.clone(),
         );
+        let hook_unsubscribed = Family::default();
+        registry.register(
+            "hookwire_hook_unsubscribed",
+            "1 while a configured event of the hook is missing from its server's Describe (a blocking hook fails there, class unsubscribed)",
+            hook_unsubscribed.clone(),
+        );
         let runs = Family::default();
         registry.register(
             "hookwire_runs",
@@ -168,6 +190,12 @@ impl Metrics {
             "Run wall time by agent and outcome",
             Unit::Seconds,
             run_duration.clone(),
+        );
+        let run_panics = Family::default();
+        registry.register(
+            "hookwire_run_panics",
+            "Runs ended by a panic inside hookwire (outcome failed, reason internal error): each one is a bug",
+            run_panics.clone(),
         );
         let model_call_duration =
             HistogramFamily::new_with_constructor(model_histogram as fn() -> _);
@@ -195,16 +223,37 @@ impl Metrics {
             "Open Process streams to hook servers",
             active_hook_streams.clone(),
         );
+        let quota_rejections = Family::default();
+        registry.register(
+            "hookwire_quota_rejections",
+            "Calls refused with RESOURCE_EXHAUSTED, by limit and principal class (admin, approver, user, anonymous)",
+            quota_rejections.clone(),
+        );
+        // Process-wide counters owned by tls/ and auth/ (they count before
+        // any Metrics exists, e.g. while hook clients are built).
+        registry.register(
+            "hookwire_reload_failures",
+            "Certificate, key, token or JWKS files that changed but could not be loaded (the previous version stays in use), by kind",
+            crate::tls::reload_failures(),
+        );
+        registry.register(
+            "hookwire_auth_failures",
+            "Calls refused as UNAUTHENTICATED, by reason (missing_token, invalid, missing_certificate)",
+            crate::auth::layer::auth_failures(),
+        );
         Metrics {
             registry,
+            quota_rejections,
             hook_call_duration,
             hook_failures,
             hook_fail_open,
             hook_late_verdicts,
             observe_dropped,
             breaker_open,
+            hook_unsubscribed,
             runs,
             run_duration,
+            run_panics,
             model_call_duration,
             model_tokens,
             active_runs,
@@ -238,6 +287,12 @@ impl Metrics {
         self.hook_call_duration
             .get_or_create(&labels)
             .observe(latency.as_secs_f64());
+    }
+
+    pub fn quota_rejected(&self, limit: &'static str, class: &'static str) {
+        self.quota_rejections
+            .get_or_create(&QuotaLabels { limit, class })
+            .inc();
     }
 
     pub fn hook_failure(&self, hook: &str, event: &str, class: &str) {
@@ -275,6 +330,16 @@ impl Metrics {
             .set(i64::from(open));
     }
 
+    /// Whether a configured event is missing from the hook's Describe.
+    pub fn hook_unsubscribed(&self, hook: &str, event: &str, missing: bool) {
+        self.hook_unsubscribed
+            .get_or_create(&HookEventLabels {
+                hook: hook.to_owned(),
+                event: event.to_owned(),
+            })
+            .set(i64::from(missing));
+    }
+
     pub fn run_finished(&self, agent: &str, outcome: &str, duration: Duration) {
         let labels = RunLabels {
             agent: agent.to_owned(),
@@ -284,6 +349,15 @@ impl Metrics {
         self.run_duration
             .get_or_create(&labels)
             .observe(duration.as_secs_f64());
+    }
+
+    /// A run whose driver panicked (it also counts in `runs` as failed).
+    pub fn run_panicked(&self, agent: &str) {
+        self.run_panics
+            .get_or_create(&AgentLabels {
+                agent: agent.to_owned(),
+            })
+            .inc();
     }
 
     /// One provider call. Token counts are `None` when the call failed;
@@ -387,7 +461,9 @@ mod tests {
         m.hook_late_verdict("redact");
         m.observe_dropped("audit");
         m.breaker_state("redact", true);
+        m.hook_unsubscribed("redact", "tool_call", true);
         m.run_finished("support", "completed", Duration::from_secs(2));
+        m.run_panicked("support");
         m.model_call(
             "gpt",
             "openai",
@@ -421,8 +497,10 @@ mod tests {
             r#"hookwire_hook_late_verdicts_total{hook="redact"} 1"#,
             r#"hookwire_observe_dropped_total{hook="audit"} 1"#,
             r#"hookwire_hook_breaker_open{hook="redact"} 1"#,
+            r#"hookwire_hook_unsubscribed{hook="redact",event="tool_call"} 1"#,
             r#"hookwire_runs_total{agent="support",outcome="completed"} 1"#,
             r#"hookwire_run_duration_seconds_count{agent="support",outcome="completed"} 1"#,
+            r#"hookwire_run_panics_total{agent="support"} 1"#,
             r#"hookwire_model_call_duration_seconds_count{model="gpt",provider="openai"} 2"#,
             r#"hookwire_model_tokens_total{model="gpt",provider="openai",token_type="input",estimated="false"} 15"#,
             r#"hookwire_model_tokens_total{model="gpt",provider="openai",token_type="output",estimated="false"} 5"#,

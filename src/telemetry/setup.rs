@@ -535,9 +535,8 @@ fn tracer_provider(
     let mut builder = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .with_endpoint(endpoint);
-    if endpoint.starts_with("https://") {
-        // The exporter's default TLS config trusts no roots at all.
-        builder = builder.with_tls_config(ClientTlsConfig::new().with_enabled_roots());
+    if let Some(tls) = otlp_tls(endpoint) {
+        builder = builder.with_tls_config(tls);
     }
     let exporter = builder.build().map_err(|source| TelemetryError::Exporter {
         endpoint: endpoint.to_owned(),
@@ -555,6 +554,14 @@ fn tracer_provider(
         .with_sampler(opts.sampling.to_sampler())
         .with_resource(resource(opts))
         .build())
+}
+
+/// TLS for an `https://` collector. The exporter's default TLS config
+/// trusts no roots at all: every export would fail the handshake.
+fn otlp_tls(endpoint: &str) -> Option<ClientTlsConfig> {
+    endpoint
+        .starts_with("https://")
+        .then(|| ClientTlsConfig::new().with_enabled_roots())
 }
 
 fn resource(opts: &TelemetryOptions) -> Resource {
@@ -726,6 +733,14 @@ mod tests {
 
     #[tokio::test]
     async fn https_endpoints_get_tls_with_the_webpki_roots() {
+        // tonic keeps the root choice private; its Debug shows the flag,
+        // which also disappears if the `tls-webpki-roots` feature is lost.
+        let tls = otlp_tls("https://collector.example:4317").expect("TLS for https");
+        assert!(
+            format!("{tls:?}").contains("with_webpki_roots: true"),
+            "{tls:?}"
+        );
+        assert!(otlp_tls("http://collector.example:4317").is_none());
         let mut o = TelemetryOptions::new(LogFormat::Text);
         o.otlp_endpoint = Some("https://collector.invalid:4317".into());
         let (_dispatch, telemetry) = build(&o, BoxMakeWriter::new(std::io::sink)).unwrap();

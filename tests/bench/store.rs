@@ -116,6 +116,16 @@ impl SessionStore for Counting {
     async fn list_sessions(&self, f: &SessionFilter) -> Result<SessionPage, StoreError> {
         self.inner.list_sessions(f).await
     }
+    async fn run_session(&self, run: &str) -> Result<Session, StoreError> {
+        self.inner.run_session(run).await
+    }
+    async fn owner_usage(
+        &self,
+        owner: &str,
+        window: std::time::Duration,
+    ) -> Result<store::OwnerUsage, StoreError> {
+        self.inner.owner_usage(owner, window).await
+    }
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
         self.inner.delete_session(id).await
     }
@@ -204,12 +214,18 @@ async fn bench(setting: &StoreSetting) -> Bench {
     Bench { engine, store }
 }
 
+/// The caller of the figure's sessions and runs (no quotas configured, so
+/// the store is not asked for counts).
+fn bench_principal() -> hookwire::auth::Principal {
+    hookwire::auth::Principal::new("bench", Vec::<String>::new())
+}
+
 async fn sessions(b: &Bench, agent: &str, n: usize, prior: usize) -> Vec<String> {
     let mut out = Vec::new();
     for _ in 0..n {
         let s = b
             .engine
-            .create_session(agent, vec![], Default::default(), "bench")
+            .create_session(&bench_principal(), agent, vec![], Default::default())
             .await
             .expect("session");
         if prior > 0 {
@@ -258,7 +274,13 @@ async fn per_run(b: &Bench, sessions: &[String], runs: usize) -> (f64, f64, f64)
         let s = &sessions[i % sessions.len()];
         let RunHandle { events, task, .. } = b
             .engine
-            .start_run(s, "hello there".into(), false, Default::default())
+            .start_run(
+                &bench_principal(),
+                s,
+                "hello there".into(),
+                false,
+                Default::default(),
+            )
             .await
             .expect("run starts");
         let report = task.await.expect("run task");

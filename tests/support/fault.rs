@@ -38,6 +38,9 @@ pub enum Misbehave {
     /// Answers an observe-only event (`on` is text_delta, run_end or
     /// session_end), which expects no verdict.
     AnswerObserve,
+    /// Leaves `on` out of its Describe (configured, so hookwire expects it)
+    /// and answers every event it gets.
+    Unsubscribed,
     /// Keeps "the current event" in one place per stream: once this many
     /// events of kind `on` are in flight, answers each of them with the seq
     /// of the latest (the bug of a handler that is not ready for several
@@ -56,6 +59,7 @@ impl Misbehave {
             Misbehave::Duplicate | Misbehave::LatestSeq(_) => "duplicate",
             Misbehave::Spurious | Misbehave::AnswerObserve => "spurious",
             Misbehave::RefuseStream => "stream_refused",
+            Misbehave::Unsubscribed => "unsubscribed",
         }
     }
 }
@@ -67,8 +71,17 @@ pub struct FaultHook {
     pub how: Misbehave,
     /// Blocking events received, all kinds.
     pub received: Arc<AtomicUsize>,
+    /// Events of kind `on` it misbehaved on, observe ones included
+    /// (counted once the misbehaviour was sent).
+    pub faulted: Arc<AtomicUsize>,
+    /// Signalled after each misbehaviour was sent.
+    pub fault_sent: Arc<tokio::sync::Notify>,
     /// Streams opened.
     pub streams: Arc<AtomicUsize>,
+    /// With `Duplicate`: the second verdict waits for this.
+    pub release: Option<Arc<tokio::sync::Notify>>,
+    /// With a tool event: misbehave only on this call index.
+    pub only_index: Option<u32>,
 }
 
 pub fn proceed(kind: pb::EventKind) -> pb::hook_verdict::Verdict {
@@ -155,15 +168,31 @@ fn wrong(kind: pb::EventKind) -> pb::hook_verdict::Verdict {
 
 type Out = Pin<Box<dyn Stream<Item = Result<pb::HookVerdict, Status>> + Send>>;
 
+/// Counts a misbehaviour, and signals it, once it was sent (at the end of
+/// its scope, `return` included).
+struct Faulted(Arc<AtomicUsize>, Arc<tokio::sync::Notify>);
+
+impl Drop for Faulted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        self.1.notify_waiters();
+    }
+}
+
 #[tonic::async_trait]
 impl pb::hook_service_server::HookService for FaultHook {
     async fn describe(
         &self,
         _: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let events: Vec<pb::EventKind> = self
+            .events
+            .iter()
+            .copied()
+            .filter(|e| !(self.how == Misbehave::Unsubscribed && *e == self.on))
+            .collect();
         Ok(Response::new(hookwire::hook_server::describe(
-            "fault",
-            &self.events,
+            "fault", &events,
         )))
     }
 
@@ -195,14 +224,39 @@ impl pb::hook_service_server::HookService for FaultHook {
             let mut in_flight = 0;
             while let Ok(Some(ev)) = inbound.message().await {
                 if !ev.expects_verdict {
-                    if this.how == Misbehave::AnswerObserve && ev.kind == this.on as i32 {
-                        let _ = tx
-                            .send(Ok(pb::HookVerdict {
-                                seq: ev.seq,
-                                verdict: Some(proceed(pb::EventKind::TurnEnd)),
-                                ..Default::default()
-                            }))
-                            .await;
+                    // An observe event (observe-only kind, or a hook with
+                    // mode: observe): the same misbehaviour where it applies.
+                    if ev.kind != this.on as i32 {
+                        continue;
+                    }
+                    let _faulted = Faulted(this.faulted.clone(), this.fault_sent.clone());
+                    let answer = pb::HookVerdict {
+                        seq: ev.seq,
+                        verdict: Some(proceed(pb::EventKind::TurnEnd)),
+                        ..Default::default()
+                    };
+                    match this.how {
+                        Misbehave::Status => {
+                            let _ = tx.send(Err(Status::internal("injected failure"))).await;
+                            return;
+                        }
+                        Misbehave::CloseStream => return,
+                        Misbehave::AnswerObserve
+                        | Misbehave::WrongKind
+                        | Misbehave::Invalid
+                        | Misbehave::Spurious => {
+                            let _ = tx.send(Ok(answer)).await;
+                        }
+                        Misbehave::Duplicate => {
+                            let _ = tx.send(Ok(answer.clone())).await;
+                            let _ = tx.send(Ok(answer)).await;
+                        }
+                        Misbehave::Hang
+                        | Misbehave::Late(_)
+                        | Misbehave::RefuseStream
+                        | Misbehave::Deaf
+                        | Misbehave::LatestSeq(_)
+                        | Misbehave::Unsubscribed => {}
                     }
                     continue;
                 }
@@ -213,15 +267,25 @@ impl pb::hook_service_server::HookService for FaultHook {
                     verdict: Some(proceed(kind)),
                     ..Default::default()
                 };
-                if kind != this.on {
+                let index = match &ev.payload {
+                    Some(pb::hook_event::Payload::ToolCall(t)) => Some(t.call_index),
+                    Some(pb::hook_event::Payload::ToolResult(t)) => Some(t.call_index),
+                    _ => None,
+                };
+                let other_call = this.only_index.is_some() && index != this.only_index;
+                if kind != this.on || other_call {
                     let _ = tx.send(Ok(ok)).await;
                     continue;
                 }
+                let _faulted = Faulted(this.faulted.clone(), this.fault_sent.clone());
                 match this.how {
                     Misbehave::Hang
                     | Misbehave::RefuseStream
                     | Misbehave::Deaf
                     | Misbehave::AnswerObserve => {}
+                    Misbehave::Unsubscribed => {
+                        let _ = tx.send(Ok(ok)).await;
+                    }
                     Misbehave::Late(d) => {
                         let tx = tx.clone();
                         tokio::spawn(async move {
@@ -254,7 +318,18 @@ impl pb::hook_service_server::HookService for FaultHook {
                     }
                     Misbehave::Duplicate => {
                         let _ = tx.send(Ok(ok.clone())).await;
-                        let _ = tx.send(Ok(ok)).await;
+                        match &this.release {
+                            None => {
+                                let _ = tx.send(Ok(ok)).await;
+                            }
+                            Some(release) => {
+                                let (tx, release) = (tx.clone(), release.clone());
+                                tokio::spawn(async move {
+                                    release.notified().await;
+                                    let _ = tx.send(Ok(ok)).await;
+                                });
+                            }
+                        }
                     }
                     Misbehave::LatestSeq(n) => {
                         in_flight += 1;
@@ -294,6 +369,17 @@ impl pb::hook_service_server::HookService for FaultHook {
 }
 
 impl FaultHook {
+    /// Waits until it misbehaved `n` times in all.
+    pub async fn wait_faulted(&self, n: usize) {
+        loop {
+            let sent = self.fault_sent.notified();
+            if self.faulted.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            sent.await;
+        }
+    }
+
     pub fn new(on: pb::EventKind, how: Misbehave, also: &[pb::EventKind]) -> FaultHook {
         let mut events = vec![on];
         events.extend_from_slice(also);
@@ -302,7 +388,11 @@ impl FaultHook {
             on,
             how,
             received: Default::default(),
+            faulted: Default::default(),
+            fault_sent: Default::default(),
             streams: Default::default(),
+            release: None,
+            only_index: None,
         }
     }
 

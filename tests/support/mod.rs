@@ -3,14 +3,19 @@
 //! helpers. No mocks: every call crosses a real gRPC connection.
 #![allow(dead_code)]
 
+pub mod auth;
+pub mod certs;
 pub mod fakellm;
 pub mod fault;
 pub mod go;
+pub mod jwt;
+pub mod logwatch;
 pub mod node;
 pub mod postgres;
 pub mod python;
 pub mod raw;
 pub mod replica;
+pub mod script;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -74,6 +79,39 @@ impl TestServer {
             listener,
             Some(admin),
             config,
+            async {
+                let _ = rx.await;
+            },
+        ));
+        let server = TestServer {
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        };
+        (server, admin_addr)
+    }
+
+    /// Like `start_with_admin`, with some configured models replaced by the
+    /// given providers (by model name): e.g. one that panics on purpose.
+    pub async fn start_with_models(
+        yaml: &str,
+        replace: Vec<(&str, Arc<dyn hookwire::model::ModelProvider>)>,
+    ) -> (TestServer, std::net::SocketAddr) {
+        let config = Config::parse(yaml, "test config").expect("test config is valid");
+        let mut models = hookwire::server::build_models(&config).expect("models build");
+        for (name, provider) in replace {
+            models.insert(name.to_string(), provider);
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(hookwire::server::serve_with_models(
+            listener,
+            Some(admin),
+            config,
+            models,
             async {
                 let _ = rx.await;
             },
@@ -208,10 +246,15 @@ pub fn verdicts(events: &[pb::RunEvent]) -> Vec<pb::HookVerdictApplied> {
 
 type Fut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Handler<E, V> = Arc<dyn Fn(Ctx, E) -> Fut<Reply<V>> + Send + Sync>;
-type ToolFn = Arc<dyn Fn(Ctx, pb::ToolCall) -> Fut<pb::CallToolResponse> + Send + Sync>;
+type ObserveFn = Arc<dyn Fn(Ctx, pb::HookEvent) -> Fut<()> + Send + Sync>;
+type ToolFn = Arc<
+    dyn Fn(Ctx, pb::ToolCall) -> Fut<Result<pb::CallToolResponse, tonic::Status>> + Send + Sync,
+>;
 
 /// A hook whose behaviour per event is a closure; every event it receives
-/// is recorded (kind name, and the full event).
+/// is recorded (kind name, and the full event). Blocking events are rebuilt
+/// from what the handler gets (seq 0, expects_verdict true); to read seqs
+/// and streams as sent, use `script::ScriptHook`.
 #[derive(Clone, Default)]
 pub struct FnHook {
     name: String,
@@ -229,6 +272,7 @@ pub struct FnHook {
     tool_call: Option<Handler<pb::ToolCallEvent, pb::ToolCallVerdict>>,
     tool_result: Option<Handler<pb::ToolResultEvent, pb::ToolResultVerdict>>,
     turn_end: Option<Handler<pb::TurnEndEvent, pb::TurnEndVerdict>>,
+    observe: Option<ObserveFn>,
     tool: Option<ToolFn>,
 }
 
@@ -298,11 +342,34 @@ impl FnHook {
     );
     on!(on_turn_end, turn_end, pb::TurnEndEvent, pb::TurnEndVerdict);
 
+    /// What to do with events that expect no verdict, after recording them.
+    pub fn on_observe<F, R>(mut self, f: F) -> Self
+    where
+        F: Fn(Ctx, pb::HookEvent) -> R + Send + Sync + 'static,
+        R: Future<Output = ()> + Send + 'static,
+    {
+        self.observe = Some(Arc::new(move |c, e| Box::pin(f(c, e))));
+        self
+    }
+
     /// Declares a tool and how to execute it.
-    pub fn with_tool<F, R>(mut self, spec: pb::ToolSpec, f: F) -> Self
+    pub fn with_tool<F, R>(self, spec: pb::ToolSpec, f: F) -> Self
     where
         F: Fn(Ctx, pb::ToolCall) -> R + Send + Sync + 'static,
         R: Future<Output = pb::CallToolResponse> + Send + 'static,
+    {
+        let f = Arc::new(f);
+        self.with_fallible_tool(spec, move |c, e| {
+            let f = f.clone();
+            async move { Ok(f(c, e).await) }
+        })
+    }
+
+    /// Declares a tool whose execution may answer a gRPC error status.
+    pub fn with_fallible_tool<F, R>(mut self, spec: pb::ToolSpec, f: F) -> Self
+    where
+        F: Fn(Ctx, pb::ToolCall) -> R + Send + Sync + 'static,
+        R: Future<Output = Result<pb::CallToolResponse, tonic::Status>> + Send + 'static,
     {
         self.tools.push(spec);
         self.tool = Some(Arc::new(move |c, e| Box::pin(f(c, e))));
@@ -337,6 +404,18 @@ impl FnHook {
         }
     }
 
+    /// Waits until `n` events of `kind` (snake_case name) were received.
+    #[allow(dead_code)]
+    pub async fn wait_for_count(&self, kind: &str, n: usize) {
+        loop {
+            let arrived = self.arrived.notified();
+            if self.seen_kinds().iter().filter(|k| *k == kind).count() >= n {
+                return;
+            }
+            arrived.await;
+        }
+    }
+
     fn push(&self, ev: pb::HookEvent) {
         self.seen.lock().unwrap().push(ev);
         self.arrived.notify_waiters();
@@ -354,6 +433,12 @@ impl FnHook {
 
     pub async fn start(self) -> TestHook {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.start_on(listener)
+    }
+
+    /// Serves on `listener` (e.g. a fixed port, to restart a hook server at
+    /// the same address).
+    pub fn start_on(self, listener: tokio::net::TcpListener) -> TestHook {
         let addr = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel::<()>();
         let handle = self.clone();
@@ -523,8 +608,11 @@ impl Hook for FnHook {
             })
         )
     }
-    async fn observe(&self, _ctx: &Ctx, ev: pb::HookEvent) {
-        self.push(ev);
+    async fn observe(&self, ctx: &Ctx, ev: pb::HookEvent) {
+        self.push(ev.clone());
+        if let Some(f) = &self.observe {
+            f(ctx.clone(), ev).await;
+        }
     }
     async fn call_tool(
         &self,
@@ -533,7 +621,7 @@ impl Hook for FnHook {
     ) -> Result<pb::CallToolResponse, tonic::Status> {
         self.tool_calls.lock().unwrap().push(call.clone());
         match &self.tool {
-            Some(f) => Ok(f(ctx.clone(), call).await),
+            Some(f) => f(ctx.clone(), call).await,
             None => Err(tonic::Status::unimplemented("no tool")),
         }
     }
@@ -544,6 +632,18 @@ pub struct TestHook {
     pub hook: FnHook,
     shutdown: Option<oneshot::Sender<()>>,
     pub task: tokio::task::JoinHandle<()>,
+}
+
+impl TestHook {
+    /// Shuts the server down gracefully and waits until it has stopped:
+    /// its listener is closed and its connections are gone.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let task = std::mem::replace(&mut self.task, tokio::spawn(async {}));
+        let _ = task.await;
+    }
 }
 
 impl Drop for TestHook {
@@ -615,6 +715,8 @@ pub fn weather_tool() -> pb::ToolSpec {
 
 /// Scripted model rules shared by the suites.
 pub const SCRIPTED_RULES: &str = r#"
+      - when: { last_user_contains: "mixed calls" }
+        tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { town: "Oslo" } } ]
       - when: { last_user_contains: "three tools" }
         tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { city: "Oslo" } }, { name: get_weather, arguments: { city: "Rome" } } ]
       - when: { last_user_contains: "bad args" }

@@ -41,6 +41,7 @@ type auditLine struct {
 	SessionID      string          `json:"session_id"`
 	RunID          string          `json:"run_id,omitempty"`
 	Agent          string          `json:"agent,omitempty"`
+	Principal      string          `json:"principal,omitempty"` // the caller hookwire authenticated
 	Turn           uint32          `json:"turn"`
 	ExpectsVerdict bool            `json:"expects_verdict"`
 	DeadlineMs     uint64          `json:"deadline_remaining_ms,omitempty"`
@@ -62,6 +63,7 @@ func (a *Audit) Write(ev *pb.HookEvent, run *runState) error {
 		SessionID:      ctx.GetSessionId(),
 		RunID:          ctx.GetRunId(),
 		Agent:          ctx.GetAgent(),
+		Principal:      ctx.GetPrincipal(),
 		Turn:           ctx.GetTurn(),
 		ExpectsVerdict: ev.ExpectsVerdict,
 		DeadlineMs:     ctx.GetDeadlineRemainingMs(),

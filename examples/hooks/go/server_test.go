@@ -135,7 +135,7 @@ func TestProcess(t *testing.T) {
 			Kind:           pb.EventKind(pb.EventKind_value["EVENT_KIND_"+strings.ToUpper(e.kind)]),
 			ExpectsVerdict: e.expects,
 			Context: &pb.EventContext{SessionId: "s-1", RunId: "r-1", Agent: "demo", Turn: 1,
-				DeadlineRemainingMs: 5000, Scratchpad: map[string][]byte{"policy.denied_tools": []byte(`[]`)}},
+				Principal: "alice", DeadlineRemainingMs: 5000, Scratchpad: map[string][]byte{"policy.denied_tools": []byte(`[]`)}},
 		}
 		e.payload(ev)
 		if err := stream.Send(ev); err != nil {
@@ -203,7 +203,8 @@ func TestProcess(t *testing.T) {
 	}
 	for i, m := range lines {
 		if m["event"] != events[i].kind || m["seq"] != float64(i+1) || m["run_events_seen"] != float64(i+1) ||
-			m["run_id"] != "r-1" || m["traceparent"] != traceparent || m["expects_verdict"] != events[i].expects {
+			m["run_id"] != "r-1" || m["traceparent"] != traceparent || m["expects_verdict"] != events[i].expects ||
+			m["principal"] != "alice" {
 			t.Errorf("audit line %d = %v", i, m)
 		}
 	}

@@ -75,6 +75,9 @@ class RunState:
     run_id: str = ""
     session_id: str = ""
     agent: str = ""
+    # The caller hookwire authenticated ("anonymous" when its auth is off):
+    # decide per tenant on it, never on anything the model wrote.
+    principal: str = ""
     outcome: str = ""  # from run_end, when subscribed
     started: float = field(default_factory=time.monotonic)
     events: Counter = field(default_factory=Counter)  # event name -> count
@@ -85,13 +88,15 @@ class RunState:
             self.run_id = event.context.run_id
             self.session_id = event.context.session_id
             self.agent = event.context.agent
+            self.principal = event.context.principal
         self.events[event_name(event.kind)] += 1
 
     def summary(self) -> str:
         events = ", ".join(f"{k}={v}" for k, v in sorted(self.events.items()))
         notes = ", ".join(f"{k}={v}" for k, v in sorted(self.notes.items())) or "nothing"
         took = time.monotonic() - self.started
-        return f"run {self.run_id} ({self.agent}) in {took:.2f}s; events: {events}; did: {notes}"
+        return (f"run {self.run_id} ({self.agent}, principal {self.principal or '-'}) in {took:.2f}s; "
+                f"events: {events}; did: {notes}")
 
 
 class Feature:

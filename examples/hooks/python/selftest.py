@@ -28,6 +28,23 @@ from hookproto import common, pb, pb_grpc
 from hooklib import ev
 
 HERE = Path(__file__).resolve().parent
+# The slow server's time per decision: long enough that a server ignoring
+# its deadline, or deciding one event after the other, cannot pass the
+# timing checks below by luck, and no load can fail a correct one.
+LATENCY_S = 3.0
+
+
+class CheckFailed(Exception):
+    """A check that did not hold."""
+
+
+def require(condition, message=None) -> None:
+    """An explicit check. Unlike `assert`, it is not stripped when Python
+    runs with -O (PYTHONOPTIMIZE), which would turn every check into a pass."""
+    if not condition:
+        if message is None:
+            message = traceback.extract_stack(limit=2)[0].line
+        raise CheckFailed(message)
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 SECRET_INPUT = "I am bob@example.com, my key is sk-test-ABCDEF123456 and SECRET-HUNTER2 is the password"
 
@@ -100,9 +117,9 @@ class Run:
     def recv(self, seq: int, kind: str, timeout: float = 10) -> pb.HookVerdict:
         """The next verdict; it must answer `seq` with a `kind` verdict."""
         got = self.verdicts.get(timeout=timeout)
-        assert isinstance(got, pb.HookVerdict), f"expected verdict for seq {seq}, stream ended: {got}"
-        assert got.seq == seq, f"expected seq {seq}, got {got.seq}"
-        assert got.WhichOneof("verdict") == kind, f"seq {seq}: verdict kind {got.WhichOneof('verdict')}"
+        require(isinstance(got, pb.HookVerdict), f"expected verdict for seq {seq}, stream ended: {got}")
+        require(got.seq == seq, f"expected seq {seq}, got {got.seq}")
+        require(got.WhichOneof("verdict") == kind, f"seq {seq}: verdict kind {got.WhichOneof('verdict')}")
         return got
 
     def ask(self, seq: int, kind: str, payload, **kw) -> tuple[str, object, pb.HookVerdict]:
@@ -118,8 +135,8 @@ class Run:
         stream cleanly without sending anything else."""
         self.requests.put(None)
         got = self.verdicts.get(timeout=10)
-        assert got is self.END, f"expected clean end of stream, got {got}"
-        assert self.call.code() == grpc.StatusCode.OK, self.call.code()
+        require(got is self.END, f"expected clean end of stream, got {got}")
+        require(self.call.code() == grpc.StatusCode.OK, self.call.code())
 
 
 def tool(name: str, schema: dict | None = None) -> common.ToolSpec:
@@ -137,7 +154,7 @@ def text(t: str) -> common.Block:
 
 def no_secrets(s: str) -> None:
     for needle in ("bob@example.com", "ada@example.com", "sk-test-", "SECRET-"):
-        assert needle not in s, f"{needle!r} leaked in {s!r}"
+        require(needle not in s, f"{needle!r} leaked in {s!r}")
 
 
 # ---------------------------------------------------------------- checks
@@ -155,21 +172,22 @@ def health_is_serving(s: dict) -> None:
     stub = health_pb2_grpc.HealthStub(s["all"].channel)
     for service in ("", "hookwire.v1.HookService"):
         status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
-        assert status == health_pb2.HealthCheckResponse.SERVING, (service, status)
+        require(status == health_pb2.HealthCheckResponse.SERVING, (service, status))
 
 
 @check
 def describe_lists_events_and_tools(s: dict) -> None:
     d = s["all"].stub.Describe(pb.DescribeRequest(hookwire_version="test"), timeout=5)
-    assert d.name == "hookwire-example-python" and d.version, d
-    want = {ev(k) for k in ("run_start", "model_request", "model_response", "tool_call", "tool_result")}
-    assert set(d.events) == want, d.events
-    assert [t.name for t in d.tools] == ["get_weather", "lookup_customer"], d.tools
+    require(d.name == "hookwire-example-python" and d.version, d)
+    want = {ev(k) for k in ("run_start", "model_request", "model_response", "invalid_tool_call",
+                            "tool_call", "tool_result")}
+    require(set(d.events) == want, d.events)
+    require([t.name for t in d.tools] == ["get_weather", "lookup_customer"], d.tools)
     for t in d.tools:
-        assert json.loads(t.parameters_json_schema)["type"] == "object" and t.description
+        require(json.loads(t.parameters_json_schema)["type"] == "object" and t.description)
     only_redactor = s["slow"].stub.Describe(pb.DescribeRequest(), timeout=5)
-    assert set(only_redactor.events) == {ev(k) for k in ("run_start", "model_response", "tool_result")}
-    assert not only_redactor.tools
+    require(set(only_redactor.events) == {ev(k) for k in ("run_start", "model_response", "tool_result")})
+    require(not only_redactor.tools)
 
 
 @check
@@ -177,18 +195,18 @@ def full_run(s: dict) -> None:
     """A realistic run: every verdict checked for seq, kind and content."""
     r = Run(s["all"])
     action, a, v = r.ask(1, "run_start", pb.RunStartEvent(input=SECRET_INPUT), turn=0)
-    assert action == "rewrite_input", action
-    assert "[REDACTED:email]" in a.input and "[REDACTED:api_key]" in a.input and "[REDACTED:secret]" in a.input
+    require(action == "rewrite_input", action)
+    require("[REDACTED:email]" in a.input and "[REDACTED:api_key]" in a.input and "[REDACTED:secret]" in a.input)
     no_secrets(a.input)
-    assert v.HasField("telemetry_redaction") and v.telemetry_redaction == a.input
+    require(v.HasField("telemetry_redaction") and v.telemetry_redaction == a.input)
     no_secrets(v.reason)
 
     offered = ["get_weather", "lookup_customer", "shell", "send_email", "delete_file"]
     request = pb.ModelRequest(model="scripted", tools=[tool(n) for n in offered])
     action, a, v = r.ask(2, "model_request", pb.ModelRequestEvent(request=request))
-    assert action == "patch_request", action
-    assert a.HasField("active_tools") and list(a.active_tools.names) == ["get_weather", "lookup_customer", "send_email"]
-    assert not a.HasField("tool_choice")  # auto stays auto
+    require(action == "patch_request", action)
+    require(a.HasField("active_tools") and list(a.active_tools.names) == ["get_weather", "lookup_customer", "send_email"])
+    require(not a.HasField("tool_choice"))  # auto stays auto
 
     # Observe events are not answered: the next verdict must be seq 4's.
     r.send(3, "text_delta", pb.TextDeltaEvent(text="Let me "), expects=False)
@@ -198,28 +216,28 @@ def full_run(s: dict) -> None:
                              blocks=[text("Let me check.")] + [common.Block(tool_call=c) for c in calls])
     action, _, _ = r.ask(4, "model_response", pb.ModelResponseEvent(
         response=pb.ModelResponse(message=message, finish_reason="tool_calls")))
-    assert action == "proceed", action
+    require(action == "proceed", action)
 
     action, _, _ = r.ask(5, "tool_call", pb.ToolCallEvent(call=calls[0], call_index=0, tool=tool("get_weather")))
-    assert action == "proceed", action
+    require(action == "proceed", action)
     action, a, v = r.ask(6, "tool_call", pb.ToolCallEvent(call=calls[1], call_index=1, tool=tool("shell")))
-    assert action == "skip" and a.is_error and "not allowed" in a.result, a
-    assert "denied" in v.reason
-    assert [(u.key, json.loads(u.set)) for u in v.scratchpad] == [("policy.denied_tools", ["shell"])]
+    require(action == "skip" and a.is_error and "not allowed" in a.result, a)
+    require("denied" in v.reason)
+    require([(u.key, json.loads(u.set)) for u in v.scratchpad] == [("policy.denied_tools", ["shell"])])
     action, a, _ = r.ask(7, "tool_call", pb.ToolCallEvent(call=calls[2], call_index=2, tool=tool("send_email")),
                          scratchpad={"policy.denied_tools": b'["shell"]'})
-    assert action == "ask" and "send_email" in a.question, a
+    require(action == "ask" and "send_email" in a.question, a)
 
     result = common.ToolResultBlock(call_id="c1", name="get_weather", content="sunny, 21C in Paris")
     action, _, _ = r.ask(8, "tool_result", pb.ToolResultEvent(call=calls[0], call_index=0, result=result))
-    assert action == "proceed", action
+    require(action == "proceed", action)
     record = json.dumps({"email": "ada@example.com", "api_token": "SECRET-7F3KQ9ZX"})
     result = common.ToolResultBlock(call_id="c4", name="lookup_customer", content=record)
     action, a, v = r.ask(9, "tool_result", pb.ToolResultEvent(call=calls[3], call_index=3, result=result))
-    assert action == "rewrite_result" and not a.HasField("is_error"), a
+    require(action == "rewrite_result" and not a.HasField("is_error"), a)
     no_secrets(a.content)
-    assert json.loads(a.content)["email"] == "[REDACTED:email]"
-    assert v.telemetry_redaction == a.content
+    require(json.loads(a.content)["email"] == "[REDACTED:email]")
+    require(v.telemetry_redaction == a.content)
 
     final = common.Message(role=common.ROLE_ASSISTANT, blocks=[
         common.Block(reasoning=common.ReasoningBlock(text="token is SECRET-7F3KQ9ZX")),
@@ -227,17 +245,17 @@ def full_run(s: dict) -> None:
     ])
     action, a, v = r.ask(10, "model_response", pb.ModelResponseEvent(
         response=pb.ModelResponse(message=final, finish_reason="stop")), turn=2)
-    assert action == "rewrite_response", action
-    assert [b.WhichOneof("kind") for b in a.blocks] == ["reasoning", "text"]
+    require(action == "rewrite_response", action)
+    require([b.WhichOneof("kind") for b in a.blocks] == ["reasoning", "text"])
     for b in a.blocks:
         no_secrets(getattr(b, b.WhichOneof("kind")).text)
-    assert v.telemetry_redaction == "Ada ([REDACTED:email]) is on the pro plan."
+    require(v.telemetry_redaction == "Ada ([REDACTED:email]) is on the pro plan.")
 
     action, _, _ = r.ask(11, "turn_end", pb.TurnEndEvent(message=final), turn=2)
-    assert action == "proceed", action
+    require(action == "proceed", action)
     r.send(12, "run_end", pb.RunEndEvent(outcome=common.RUN_OUTCOME_COMPLETED, turns=2), expects=False)
     r.close()
-    assert "events: model_request=1, model_response=2, run_end=1" in s["all"].logs()
+    require("events: model_request=1, model_response=2, run_end=1" in s["all"].logs())
 
 
 @check
@@ -246,7 +264,25 @@ def scratchpad_accumulates_denied_tools(s: dict) -> None:
     c = call("c9", "delete_file", {"path": "/etc/passwd"})
     _, _, v = r.ask(1, "tool_call", pb.ToolCallEvent(call=c, tool=tool("delete_file")),
                     scratchpad={"policy.denied_tools": b'["shell"]'})
-    assert json.loads(v.scratchpad[0].set) == ["shell", "delete_file"], v.scratchpad
+    require(json.loads(v.scratchpad[0].set) == ["shell", "delete_file"], v.scratchpad)
+    r.close()
+
+
+@check
+def hidden_tool_called_anyway_is_skipped(s: dict) -> None:
+    """A call to a tool the policy hid reaches it as invalid_tool_call
+    (hookwire never runs it): denied -> skip with the policy's message;
+    any other unknown tool -> hookwire's default error result."""
+    r = Run(s["all"], "r-hidden")
+    c = call("c1", "shell", {"cmd": "ls"})
+    action, a, v = r.ask(1, "invalid_tool_call", pb.InvalidToolCallEvent(
+        call=c, problem=pb.InvalidToolCallEvent.PROBLEM_UNKNOWN_TOOL, error="unknown tool `shell`"))
+    require(action == "skip" and a.is_error and "not allowed by policy" in a.result, a)
+    require("denied" in v.reason, v.reason)
+    c = call("c2", "no_such_tool", {})
+    action, _, _ = r.ask(2, "invalid_tool_call", pb.InvalidToolCallEvent(
+        call=c, problem=pb.InvalidToolCallEvent.PROBLEM_UNKNOWN_TOOL, error="unknown tool `no_such_tool`"))
+    require(action == "proceed", action)
     r.close()
 
 
@@ -256,15 +292,15 @@ def tool_choice_kept_valid(s: dict) -> None:
     forced = pb.ModelRequest(tools=[tool("shell"), tool("get_weather")],
                              tool_choice=pb.ToolChoice(mode=pb.ToolChoice.MODE_TOOL, tool_name="shell"))
     action, a, _ = r.ask(1, "model_request", pb.ModelRequestEvent(request=forced))
-    assert action == "patch_request" and list(a.active_tools.names) == ["get_weather"]
-    assert a.HasField("tool_choice") and a.tool_choice.mode == pb.ToolChoice.MODE_AUTO, a
+    require(action == "patch_request" and list(a.active_tools.names) == ["get_weather"])
+    require(a.HasField("tool_choice") and a.tool_choice.mode == pb.ToolChoice.MODE_AUTO, a)
     required = pb.ModelRequest(tools=[tool("shell")], tool_choice=pb.ToolChoice(mode=pb.ToolChoice.MODE_REQUIRED))
     action, a, _ = r.ask(2, "model_request", pb.ModelRequestEvent(request=required))
-    assert a.HasField("active_tools") and list(a.active_tools.names) == [], a  # set and empty: no tools
-    assert a.tool_choice.mode == pb.ToolChoice.MODE_NONE, a
+    require(a.HasField("active_tools") and list(a.active_tools.names) == [], a)  # set and empty: no tools
+    require(a.tool_choice.mode == pb.ToolChoice.MODE_NONE, a)
     clean = pb.ModelRequest(tools=[tool("get_weather")])
     action, _, _ = r.ask(3, "model_request", pb.ModelRequestEvent(request=clean))
-    assert action == "proceed", action
+    require(action == "proceed", action)
     r.close()
 
 
@@ -277,22 +313,22 @@ def observe_mode_events_are_not_answered(s: dict) -> None:
     r.send(1, "tool_call", pb.ToolCallEvent(call=c, tool=tool("shell")), expects=False)
     r.send(2, "run_start", pb.RunStartEvent(input=SECRET_INPUT), expects=False)
     action, _, _ = r.ask(3, "turn_end", pb.TurnEndEvent())
-    assert action == "proceed"
+    require(action == "proceed")
     r.send(4, "run_end", pb.RunEndEvent(outcome=common.RUN_OUTCOME_COMPLETED), expects=False)
     r.close()
 
 
 @check
 def gives_up_before_the_deadline(s: dict) -> None:
-    """The slow server needs 0.8 s per decision; with 400 ms left it must
-    answer continue in time (it keeps a 40 ms margin) instead of late."""
+    """The slow server needs LATENCY_S per decision; with 400 ms left it
+    must answer continue in time (it keeps a 40 ms margin) instead of late."""
     r = Run(s["slow"], "r-deadline")
     start = time.monotonic()
     action, _, v = r.ask(1, "run_start", pb.RunStartEvent(input=SECRET_INPUT), deadline_ms=400)
     took = time.monotonic() - start
-    assert action == "proceed" and "out of time" in v.reason, v
-    # 0.4 s plus some slack for this client on a busy machine; far below 0.8 s.
-    assert took < 0.55, f"answered after {took:.3f}s, deadline was 0.4s"
+    require(action == "proceed" and "out of time" in v.reason, v)
+    # It gave up rather than deciding: well under the time a decision takes.
+    require(took < LATENCY_S, f"answered after {took:.3f}s: it did the {LATENCY_S}s of work")
     r.close()
 
 
@@ -307,10 +343,11 @@ def decides_events_concurrently(s: dict) -> None:
         r.send(seq, "tool_result", pb.ToolResultEvent(result=result, call_index=seq - 1))
     got = sorted([r.verdicts.get(timeout=10), r.verdicts.get(timeout=10)], key=lambda v: v.seq)
     took = time.monotonic() - start
-    assert [v.seq for v in got] == [1, 2], got
-    assert all(v.tool_result.WhichOneof("action") == "proceed" for v in got)  # telemetry mode
-    assert all(v.telemetry_redaction == "mail [REDACTED:email]" for v in got), got
-    assert took < 1.4, f"took {took:.2f}s: decisions ran one after the other"
+    require([v.seq for v in got] == [1, 2], got)
+    require(all(v.tool_result.WhichOneof("action") == "proceed" for v in got))  # telemetry mode
+    require(all(v.telemetry_redaction == "mail [REDACTED:email]" for v in got), got)
+    # One after the other would take two decisions' time at least.
+    require(took < 2 * LATENCY_S, f"took {took:.2f}s: decisions ran one after the other")
     r.close()
 
 
@@ -318,7 +355,7 @@ def decides_events_concurrently(s: dict) -> None:
 def telemetry_only_mode(s: dict) -> None:
     r = Run(s["slow"], "r-telemetry")
     action, _, v = r.ask(1, "run_start", pb.RunStartEvent(input=SECRET_INPUT), deadline_ms=10_000)
-    assert action == "proceed", action  # the run keeps the real input
+    require(action == "proceed", action)  # the run keeps the real input
     no_secrets(v.telemetry_redaction)
     r.close()
 
@@ -333,22 +370,22 @@ def call_tool(s: dict) -> None:
                                      call=common.ToolCall(id="c1", name=name, arguments_json=raw))
         return stub.CallTool(request, timeout=5)
 
-    assert run("get_weather", {"city": "Paris"}) == pb.CallToolResponse(content="sunny, 21C in Paris")
-    assert run("get_weather", {"city": "Paris", "unit": "F"}).content == "sunny, 70F in Paris"
-    assert run("get_weather", {"city": "Reykjavik"}) == run("get_weather", {"city": "Reykjavik"})
+    require(run("get_weather", {"city": "Paris"}) == pb.CallToolResponse(content="sunny, 21C in Paris"))
+    require(run("get_weather", {"city": "Paris", "unit": "F"}).content == "sunny, 70F in Paris")
+    require(run("get_weather", {"city": "Reykjavik"}) == run("get_weather", {"city": "Reykjavik"}))
     for bad in ({}, {"city": 5}, {"city": ""}, {"city": "Paris", "unit": "K"}, {"city": "x", "extra": 1}, "{not json", "[]"):
         r = run("get_weather", bad)
-        assert r.is_error, (bad, r)
+        require(r.is_error, (bad, r))
     r = run("lookup_customer", {"id": "C-1001"})
-    assert not r.is_error and "SECRET-" in r.content and json.loads(r.content)["email"] == "ada@example.com"
+    require(not r.is_error and "SECRET-" in r.content and json.loads(r.content)["email"] == "ada@example.com")
     for bad in ({"id": "C-9999"}, {"id": "1001"}, {"id": 1001}):
         r = run("lookup_customer", bad)
-        assert r.is_error, (bad, r)
+        require(r.is_error, (bad, r))
     try:
         run("no_such_tool", {})
         raise AssertionError("unknown tool accepted")
     except grpc.RpcError as e:
-        assert e.code() == grpc.StatusCode.NOT_FOUND, e
+        require(e.code() == grpc.StatusCode.NOT_FOUND, e)
 
 
 def main() -> int:
@@ -357,7 +394,7 @@ def main() -> int:
     try:
         servers["all"] = Server()
         servers["slow"] = Server("--features", "redactor", "--redactor-mode", "telemetry",
-                                 "--simulate-latency-ms", "800")
+                                 "--simulate-latency-ms", str(int(LATENCY_S * 1000)))
         for fn in CHECKS:
             t = time.monotonic()
             try:

@@ -10,14 +10,26 @@ One process hosts three features, selectable with --features:
     python3 server.py --port 0              # prints the port it bound
 
 It also serves grpc.health.v1 (SERVING for "" and "hookwire.v1.HookService").
+
+TLS and credentials (what a hook server in a cluster should ask for):
+
+    python3 server.py --tls-cert tls.crt --tls-key tls.key          # TLS
+        --tls-client-ca ca.crt      # ... and require a client certificate (mTLS)
+        --require-token-file token  # ... and `authorization: Bearer <token>`
+
+Certificate and token files are read again when they change, so rotated
+Secrets take effect without a restart. Health stays open (probes carry no
+credentials).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import logging
 import signal
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -149,12 +161,73 @@ class HookServer(pb_grpc.HookServiceServicer):
             log.info("session %s ended (%s)", event.context.session_id, event.session_end.reason)
 
 
+class RequireToken(grpc.aio.ServerInterceptor):
+    """Refuses every HookService call whose `authorization` metadata is not
+    `Bearer <the token in FILE>`; the file is read per call, so a rotated
+    Secret takes effect at once. Health is left open for probes."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith("/grpc.health."):
+            return handler
+        sent = dict(details.invocation_metadata or ()).get("authorization", "")
+        want = "Bearer " + self.path.read_text().strip()
+        if hmac.compare_digest(sent.encode(), want.encode()):
+            return handler
+
+        async def deny(_request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(deny)
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+def tls_credentials(args):
+    """Server credentials from --tls-*, re-read when the files change
+    (grpcio asks the fetcher at every new handshake)."""
+    paths = [args.tls_cert, args.tls_key] + ([args.tls_client_ca] if args.tls_client_ca else [])
+    state = {"stamp": None}
+
+    def read():
+        cert, key = Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()
+        ca = Path(args.tls_client_ca).read_bytes() if args.tls_client_ca else None
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def fetch():
+        stamp = tuple(Path(p).read_bytes() for p in paths)
+        if stamp == state["stamp"]:
+            return None  # unchanged: keep the current configuration
+        state["stamp"] = stamp
+        log.info("TLS files (re)loaded")
+        return read()
+
+    initial = fetch()
+    return grpc.dynamic_ssl_server_credentials(
+        initial, fetch, require_client_authentication=bool(args.tls_client_ca)
+    )
+
+
+def parse_deny_for(values: list[str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for v in values:
+        principal, _, tools = v.partition("=")
+        if not principal or not tools:
+            raise SystemExit(f"--deny-for {v!r}: expected PRINCIPAL=tool1,tool2")
+        out.setdefault(principal, set()).update(t.strip() for t in tools.split(",") if t.strip())
+    return out
+
+
 def build_features(args) -> list[Feature]:
     names = [n.strip() for n in args.features.split(",") if n.strip()]
     split = lambda s: {n.strip() for n in s.split(",") if n.strip()}  # noqa: E731
     make = {
         "redactor": lambda: Redactor(args.redactor_mode),
-        "policy": lambda: Policy(deny=split(args.deny), ask=split(args.ask)),
+        "policy": lambda: Policy(deny=split(args.deny), ask=split(args.ask),
+                                 deny_for=parse_deny_for(args.deny_for)),
         "tools": lambda: Tools(),
     }
     unknown = [n for n in names if n not in make]
@@ -164,7 +237,9 @@ def build_features(args) -> list[Feature]:
 
 
 async def serve(args) -> None:
+    interceptors = [RequireToken(args.require_token_file)] if args.require_token_file else []
     server = grpc.aio.server(
+        interceptors=interceptors,
         options=[
             # hookwire keeps channels alive with HTTP/2 pings, also between
             # runs. gRPC's default server policy answers pings more frequent
@@ -178,7 +253,14 @@ async def serve(args) -> None:
     )
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise SystemExit("--tls-cert and --tls-key go together")
+        port = server.add_secure_port(f"{args.host}:{args.port}", tls_credentials(args))
+    elif args.tls_client_ca:
+        raise SystemExit("--tls-client-ca needs --tls-cert and --tls-key")
+    else:
+        port = server.add_insecure_port(f"{args.host}:{args.port}")
     await server.start()
     for service in ("", SERVICE):
         await health_service.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -203,6 +285,13 @@ def main() -> None:
     p.add_argument("--features", default="redactor,policy,tools", help="comma-separated")
     p.add_argument("--deny", default="delete_file,shell", help="policy: tools to deny")
     p.add_argument("--ask", default="send_email", help="policy: tools that need approval")
+    p.add_argument("--deny-for", action="append", default=[], metavar="PRINCIPAL=TOOLS",
+                   help="policy: tools denied to one caller (EventContext.principal); repeatable")
+    p.add_argument("--tls-cert", help="serve TLS with this PEM certificate chain")
+    p.add_argument("--tls-key", help="... and this PEM private key")
+    p.add_argument("--tls-client-ca", help="require client certificates signed by this PEM CA (mTLS)")
+    p.add_argument("--require-token-file",
+                   help="require `authorization: Bearer <contents of this file>` on HookService calls")
     p.add_argument("--redactor-mode", default="rewrite", choices=["rewrite", "telemetry"],
                    help="rewrite content, or only mask it in telemetry")
     p.add_argument("--simulate-latency-ms", type=int, default=0,

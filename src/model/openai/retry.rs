@@ -54,10 +54,17 @@ pub(super) fn jitter() -> f64 {
     bits as f64 / (1u64 << 53) as f64
 }
 
+/// Longest wait a header is read as. Anything longer is as good as forever
+/// (it is far above [`MAX_RETRY_AFTER`], so the call ends), and capping it
+/// keeps `1e30` from overflowing a `Duration`.
+const LONGEST_PARSED: Duration = Duration::from_secs(1_000_000_000);
+
 /// The server's requested wait: `retry-after-ms` (OpenAI) or `Retry-After`
-/// in seconds. HTTP dates are not supported and fall back to backoff.
+/// in seconds. HTTP dates are not supported and fall back to backoff, as do
+/// values that are not a finite, non-negative number (`NaN`, `inf`, `-1`).
+/// Waits beyond [`LONGEST_PARSED`] are read as that.
 pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let number = |name: &str| -> Option<f64> {
+    let seconds = |name: &str, per_second: f64| -> Option<Duration> {
         let v = headers
             .get(name)?
             .to_str()
@@ -65,14 +72,14 @@ pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
             .trim()
             .parse::<f64>()
             .ok()?;
-        (v.is_finite() && v >= 0.0).then_some(v)
+        if !v.is_finite() || v < 0.0 {
+            return None;
+        }
+        // Never `from_secs_f64`: it panics on values a server may send.
+        let secs = (v / per_second).min(LONGEST_PARSED.as_secs_f64());
+        Duration::try_from_secs_f64(secs).ok()
     };
-    if let Some(ms) = number("retry-after-ms") {
-        // Clamped like the seconds below: `from_secs_f64` panics on values
-        // past `Duration::MAX` (a `retry-after-ms: 1e30` did, in a run).
-        return Some(Duration::from_secs_f64((ms / 1000.0).min(1e9)));
-    }
-    number(RETRY_AFTER.as_str()).map(|s| Duration::from_secs_f64(s.min(1e9)))
+    seconds("retry-after-ms", 1000.0).or_else(|| seconds(RETRY_AFTER.as_str(), 1.0))
 }
 
 #[cfg(test)]
@@ -113,5 +120,47 @@ mod tests {
         assert_eq!(retry_after(&h), None);
         h.insert(RETRY_AFTER, HeaderValue::from_static("-1"));
         assert_eq!(retry_after(&h), None);
+    }
+
+    /// Numbers a server may send that once panicked the run task
+    /// (`Duration::from_secs_f64` overflow) or must not count as a wait.
+    #[test]
+    fn retry_after_never_panics_and_clamps_what_it_reads() {
+        let read = |name: &'static str, value: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static(value));
+            retry_after(&h)
+        };
+        for name in ["retry-after-ms", "retry-after"] {
+            for huge in [
+                "1e30",
+                "1e308",
+                "18446744073709551616",
+                "99999999999999999999",
+            ] {
+                assert_eq!(read(name, huge), Some(LONGEST_PARSED), "{name}: {huge}");
+            }
+            for bad in [
+                "NaN", "nan", "inf", "-inf", "infinity", "-1", "-1e30", "", "x",
+            ] {
+                assert_eq!(read(name, bad), None, "{name}: {bad}");
+            }
+            assert_eq!(read(name, "-0"), Some(Duration::ZERO), "{name}: -0");
+            assert_eq!(read(name, "0"), Some(Duration::ZERO), "{name}: 0");
+        }
+        assert_eq!(
+            read("retry-after-ms", "1.5"),
+            Some(Duration::from_micros(1500))
+        );
+        assert_eq!(read("retry-after", "1e9"), Some(LONGEST_PARSED));
+        assert!(
+            LONGEST_PARSED > MAX_RETRY_AFTER,
+            "a clamped wait still ends the call"
+        );
+        // An unusable retry-after-ms falls back to Retry-After.
+        let mut h = HeaderMap::new();
+        h.insert("retry-after-ms", HeaderValue::from_static("NaN"));
+        h.insert(RETRY_AFTER, HeaderValue::from_static("3"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(3)));
     }
 }

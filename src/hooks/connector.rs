@@ -1,0 +1,119 @@
+//! The connector of a hook channel (plain TCP or TLS), which tells its client when a
+//! connection ends. tonic reconnects lazily and silently: without this, a
+//! hook server restarted with another `Describe` (new events, new tools)
+//! would keep being called with the old subscriptions until some call
+//! failed.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper::Uri;
+use std::time::Duration;
+
+use hyper_util::client::legacy::connect::HttpConnector;
+use tokio::sync::Notify;
+
+/// A connector (tonic's plain TCP one, or hookwire's TLS one) whose
+/// connections signal `closed` when they are dropped, i.e. when the HTTP/2
+/// connection over them is over.
+#[derive(Clone)]
+pub struct Connector<C> {
+    inner: C,
+    closed: Arc<Notify>,
+}
+
+impl<C> Connector<C> {
+    pub fn new(inner: C, closed: Arc<Notify>) -> Self {
+        Connector { inner, closed }
+    }
+}
+
+/// The plain TCP connector, configured as tonic configures its own.
+pub fn plain_tcp(connect_timeout: Duration) -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http
+}
+
+impl<C> tower::Service<Uri> for Connector<C>
+where
+    C: tower::Service<Uri>,
+    C::Future: Send + 'static,
+{
+    type Response = Connection<C::Response>;
+    type Error = C::Error;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let closed = self.closed.clone();
+        Box::pin(async move {
+            Ok(Connection {
+                io: connecting.await?,
+                closed,
+            })
+        })
+    }
+}
+
+/// One connection to a hook server.
+pub struct Connection<IO> {
+    io: IO,
+    closed: Arc<Notify>,
+}
+
+impl<IO> Drop for Connection<IO> {
+    fn drop(&mut self) {
+        self.closed.notify_one();
+    }
+}
+
+impl<IO: Read + Unpin> Read for Connection<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: Write + Unpin> Write for Connection<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+}
