@@ -616,6 +616,17 @@ impl Engine {
         self.grant_run(principal, Action::ResolveApproval, run_id)
             .await?;
         let d = Decision { approve, note };
+        // A run of this replica knows at once that a request was withdrawn
+        // (its batch stopped): refused here, never recorded as answered.
+        // A request is registered here before the store records it, so a
+        // pending record of a local run always has its waiter.
+        if self.local_run(run_id).is_some() && !self.approvals.is_pending(run_id, call_id) {
+            return Err(StoreError::ApprovalNotPending {
+                run_id: run_id.to_string(),
+                call_id: call_id.to_string(),
+            }
+            .into());
+        }
         self.store.resolve_approval(run_id, call_id, &d).await?;
         self.approvals.deliver(run_id, call_id, d);
         Ok(())

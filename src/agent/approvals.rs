@@ -93,6 +93,14 @@ impl Approvals {
         self.entries().len()
     }
 
+    /// Whether a call of a run waits for an answer here (registered, and
+    /// its batch not stopped).
+    pub fn is_pending(&self, run_id: &str, call_id: &str) -> bool {
+        self.entries()
+            .get(&(run_id.to_string(), call_id.to_string()))
+            .is_some_and(|e| !e.stop.as_ref().is_some_and(CancellationToken::is_cancelled))
+    }
+
     /// Hands a decision the store recorded to the run waiting for it on
     /// this replica, if any (and its batch has not stopped); whether one was
     /// waiting.
