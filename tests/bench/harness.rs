@@ -20,6 +20,7 @@ mod rig;
 mod runtime;
 mod service;
 mod stats;
+mod store;
 mod throughput;
 
 use std::time::Instant;
@@ -37,7 +38,7 @@ pub struct Plan {
     /// Whether hookwire's default log layer was installed.
     pub telemetry: bool,
     /// Only these figures (`-- --only per-event,runtime,fanout,throughput,
-    /// orchestrator,memory`); all when empty.
+    /// orchestrator,memory,store`); all when empty.
     pub only: Vec<String>,
     /// Rounds of every latency figure; each figure is the median of rounds.
     pub rounds: usize,
@@ -199,6 +200,9 @@ async fn run(plan: Plan) {
     }
     if wanted("memory") {
         rows.extend(memory::measure(&plan).await);
+    }
+    if wanted("store") {
+        rows.extend(store::measure(&plan).await);
     }
     rows.sort_by_key(|r| r.figure);
     if !plan.full {
