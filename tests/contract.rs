@@ -149,7 +149,7 @@ fn additions_pass_the_breaking_check_and_lint() {
         copy.path(),
         "common.proto",
         "  RUN_OUTCOME_TIMED_OUT = 8;\n",
-        "  RUN_OUTCOME_TIMED_OUT = 8;\n  // Added later.\n  RUN_OUTCOME_INTERRUPTED = 9;\n",
+        "  RUN_OUTCOME_TIMED_OUT = 8;\n  // Added later.\n  RUN_OUTCOME_SUSPENDED = 10;\n",
     );
     edit(
         copy.path(),

@@ -405,7 +405,7 @@ async fn session_start_failure_and_rejection_refuse_the_session() {
     assert_eq!(err.code(), tonic::Code::PermissionDenied);
     assert!(err.message().contains("not allowed"));
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner();

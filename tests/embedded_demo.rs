@@ -2,7 +2,8 @@
 //! binary: the built-in demo hook server runs beside it and is called over
 //! gRPC, so the first `hookwire run` shows a redaction, a remote tool call
 //! and a denied tool, each attributed to the hook; `--no-demo-hooks` leaves
-//! it out.
+//! it out. Sessions go to SQLite in the data directory, so they outlive a
+//! restart (each test gives its servers a data directory of its own).
 
 use std::process::Stdio;
 
@@ -17,9 +18,10 @@ struct Served {
     _child: Child,
 }
 
-/// Starts `hookwire serve ARGS` and waits for its "hookwire serving" log
-/// line (hooks described, ready), reading the gRPC address it logged.
-async fn serve(args: &[&str]) -> Served {
+/// Starts `hookwire serve ARGS` with its data in `data_dir` and waits for
+/// its "hookwire serving" log line (hooks described, ready), reading the
+/// gRPC address it logged.
+async fn serve(data_dir: &std::path::Path, args: &[&str]) -> Served {
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -31,6 +33,8 @@ async fn serve(args: &[&str]) -> Served {
         .args(args)
         .env("RUST_LOG", "info")
         .env_remove("HOOKWIRE_CONFIG")
+        .env_remove("HOOKWIRE_STORE")
+        .env("HOOKWIRE_DATA_DIR", data_dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -90,7 +94,8 @@ fn ordered(text: &str, parts: &[&str]) {
 
 #[tokio::test]
 async fn the_default_run_shows_a_redaction_a_tool_call_and_a_denial() {
-    let served = serve(&[]).await;
+    let data = tempfile::tempdir().unwrap();
+    let served = serve(data.path(), &[]).await;
     let key = "sk-live-4f9a8b7c6d5e4f3a";
     let (ok, out) = run(
         &served.addr,
@@ -133,12 +138,68 @@ async fn the_default_run_shows_a_redaction_a_tool_call_and_a_denial() {
 
 #[tokio::test]
 async fn no_demo_hooks_serves_the_bare_agent() {
-    let served = serve(&["--no-demo-hooks"]).await;
+    let data = tempfile::tempdir().unwrap();
+    let served = serve(data.path(), &["--no-demo-hooks"]).await;
     let (ok, out) = run(&served.addr, "my key is sk-live-4f9a8b7c6d5e4f3a").await;
     assert!(ok, "{out}");
     assert!(!out.contains("⚑"), "no hook is called:\n{out}");
     assert!(
         out.contains("You said: my key is sk-live-4f9a8b7c6d5e4f3a"),
         "{out}"
+    );
+}
+
+async fn hookwire(args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("hookwire");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "hookwire {args:?}: {text}\n(stderr: {})",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// What `make run`, a run, Ctrl-C, `make run` again does: the demo hooks and
+/// the SQLite default together, the session and its transcript (as the
+/// demo hook rewrote it) still there after the restart.
+#[tokio::test]
+async fn the_default_keeps_sessions_in_the_data_dir_across_a_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let first = serve(data.path(), &[]).await;
+    let (ok, out) = run(
+        &first.addr,
+        "my key is sk-live-4f9a8b7c6d5e4f3a, weather in Paris?",
+    )
+    .await;
+    assert!(ok, "{out}");
+    assert!(out.contains("⚑ hook demo-guard"), "{out}");
+    let listed = hookwire(&["sessions", "--addr", &first.addr, "list"]).await;
+    let id = listed
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("no session listed: {listed}"))
+        .to_string();
+    assert!(
+        data.path().join("hookwire.db").is_file(),
+        "the SQLite file is in the data directory"
+    );
+    drop(first);
+
+    let second = serve(data.path(), &[]).await;
+    let shown = hookwire(&["sessions", "--addr", &second.addr, "show", &id]).await;
+    ordered(
+        &shown,
+        &[
+            &format!("session {id} · agent demo · 1 run(s)"),
+            "user: my key is [REDACTED:api_key], weather in Paris?",
+            "get_weather",
+            "sunny, 21°C in Paris (demo data)",
+        ],
     );
 }

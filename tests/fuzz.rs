@@ -314,7 +314,8 @@ fn baseline() -> ModelRequest {
                     arguments_json: r#"{"city": "Par"#.into(),
                 })],
             },
-        ],
+        ]
+        .into(),
         tools: ["a", "b", "c"]
             .iter()
             .map(|n| ToolSpec {
@@ -457,7 +458,11 @@ enum Call {
         metadata: Vec<(String, String)>,
     },
     Get(String),
-    List,
+    List {
+        agent: String,
+        page_size: i32,
+        page_token: String,
+    },
     Delete(String),
     Run {
         session: String,
@@ -516,7 +521,16 @@ fn call() -> BoxedStrategy<Call> {
                 metadata
             }),
         session_id().prop_map(Call::Get),
-        Just(Call::List),
+        (
+            prop_oneof![Just(String::new()), Just("a".to_string()), text()],
+            prop_oneof![Just(0i32), any::<i32>()],
+            prop_oneof![Just(String::new()), text()]
+        )
+            .prop_map(|(agent, page_size, page_token)| Call::List {
+                agent,
+                page_size,
+                page_token
+            }),
         session_id().prop_map(Call::Delete),
         (session_id(), input()).prop_map(|(session, input)| Call::Run { session, input }),
         (session_id(), input()).prop_map(|(session, input)| Call::Invoke { session, input }),
@@ -579,7 +593,18 @@ async fn exercise(
             })
             .await
             .err(),
-        Call::List => c.list_sessions(pb::ListSessionsRequest {}).await.err(),
+        Call::List {
+            agent,
+            page_size,
+            page_token,
+        } => c
+            .list_sessions(pb::ListSessionsRequest {
+                agent,
+                page_size,
+                page_token,
+            })
+            .await
+            .err(),
         Call::Delete(id) => c
             .delete_session(pb::DeleteSessionRequest {
                 session_id: fill(id),
@@ -684,7 +709,9 @@ fn fuzz_arbitrary_agent_service_requests_get_chosen_statuses() {
         .unwrap();
     // Still serving.
     rt.block_on(async {
-        c.list_sessions(pb::ListSessionsRequest {}).await.unwrap();
+        c.list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .unwrap();
         server.stop().await;
     });
     drop(obs);

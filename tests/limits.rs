@@ -20,7 +20,8 @@ async fn engine(yaml: &str) -> Arc<Engine> {
     let config = Config::parse(yaml, "test config").expect("valid config");
     let models = hookwire::server::build_models(&config).unwrap();
     let inst = Instruments::new(&config.telemetry);
-    let e = Arc::new(Engine::new(config, models, inst).unwrap());
+    let store = Arc::new(hookwire::store::MemoryStore::new(Default::default()));
+    let e = Arc::new(Engine::new(config, models, inst, store).unwrap());
     e.registry().describe_all(Duration::from_secs(5)).await;
     e.registry().start();
     e
@@ -38,6 +39,7 @@ async fn start(e: &Arc<Engine>, input: &str) -> RunHandle {
         true,
         Default::default(),
     )
+    .await
     .unwrap()
 }
 
@@ -139,7 +141,9 @@ async fn approvals_are_withdrawn_when_their_run_is_cancelled_or_times_out() {
         approval_pending(&mut h).await;
         assert_eq!(e.pending_approvals(), 1);
         if want == RunOutcome::Cancelled {
-            e.cancel_run(&Principal::anonymous(), &h.run_id).unwrap();
+            e.cancel_run(&Principal::anonymous(), &h.run_id)
+                .await
+                .unwrap();
         }
         let report = h.task.await.unwrap();
         assert_eq!(report.outcome, want, "{}", report.reason);
@@ -153,6 +157,7 @@ async fn approvals_are_withdrawn_when_their_run_is_cancelled_or_times_out() {
                 true,
                 String::new()
             )
+            .await
             .is_err(),
             "nothing left to answer"
         );
@@ -164,15 +169,29 @@ async fn approvals_are_withdrawn_when_their_run_is_cancelled_or_times_out() {
 async fn the_run_waits_for_room_before_a_step_until_the_client_reads() {
     use futures::FutureExt;
     use hookwire::agent::approvals::Approvals;
+    use hookwire::agent::ledger::Ledger;
     use hookwire::agent::runner::{AgentRuntime, Run};
     use hookwire::hooks::dispatch::RunHooks;
     use hookwire::hooks::registry::HookRegistry;
+    use hookwire::store::{MemoryStore, NewSession, SessionStore};
 
     let config = Config::parse(&config(&[], ""), "test config").unwrap();
     let models = hookwire::server::build_models(&config).unwrap();
     let inst = Instruments::new(&config.telemetry);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new(Default::default()));
+    let session = store
+        .create_session(&NewSession {
+            id: "s".into(),
+            agent: "a".into(),
+            owner: hookwire::session::ANONYMOUS.into(),
+            extra_hooks: vec![],
+            metadata: Default::default(),
+        })
+        .await
+        .unwrap();
+    let lease = store.begin_run(&session.id, "r", "test").await.unwrap();
     let run = Run::new(
         "r".into(),
         "s".into(),
@@ -193,6 +212,7 @@ async fn the_run_waits_for_room_before_a_step_until_the_client_reads() {
         deadline,
         tx,
         inst,
+        Ledger { store, lease },
     );
     for turn in 0..9 {
         run.emit(RunEvent::TurnStarted { turn });

@@ -82,7 +82,7 @@ rules:
     );
     let model = OpenAiModel::from_config(&model_config(&server.base_url(), "")).unwrap();
     let request = ModelRequest {
-        history: vec![Message::user("hello!")],
+        history: vec![Message::user("hello!")].into(),
         ..Default::default()
     };
     let (r, deltas) = complete(&model, &request).await;
@@ -122,7 +122,7 @@ rules:
     let model = OpenAiModel::from_config(&model_config(&server.base_url(), "")).unwrap();
     let mut request = ModelRequest {
         system_prompt: "You are a travel assistant.".into(),
-        history: vec![Message::user("What's the weather and time in Paris?")],
+        history: vec![Message::user("What's the weather and time in Paris?")].into(),
         tools: weather_tools(),
         ..Default::default()
     };
@@ -205,7 +205,7 @@ rules:
         model: "ignored".into(),
         system_prompt: "Answer in French.".into(),
         extra_context: vec!["Context: doc 42.".into()],
-        history: vec![Message::user("Quel temps fait-il ?")],
+        history: vec![Message::user("Quel temps fait-il ?")].into(),
         tools: weather_tools(),
         temperature: Some(0.25),
         max_tokens: Some(64),
@@ -433,7 +433,7 @@ fn fast_model(server: &FaultServer, extra: &str) -> OpenAiModel {
 
 fn hi() -> ModelRequest {
     ModelRequest {
-        history: vec![Message::user("hi")],
+        history: vec![Message::user("hi")].into(),
         ..Default::default()
     }
 }
@@ -969,7 +969,8 @@ fn after_a_tool_call() -> ModelRequest {
                 content: "sunny, 21C".into(),
                 is_error: false,
             }]),
-        ],
+        ]
+        .into(),
         tools: weather_tools(),
         ..Default::default()
     }
@@ -1058,7 +1059,7 @@ rules:
     let whole =
         OpenAiModel::from_config(&model_config(&server.base_url(), "    stream: false\n")).unwrap();
     let request = ModelRequest {
-        history: vec![Message::user("What's the weather in Paris?")],
+        history: vec![Message::user("What's the weather in Paris?")].into(),
         tools: weather_tools(),
         ..Default::default()
     };

@@ -184,7 +184,7 @@ async fn mtls_callers_are_named_by_their_certificate() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "bob cannot see alice's session");
     assert!(bob
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -195,7 +195,10 @@ async fn mtls_callers_are_named_by_their_certificate() {
     let none = tls_client(&server.addr, &pki.server_ca, None).await;
     let refused = match none {
         Err(_) => true,
-        Ok(mut c) => c.list_sessions(pb::ListSessionsRequest {}).await.is_err(),
+        Ok(mut c) => c
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .is_err(),
     };
     assert!(
         refused,

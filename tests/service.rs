@@ -80,7 +80,7 @@ async fn sessions_list_get_delete() {
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -57,6 +57,8 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
         // Port 0: the ports bound are read back from the log.
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(["--log-format", "json"])
+        .env("HOOKWIRE_DATA_DIR", dir.path())
+        .env_remove("HOOKWIRE_STORE")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)

@@ -65,7 +65,7 @@ echo "── Python hook server (redactor, policy --deny lookup_customer, tools)
 
 # The same config, pointed at the port the hook server got.
 sed "s#http://127.0.0.1:50061#http://127.0.0.1:$port#" "$CONFIG" >"$work/hookwire.yaml"
-"$hookwire" serve --config "$work/hookwire.yaml" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+"$hookwire" serve --config "$work/hookwire.yaml" --data-dir "$work" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
     >"$work/hookwire.log" 2>&1 &
 pids+=($!)
 wait_for "$work/hookwire.log" "hookwire serving" "${pids[-1]}"

@@ -1,5 +1,6 @@
-//! Pending approval requests raised by `ask` verdicts, answered through
-//! AgentService.ResolveApproval.
+//! Approval requests raised by `ask` verdicts. The store records them and
+//! their answers (ResolveApproval may reach any replica); this is the
+//! replica-local side: the runs of this replica waiting for an answer.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -13,6 +14,8 @@ pub struct Decision {
     pub note: String,
 }
 
+/// The replica-local refusal (tests and [`Approvals::deliver`]); callers of
+/// ResolveApproval get the store's answer.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ApprovalError {
     #[error("no pending approval for call `{call_id}` in run `{run_id}` (already answered, timed out, or never asked)")]
@@ -85,9 +88,24 @@ impl Approvals {
         self.entries().retain(|(run, _), _| run != run_id);
     }
 
-    /// Approvals waiting for an answer, over all runs.
+    /// Approvals this replica's runs wait for, over all runs.
     pub fn pending(&self) -> usize {
         self.entries().len()
+    }
+
+    /// Whether a call of a run waits for an answer here (registered, and
+    /// its batch not stopped).
+    pub fn is_pending(&self, run_id: &str, call_id: &str) -> bool {
+        self.entries()
+            .get(&(run_id.to_string(), call_id.to_string()))
+            .is_some_and(|e| !e.stop.as_ref().is_some_and(CancellationToken::is_cancelled))
+    }
+
+    /// Hands a decision the store recorded to the run waiting for it on
+    /// this replica, if any (and its batch has not stopped); whether one was
+    /// waiting.
+    pub fn deliver(&self, run_id: &str, call_id: &str, d: Decision) -> bool {
+        self.resolve(run_id, call_id, d).is_ok()
     }
 
     pub fn resolve(&self, run_id: &str, call_id: &str, d: Decision) -> Result<(), ApprovalError> {

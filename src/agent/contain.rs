@@ -5,9 +5,10 @@
 //! with outcome `failed` and reason [`INTERNAL_ERROR`]: it is logged at error
 //! with the run id and counted in `hookwire_run_panics_total`, its pending
 //! approvals are withdrawn, `run_end` goes to its hooks and their streams
-//! are closed, and the client's `Run` stream / `Invoke` call gets the
-//! result. The caller (the engine) then releases the session as after any
-//! other ending. This relies on unwinding: never build hookwire with
+//! are closed, the run's end is recorded in the store (which frees the
+//! session, ends the lease and denies the run's approvals there too, for
+//! every replica), and the client's `Run` stream / `Invoke` call gets the
+//! result. This relies on unwinding: never build hookwire with
 //! `panic = "abort"`.
 
 use std::any::Any;
@@ -22,6 +23,7 @@ use crate::agent::runner::{drive, Run};
 use crate::event::EventKind;
 use crate::hooks::payload::Payload;
 use crate::message::{Message, Usage};
+use crate::store::{RunEnd, StoreError};
 
 /// The reason a panicked run reports. The details stay in the server log:
 /// a panic message may quote anything, content included.
@@ -29,7 +31,11 @@ pub const INTERNAL_ERROR: &str =
     "internal error: the run stopped on a bug in hookwire (the server log has details under this run id)";
 
 /// [`drive`], with any panic contained to the run.
-pub async fn drive_contained(run: Arc<Run>, transcript: Vec<Message>, input: String) -> RunReport {
+pub async fn drive_contained(
+    run: Arc<Run>,
+    transcript: Arc<Vec<Message>>,
+    input: String,
+) -> RunReport {
     contain(run.clone(), drive(run, transcript, input)).await
 }
 
@@ -40,7 +46,43 @@ pub async fn contain(
 ) -> RunReport {
     match AssertUnwindSafe(driver).catch_unwind().await {
         Ok(report) => report,
-        Err(payload) => panicked(&run, payload.as_ref()),
+        Err(payload) => {
+            let report = panicked(&run, payload.as_ref());
+            record_end(&run, &report).await;
+            announce(&run, &report);
+            report
+        }
+    }
+}
+
+/// Records the panicked run's end in the store, before anyone hears of it:
+/// a client that got the result may start the next run at once. Messages
+/// the run recorded before the panic (settled steps) stay; a tool batch in
+/// flight was staged, not committed, so the transcript stays valid.
+async fn record_end(run: &Run, report: &RunReport) {
+    let end = RunEnd {
+        outcome: report.outcome,
+        reason: report.reason.clone(),
+        usage: report.usage,
+        turns: report.turns,
+    };
+    match AssertUnwindSafe(run.ledger.end(&[], &end))
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(())) => {}
+        // Already ended (the panic came after the end was recorded) or
+        // taken over by another replica: nothing of ours to record.
+        Ok(Err(StoreError::LeaseLost(_))) => {}
+        // The lease then expires and a replica's reaper ends the run
+        // `interrupted`, as for a lost replica.
+        Ok(Err(e)) => {
+            tracing::error!(run_id = %run.run_id, error = %e, "cannot record the end of a panicked run; its lease will expire")
+        }
+        Err(p) => {
+            tracing::error!(run_id = %run.run_id, "recording the end of a panicked run panicked too; its lease will expire");
+            tracing::debug!(panic = %panic_text(p.as_ref()), "panic payload");
+        }
     }
 }
 
@@ -61,7 +103,7 @@ fn panicked(run: &Run, payload: &(dyn Any + Send)) -> RunReport {
     // Nothing may start for this run any more.
     run.cancel.cancel();
     run.approvals.withdraw_run(&run.run_id);
-    let report = RunReport {
+    RunReport {
         run_id: run.run_id.clone(),
         session_id: run.session_id.clone(),
         outcome: RunOutcome::Failed,
@@ -74,7 +116,12 @@ fn panicked(run: &Run, payload: &(dyn Any + Send)) -> RunReport {
         messages: Vec::new(),
         hook_verdicts: quietly(|| run.verdict_records()).unwrap_or_default(),
         finish_reason: String::new(),
-    };
+    }
+}
+
+/// run_end to the run's hooks, their streams closed, the result to the
+/// client.
+fn announce(run: &Run, report: &RunReport) {
     quietly(|| {
         run.hooks.observe(0, EventKind::RunEnd, || Payload::RunEnd {
             outcome: report.outcome,
@@ -86,7 +133,6 @@ fn panicked(run: &Run, payload: &(dyn Any + Send)) -> RunReport {
     });
     quietly(|| run.hooks.close());
     quietly(|| run.emit(RunEvent::Finished(report.clone())));
-    report
 }
 
 /// Runs a clean-up step; a panic in it is logged and otherwise ignored.
@@ -115,16 +161,33 @@ fn panic_text(payload: &(dyn Any + Send)) -> &str {
 mod tests {
     use super::*;
     use crate::agent::approvals::{ApprovalError, Approvals, Decision};
+    use crate::agent::ledger::Ledger;
     use crate::agent::runner::AgentRuntime;
     use crate::config::Config;
     use crate::hooks::dispatch::RunHooks;
     use crate::hooks::payload::EventContext;
     use crate::hooks::registry::HookRegistry;
+    use crate::store::{MemoryStore, NewSession, SessionStore};
     use crate::telemetry::Instruments;
     use tokio::sync::mpsc;
     use tokio::time::{Duration, Instant};
 
-    fn run(approvals: Arc<Approvals>) -> (Arc<Run>, mpsc::Receiver<RunEvent>) {
+    /// A run of session `s1` begun in `store`, as the engine begins one.
+    async fn run(
+        approvals: Arc<Approvals>,
+        store: Arc<dyn SessionStore>,
+    ) -> (Arc<Run>, mpsc::Receiver<RunEvent>) {
+        store
+            .create_session(&NewSession {
+                id: "s1".into(),
+                agent: "a".into(),
+                owner: "o".into(),
+                extra_hooks: vec![],
+                metadata: Default::default(),
+            })
+            .await
+            .unwrap();
+        let lease = store.begin_run("s1", "r1", "me").await.unwrap();
         let config = Config::parse(
             "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\n",
             "test",
@@ -156,6 +219,7 @@ mod tests {
             deadline,
             tx,
             inst,
+            Ledger { store, lease },
         );
         (Arc::new(run), rx)
     }
@@ -163,13 +227,15 @@ mod tests {
     #[tokio::test]
     async fn a_panic_ends_the_run_failed_withdraws_its_approvals_and_tells_the_client() {
         let approvals = Arc::new(Approvals::default());
-        let (run, mut events) = run(approvals.clone());
+        let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::default());
+        let (run, mut events) = run(approvals.clone(), store.clone()).await;
         let other = approvals.register("another-run", "c1", None);
         let r = run.clone();
         let report = contain(run.clone(), async move {
             // A call of this run waits for approval when the run panics (its
             // request guard forgotten, to check the sweep on its own).
             std::mem::forget(r.approvals.register(&r.run_id, "c1", None));
+            r.ledger.request_approval("c1").await.unwrap();
             tokio::task::yield_now().await;
             panic!("injected");
         })
@@ -192,6 +258,22 @@ mod tests {
         );
         assert_eq!(approvals.resolve("another-run", "c1", approve()), Ok(()));
         drop(other);
+        // The store has the end too, for every replica: the session is
+        // free, the run no longer active, its approval no longer pending.
+        let s = store.get_session("s1").await.unwrap();
+        assert_eq!(s.active_run, None, "the session is released in the store");
+        assert!(matches!(
+            store.run_session("r1").await,
+            Err(crate::store::StoreError::RunNotFound(_))
+        ));
+        assert!(matches!(
+            store.resolve_approval("r1", "c1", &approve()).await,
+            Err(crate::store::StoreError::ApprovalNotPending { .. })
+        ));
+        store
+            .begin_run("s1", "r2", "me")
+            .await
+            .expect("the session takes a new run");
         match events.recv().await {
             Some(RunEvent::Finished(r)) => assert_eq!(r, report),
             other => panic!("expected the report, got {other:?}"),
@@ -205,7 +287,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_driver_that_does_not_panic_is_untouched() {
-        let (run, _events) = run(Arc::new(Approvals::default()));
+        let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::default());
+        let (run, _events) = run(Arc::new(Approvals::default()), store.clone()).await;
         let report = contain(run.clone(), async {
             RunReport {
                 run_id: "r1".into(),
@@ -223,6 +306,11 @@ mod tests {
         .await;
         assert_eq!(report.outcome, RunOutcome::Completed);
         assert!(!run.cancel.is_cancelled());
+        assert_eq!(
+            store.get_session("s1").await.unwrap().active_run.as_deref(),
+            Some("r1"),
+            "the driver's own recording is left to it"
+        );
         assert!(!run
             .inst
             .metrics

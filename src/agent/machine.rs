@@ -4,10 +4,12 @@
 //! so it is tested without sockets.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::agent::events::RunEvent;
 use crate::agent::outcome::RunOutcome;
 use crate::event::EventKind;
+use crate::history::History;
 use crate::hooks::failure::HookFailure;
 use crate::message::{Block, Message, ToolResult, ToolSpec, Usage};
 use crate::model::{ModelRequest, ModelResponse, ToolChoice};
@@ -37,6 +39,8 @@ pub enum Stop {
     ModelFailed(String),
     Cancelled(String),
     TimedOut,
+    /// The run's replica can no longer record it (its lease was lost).
+    Interrupted(String),
 }
 
 #[derive(Debug)]
@@ -135,9 +139,12 @@ enum State {
 pub struct Machine {
     template: RequestTemplate,
     max_turns: u32,
-    /// Transcript before the run, then the run's committed messages.
-    history: Vec<Message>,
+    /// Transcript before the run (shared, never copied), then the run's
+    /// committed messages.
+    history: History,
     run_from: usize,
+    /// History before this index is recorded in the store.
+    flushed: usize,
     turn: u32,
     usage: Usage,
     finish_reason: String,
@@ -154,15 +161,16 @@ impl Machine {
     pub fn new(
         template: RequestTemplate,
         max_turns: u32,
-        transcript: Vec<Message>,
+        transcript: Arc<Vec<Message>>,
         input: String,
     ) -> Machine {
         let run_from = transcript.len();
         Machine {
             template,
             max_turns,
-            history: transcript,
+            history: History::new(transcript),
             run_from,
+            flushed: run_from,
             turn: 0,
             usage: Usage::default(),
             finish_reason: String::new(),
@@ -187,6 +195,16 @@ impl Machine {
     /// Events produced by the last transition, for the client.
     pub fn drain_events(&mut self) -> impl Iterator<Item = RunEvent> + '_ {
         self.events.drain(..)
+    }
+
+    /// Messages committed to history since the last call, for the runner
+    /// to record; each is handed out once.
+    pub fn take_committed(&mut self) -> &[Message] {
+        let from = self.flushed;
+        self.flushed = self.history.len();
+        // Only the run's own messages are ever committed (`flushed` starts
+        // at the end of the transcript).
+        self.history.after_prefix(from).unwrap_or_default()
     }
 
     /// The first step. `Started` is the run's first event, before any hook
@@ -318,8 +336,10 @@ impl Machine {
     }
 
     /// Ends the run from whatever step is pending (e.g. a hook's protocol
-    /// violation detected between steps): that step's work is discarded as
-    /// if it had returned `stop`.
+    /// violation detected between steps, or a write the store refused):
+    /// that step's work is discarded as if it had returned `stop`, and
+    /// nothing committed after the last [`Machine::take_committed`] is kept
+    /// (it could not be recorded).
     pub fn abort(&mut self, stop: Stop) -> Step {
         match std::mem::replace(&mut self.state, State::Done) {
             State::Done => self.finish(
@@ -327,7 +347,10 @@ impl Machine {
                 "internal error: run aborted after it ended".into(),
                 String::new(),
             ),
-            _ => self.stop(stop),
+            _ => {
+                self.history.truncate(self.flushed);
+                self.stop(stop)
+            }
         }
     }
 
@@ -346,7 +369,8 @@ impl Machine {
         Step::ModelRequest(self.baseline())
     }
 
-    /// The request before hooks: agent template plus the run's history.
+    /// The request before hooks: agent template plus the run's history (the
+    /// transcript shared, only the run's own messages copied).
     fn baseline(&self) -> ModelRequest {
         let t = &self.template;
         ModelRequest {
@@ -390,6 +414,7 @@ impl Machine {
                 "run exceeded its run_timeout".into(),
                 String::new(),
             ),
+            Stop::Interrupted(r) => self.finish(RunOutcome::Interrupted, r, String::new()),
         }
     }
 
@@ -399,7 +424,11 @@ impl Machine {
             outcome,
             reason,
             final_text,
-            messages: self.history[self.run_from..].to_vec(),
+            messages: self
+                .history
+                .after_prefix(self.run_from)
+                .unwrap_or_default()
+                .to_vec(),
             usage: self.usage,
             turns: self.turn,
             finish_reason: self.finish_reason.clone(),
@@ -428,7 +457,10 @@ mod tests {
                 ..Default::default()
             },
             max_turns,
-            vec![Message::user("old"), Message::assistant_text("old answer")],
+            Arc::new(vec![
+                Message::user("old"),
+                Message::assistant_text("old answer"),
+            ]),
             "hi".into(),
         )
     }
@@ -510,6 +542,40 @@ mod tests {
         assert_eq!(e.messages, vec![Message::user("hi!"), msg]);
         assert_eq!(e.usage.output_tokens, 2);
         assert_eq!(e.turns, 1);
+    }
+
+    #[test]
+    fn every_request_shares_the_transcript_instead_of_copying_it() {
+        let transcript = Arc::new(vec![
+            Message::user("old"),
+            Message::assistant_text("old answer"),
+        ]);
+        let mut m = Machine::new(
+            RequestTemplate::default(),
+            4,
+            transcript.clone(),
+            "hi".into(),
+        );
+        m.start();
+        let Step::ModelRequest(first) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(first.clone()))));
+        m.feed(Feed::Model(Ok(text_response("bad"))));
+        let Step::ModelRequest(second) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Retry(
+            "again".into(),
+        )))) else {
+            panic!()
+        };
+        let shared = History::new(transcript.clone());
+        assert!(first.history.shares_prefix_with(&shared));
+        assert!(second.history.shares_prefix_with(&shared));
+        assert_eq!(second.history.len(), 4, "old, old answer, hi, again");
+        assert_eq!(
+            transcript.len(),
+            2,
+            "the transcript itself is never changed"
+        );
     }
 
     #[test]
@@ -619,6 +685,45 @@ mod tests {
     }
 
     #[test]
+    fn commits_are_handed_out_once_per_step_and_abort_keeps_only_recorded_ones() {
+        let mut m = machine(4);
+        m.start();
+        assert!(
+            m.take_committed().is_empty(),
+            "the old transcript is not new"
+        );
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        assert_eq!(m.take_committed(), &[Message::user("hi")]);
+        assert!(m.take_committed().is_empty());
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        let Step::ToolBatch(msg) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+        else {
+            panic!()
+        };
+        assert!(
+            m.take_committed().is_empty(),
+            "a turn commits with its batch"
+        );
+        m.feed(Feed::ToolBatch(Ok(BatchDecision::Settled(vec![
+            result("a"),
+            result("b"),
+        ]))));
+        // The batch is committed in the machine but its recording failed.
+        let e = finish(m.abort(Stop::Interrupted("lease lost".into())));
+        assert_eq!(e.outcome, RunOutcome::Interrupted);
+        assert_eq!(
+            e.messages,
+            vec![Message::user("hi")],
+            "{msg:?} was never recorded"
+        );
+    }
+
+    #[test]
     fn abort_ends_the_run_from_any_step_and_commits_nothing_of_the_turn() {
         let failure = || {
             Stop::HookFailed(HookFailure {
@@ -637,6 +742,8 @@ mod tests {
         let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
             panic!()
         };
+        // As the runner does after each step: the input is recorded.
+        assert_eq!(m.take_committed(), &[Message::user("hi")]);
         m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
         let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
             panic!()

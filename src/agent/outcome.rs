@@ -12,6 +12,9 @@ pub enum RunOutcome {
     HookFailed,
     ModelFailed,
     TimedOut,
+    /// The replica running it was lost (or lost its lease); another replica
+    /// ended it. Tools are never replayed.
+    Interrupted,
 }
 
 impl RunOutcome {
@@ -25,6 +28,7 @@ impl RunOutcome {
             RunOutcome::HookFailed => "hook_failed",
             RunOutcome::ModelFailed => "model_failed",
             RunOutcome::TimedOut => "timed_out",
+            RunOutcome::Interrupted => "interrupted",
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::batch::{run_batch, BatchStop, CallOutcome};
 use crate::agent::client_queue::{ClientQueue, Refused, Unwritable};
 use crate::agent::events::{RunEvent, RunReport};
+use crate::agent::ledger::Ledger;
 use crate::agent::machine::*;
 use crate::agent::outcome::RunOutcome;
 use crate::agent::tools::{process_call, screen_call};
@@ -67,7 +68,8 @@ pub struct Run {
     pub approvals: Arc<Approvals>,
     pub deadline: Instant,
     pub cancel: CancellationToken,
-    cancel_reason: Mutex<Option<String>>,
+    /// Why the run was stopped from outside (cancelled, or interrupted).
+    cancel_reason: Mutex<Option<Stop>>,
     /// Bounded (`server.run_event_buffer`): see [`Run::emit`].
     events: ClientQueue,
     records: Mutex<Vec<VerdictRecord>>,
@@ -75,6 +77,8 @@ pub struct Run {
     /// (a final answer's, under blocking turn_end hooks, until those do).
     held: Mutex<Vec<String>>,
     pub inst: Instruments,
+    /// Where the run records what it commits, under its lease.
+    pub ledger: Ledger,
     /// What this run's spans show of its content (sticky redactions).
     pub content: ContentView,
 }
@@ -92,6 +96,7 @@ impl Run {
         deadline: Instant,
         events: mpsc::Sender<RunEvent>,
         inst: Instruments,
+        ledger: Ledger,
     ) -> Run {
         Run {
             run_id,
@@ -109,6 +114,7 @@ impl Run {
             held: Mutex::new(Vec::new()),
             content: ContentView::new(inst.content),
             inst,
+            ledger,
         }
     }
 
@@ -121,10 +127,19 @@ impl Run {
     }
 
     pub fn cancel(&self, reason: &str) {
+        self.stop_from_outside(Stop::Cancelled(reason.to_string()));
+    }
+
+    /// Stops the run because this replica can no longer record it.
+    pub fn interrupt(&self, reason: &str) {
+        self.stop_from_outside(Stop::Interrupted(reason.to_string()));
+    }
+
+    fn stop_from_outside(&self, stop: Stop) {
         self.cancel_reason
             .lock()
-            .unwrap()
-            .get_or_insert_with(|| reason.to_string());
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(stop);
         self.cancel.cancel();
     }
 
@@ -242,9 +257,18 @@ impl Run {
             return Some(CallOutcome::Halted);
         }
         let timeout = ask.timeout.unwrap_or(self.agent.config.approval_timeout);
+        // Waiting locally before the request is recorded, so an answer
+        // delivered right after it is never missed. The local request is
+        // withdrawn when dropped, however the wait ends (answered, timed
+        // out, batch stopped, or the run cancelled or out of time mid-wait);
+        // the store's record of a request left pending is denied when the
+        // run's end is recorded.
         let mut pending =
             self.approvals
                 .register(&self.run_id, &call.id, Some(stop.token().clone()));
+        if let Err(s) = self.ledger.request_approval(&call.id).await {
+            return Some(CallOutcome::Stop(s));
+        }
         self.emit(RunEvent::ApprovalRequested {
             turn,
             index,
@@ -257,18 +281,30 @@ impl Run {
         let until = Instant::now()
             .checked_add(timeout)
             .map_or(self.deadline, |t| t.min(self.deadline));
-        let decision = tokio::select! {
+        let waited = tokio::select! {
             biased;
-            _ = stop.stopped() => return Some(CallOutcome::Halted),
-            d = tokio::time::timeout_at(until, &mut pending.answer) => d,
+            _ = stop.stopped() => None,
+            d = tokio::time::timeout_at(until, &mut pending.answer) => Some(d),
         };
         drop(pending);
+        let decision = match waited {
+            // The batch stopped: the request is withdrawn in the store too,
+            // so a ResolveApproval on any replica now answers NOT_FOUND.
+            None => {
+                let _ = self.ledger.expire_approval(&call.id).await;
+                return Some(CallOutcome::Halted);
+            }
+            Some(Ok(Ok(d))) => Some(d),
+            // Timed out: unless an answer was recorded at the last moment
+            // (the store decides which came first), it is denied.
+            Some(_) => self.ledger.expire_approval(&call.id).await,
+        };
         match decision {
-            Ok(Ok(Decision { approve: true, .. })) => None,
-            Ok(Ok(Decision {
+            Some(Decision { approve: true, .. }) => None,
+            Some(Decision {
                 approve: false,
                 note,
-            })) => denied(if note.is_empty() {
+            }) => denied(if note.is_empty() {
                 format!("the user denied the call of tool `{}`", call.name)
             } else {
                 format!("the user denied the call of tool `{}`: {note}", call.name)
@@ -295,9 +331,12 @@ impl Run {
     async fn guarded<T>(&self, fut: impl Future<Output = Result<T, Stop>>) -> Result<T, Stop> {
         tokio::select! {
             biased;
-            _ = self.cancel.cancelled() => Err(Stop::Cancelled(
-                self.cancel_reason.lock().unwrap().clone().unwrap_or_else(|| "cancelled".into()),
-            )),
+            _ = self.cancel.cancelled() => Err(self
+                .cancel_reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_else(|| Stop::Cancelled("cancelled".into()))),
             _ = tokio::time::sleep_until(self.deadline) => Err(Stop::TimedOut),
             r = fut => r,
         }
@@ -313,8 +352,9 @@ fn terminate(hook: String, t: crate::hooks::verdict::Terminate) -> Stop {
 }
 
 /// Drives one run to its end and returns its report (also sent as the last
-/// event).
-pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> RunReport {
+/// event). `transcript` is the session's committed history, shared (with
+/// the transcript cache and every model request of the run), never copied.
+pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) -> RunReport {
     let cfg = &run.agent.config;
     let tools = Arc::new(run.agent.tools(&run.registry));
     let template = RequestTemplate {
@@ -430,27 +470,35 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
                 Feed::ModelResponse(r)
             }
             Step::ToolBatch(message) => {
+                // The turn is recorded as in flight before any tool starts:
+                // if this replica dies, its calls get synthetic results
+                // rather than vanish (and are never replayed).
+                let staged = run.ledger.stage_turn(Some(&message)).await;
                 let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
                 let concurrency = cfg.tool_concurrency;
-                let r = run
-                    .guarded(run_batch(
-                        calls.len(),
-                        concurrency,
-                        |i| screen_call(&run, turn, &calls[i], &offered),
-                        |i, stop| {
-                            let span = spans::execute_tool(&calls[i].name, &calls[i].id);
-                            process_call(
-                                run.clone(),
-                                turn,
-                                i as u32,
-                                calls[i].clone(),
-                                offered.clone(),
-                                stop,
-                            )
-                            .instrument(span)
-                        },
-                    ))
-                    .await;
+                let r = match staged {
+                    Err(stop) => Err(stop),
+                    Ok(()) => {
+                        run.guarded(run_batch(
+                            calls.len(),
+                            concurrency,
+                            |i| screen_call(&run, turn, &calls[i], &offered),
+                            |i, stop| {
+                                let span = spans::execute_tool(&calls[i].name, &calls[i].id);
+                                process_call(
+                                    run.clone(),
+                                    turn,
+                                    i as u32,
+                                    calls[i].clone(),
+                                    offered.clone(),
+                                    stop,
+                                )
+                                .instrument(span)
+                            },
+                        ))
+                        .await
+                    }
+                };
                 Feed::ToolBatch(r)
             }
             Step::TurnEnd(message) => {
@@ -491,6 +539,16 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
             }
         };
         step = machine.feed(feed);
+        // Record what this step committed before the next one starts (the
+        // last step's commit goes with the run's end).
+        if !matches!(step, Step::Finish(_)) {
+            let committed = machine.take_committed();
+            if !committed.is_empty() {
+                if let Err(stop) = run.ledger.append(committed).await {
+                    step = machine.abort(stop);
+                }
+            }
+        }
     };
     // Deltas of a turn that was never accepted (a hook failure, a timeout,
     // a cancel after they were streamed) are withdrawn too.
@@ -499,10 +557,35 @@ pub async fn drive(run: Arc<Run>, transcript: Vec<Message>, input: String) -> Ru
         ending.outcome
     );
     retract(&run, &mut provisional, &reason);
+    let ending = record_end(&run, &mut machine, ending).await;
     for ev in machine.drain_events() {
         run.deliver(ev).await;
     }
     finish(&run, ending)
+}
+
+/// Records the run's end with its last commit. A replica that lost the
+/// lease records nothing: the run is reported `interrupted`, with only
+/// what was recorded before.
+async fn record_end(run: &Run, machine: &mut Machine, mut ending: Ending) -> Ending {
+    let tail = machine.take_committed().to_vec();
+    let end = crate::store::RunEnd {
+        outcome: ending.outcome,
+        reason: ending.reason.clone(),
+        usage: ending.usage,
+        turns: ending.turns,
+    };
+    if let Err(e) = run.ledger.end(&tail, &end).await {
+        tracing::warn!(run = %run.run_id, error = %e, "cannot record the run's end");
+        if let Stop::Interrupted(reason) = crate::agent::ledger::stop_for(&e) {
+            let keep = ending.messages.len().saturating_sub(tail.len());
+            ending.messages.truncate(keep);
+            ending.outcome = RunOutcome::Interrupted;
+            ending.reason = reason;
+            ending.final_text.clear();
+        }
+    }
+    ending
 }
 
 /// Tells the client that the deltas of the provisional turn (pass mode) do

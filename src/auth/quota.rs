@@ -1,20 +1,22 @@
 //! Limits per principal: sessions owned, runs in flight, runs started per
-//! minute. Counted in this replica (sessions are counted from the store,
-//! plus creations in progress so two concurrent creates cannot both take
-//! the last slot). Refusals name the limit.
+//! minute. The counts come from the session store, so they hold across
+//! replicas that share it (the engine reads them before each creation or
+//! start); this ledger adds what is in progress on this replica between
+//! that read and the store's record, so two concurrent creations or starts
+//! here cannot both take the last slot. Two replicas starting at the very
+//! same moment can each take it once (the read and the record are not one
+//! transaction). Refusals name the limit.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-// tokio's clock, so the per-minute window can be tested with a paused clock.
-use tokio::time::Instant;
 
 use crate::config::Quotas;
 
 use super::principal::Principal;
 
-const WINDOW: Duration = Duration::from_secs(60);
+/// The `runs_per_minute` window.
+pub const WINDOW: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("quota `{limit}` reached ({max}) for principal `{principal}`{hint}")]
@@ -25,35 +27,44 @@ pub struct QuotaExceeded {
     pub hint: &'static str,
 }
 
-#[derive(Default, Debug)]
-struct Usage {
-    creating: u32,
-    running: u32,
-    starts: VecDeque<Instant>,
+/// What a principal holds according to the store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    pub sessions: u64,
+    pub active_runs: u64,
+    /// Runs started within [`WINDOW`].
+    pub recent_runs: u64,
 }
 
-impl Usage {
-    fn idle(&self) -> bool {
-        self.creating == 0 && self.running == 0 && self.starts.is_empty()
-    }
+/// Creations and starts in progress on this replica, not yet in the store.
+#[derive(Default, Debug)]
+struct InProgress {
+    creating: u64,
+    starting: u64,
 }
 
 #[derive(Default, Debug)]
 pub struct QuotaLedger {
     limits: Quotas,
-    usage: Mutex<HashMap<String, Usage>>,
+    usage: Mutex<HashMap<String, InProgress>>,
 }
 
-/// Held while a session is being created; releases its slot when dropped.
+/// Held while a session is being created; releases its slot when dropped
+/// (once the store has the session, or the creation failed).
 #[derive(Debug)]
 pub struct CreatingSlot {
     ledger: Option<(Arc<QuotaLedger>, String)>,
 }
 
-/// Held for the life of a run; frees the concurrent-run slot when dropped.
+/// Held while a run is being started; releases its slot when dropped (once
+/// the store has the run, which then counts there, or the start failed).
 #[derive(Debug)]
-pub struct RunSlot {
+pub struct StartingSlot {
     ledger: Option<(Arc<QuotaLedger>, String)>,
+}
+
+fn over(held: u64, in_progress: u64, max: u32) -> bool {
+    held.saturating_add(in_progress) >= u64::from(max)
 }
 
 impl QuotaLedger {
@@ -64,36 +75,37 @@ impl QuotaLedger {
         }
     }
 
-    fn with<R>(&self, who: &str, f: impl FnOnce(&mut Usage) -> R) -> R {
+    /// Whether creations need the store's count (`max_sessions` is set).
+    pub fn limits_sessions(&self) -> bool {
+        self.limits.max_sessions.is_some()
+    }
+
+    /// Whether starts need the store's counts.
+    pub fn limits_runs(&self) -> bool {
+        self.limits.max_concurrent_runs.is_some() || self.limits.runs_per_minute.is_some()
+    }
+
+    fn with<R>(&self, who: &str, f: impl FnOnce(&mut InProgress) -> R) -> R {
         let mut g = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         let u = g.entry(who.to_string()).or_default();
-        let now = Instant::now();
-        while u
-            .starts
-            .front()
-            .is_some_and(|t| now.duration_since(*t) >= WINDOW)
-        {
-            u.starts.pop_front();
-        }
         let r = f(u);
-        if u.idle() {
+        if u.creating == 0 && u.starting == 0 {
             g.remove(who);
         }
         r
     }
 
-    /// Reserves a session slot, given how many sessions `p` owns now.
+    /// Reserves a session slot, given what `p` holds in the store now.
     pub fn begin_session(
         self: &Arc<Self>,
         p: &Principal,
-        owned: usize,
+        held: Held,
     ) -> Result<CreatingSlot, QuotaExceeded> {
         let Some(max) = self.limits.max_sessions else {
             return Ok(CreatingSlot { ledger: None });
         };
         self.with(&p.name, |u| {
-            let used = owned.saturating_add(u.creating as usize);
-            if used >= max as usize {
+            if over(held.sessions, u.creating, max) {
                 return Err(QuotaExceeded {
                     limit: "max_sessions",
                     max,
@@ -108,14 +120,18 @@ impl QuotaLedger {
         })
     }
 
-    /// Takes a concurrent-run slot and a start in the per-minute window.
-    pub fn begin_run(self: &Arc<Self>, p: &Principal) -> Result<RunSlot, QuotaExceeded> {
-        if self.limits.max_concurrent_runs.is_none() && self.limits.runs_per_minute.is_none() {
-            return Ok(RunSlot { ledger: None });
+    /// Reserves a run start, given what `p` holds in the store now.
+    pub fn begin_run(
+        self: &Arc<Self>,
+        p: &Principal,
+        held: Held,
+    ) -> Result<StartingSlot, QuotaExceeded> {
+        if !self.limits_runs() {
+            return Ok(StartingSlot { ledger: None });
         }
         self.with(&p.name, |u| {
             if let Some(max) = self.limits.max_concurrent_runs {
-                if u.running >= max {
+                if over(held.active_runs, u.starting, max) {
                     return Err(QuotaExceeded {
                         limit: "max_concurrent_runs",
                         max,
@@ -125,7 +141,7 @@ impl QuotaLedger {
                 }
             }
             if let Some(max) = self.limits.runs_per_minute {
-                if u.starts.len() >= max as usize {
+                if over(held.recent_runs, u.starting, max) {
                     return Err(QuotaExceeded {
                         limit: "runs_per_minute",
                         max,
@@ -134,11 +150,8 @@ impl QuotaLedger {
                     });
                 }
             }
-            u.running += 1;
-            if self.limits.runs_per_minute.is_some() {
-                u.starts.push_back(Instant::now());
-            }
-            Ok(RunSlot {
+            u.starting += 1;
+            Ok(StartingSlot {
                 ledger: Some((self.clone(), p.name.clone())),
             })
         })
@@ -153,10 +166,10 @@ impl Drop for CreatingSlot {
     }
 }
 
-impl Drop for RunSlot {
+impl Drop for StartingSlot {
     fn drop(&mut self) {
         if let Some((l, who)) = self.ledger.take() {
-            l.with(&who, |u| u.running = u.running.saturating_sub(1));
+            l.with(&who, |u| u.starting = u.starting.saturating_sub(1));
         }
     }
 }
@@ -165,8 +178,8 @@ impl Drop for RunSlot {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn limits_are_per_principal_and_released() {
+    #[test]
+    fn limits_are_per_principal_and_count_what_is_in_progress() {
         let l = Arc::new(QuotaLedger::new(Quotas {
             max_sessions: Some(1),
             max_concurrent_runs: Some(1),
@@ -174,25 +187,64 @@ mod tests {
         }));
         let a = Principal::new("a", Vec::<String>::new());
         let b = Principal::new("b", Vec::<String>::new());
-        let s = l.begin_session(&a, 0).unwrap();
-        assert_eq!(l.begin_session(&a, 0).unwrap_err().limit, "max_sessions");
-        assert!(l.begin_session(&b, 0).is_ok());
+        let none = Held::default();
+        // A creation in progress takes the last slot until it is dropped.
+        let s = l.begin_session(&a, none).unwrap();
+        assert_eq!(l.begin_session(&a, none).unwrap_err().limit, "max_sessions");
+        assert!(l.begin_session(&b, none).is_ok());
         drop(s);
-        assert_eq!(l.begin_session(&a, 1).unwrap_err().limit, "max_sessions");
-        let r = l.begin_run(&a).unwrap();
-        assert_eq!(l.begin_run(&a).unwrap_err().limit, "max_concurrent_runs");
+        assert!(l.begin_session(&a, none).is_ok());
+        // What the store holds counts as well.
+        let one_session = Held {
+            sessions: 1,
+            ..none
+        };
+        assert_eq!(
+            l.begin_session(&a, one_session).unwrap_err().limit,
+            "max_sessions"
+        );
+        // Runs: a start in progress, then runs the store counts.
+        let r = l.begin_run(&a, none).unwrap();
+        assert_eq!(
+            l.begin_run(&a, none).unwrap_err().limit,
+            "max_concurrent_runs"
+        );
         drop(r);
-        let r = l.begin_run(&a).unwrap();
-        drop(r);
-        let e = l.begin_run(&a).unwrap_err();
+        let running = Held {
+            active_runs: 1,
+            recent_runs: 1,
+            ..none
+        };
+        assert_eq!(
+            l.begin_run(&a, running).unwrap_err().limit,
+            "max_concurrent_runs"
+        );
+        let two_recent = Held {
+            recent_runs: 2,
+            ..none
+        };
+        let e = l.begin_run(&a, two_recent).unwrap_err();
         assert_eq!(e.limit, "runs_per_minute");
         assert!(
             e.to_string()
                 .contains("quota `runs_per_minute` reached (2)"),
             "{e}"
         );
-        assert!(l.begin_run(&b).is_ok());
-        tokio::time::advance(WINDOW).await;
-        assert!(l.begin_run(&a).is_ok(), "the window moved on");
+        assert!(l.begin_run(&b, none).is_ok(), "b's own quota");
+        assert!(l.begin_run(&a, none).is_ok(), "all released");
+    }
+
+    #[test]
+    fn without_limits_nothing_is_counted() {
+        let l = Arc::new(QuotaLedger::new(Quotas::default()));
+        let a = Principal::new("a", Vec::<String>::new());
+        assert!(!l.limits_sessions() && !l.limits_runs());
+        let lots = Held {
+            sessions: 1_000_000,
+            active_runs: 1_000_000,
+            recent_runs: 1_000_000,
+        };
+        assert!(l.begin_session(&a, lots).is_ok());
+        assert!(l.begin_run(&a, lots).is_ok());
     }
 }

@@ -278,16 +278,30 @@ fn ask_approval(a: &pb::ApprovalRequested, json: bool) -> anyhow::Result<Option<
 pub async fn sessions(addr: &str, opts: &ServerOpts, action: SessionsAction) -> anyhow::Result<()> {
     let mut client = connect(addr, opts).await?;
     match action {
-        SessionsAction::List => {
-            let r = client
-                .list_sessions(pb::ListSessionsRequest {})
-                .await
-                .map_err(status_err)?
-                .into_inner();
-            if r.sessions.is_empty() {
+        SessionsAction::List { agent } => {
+            // Every page, oldest first.
+            let mut sessions = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let r = client
+                    .list_sessions(pb::ListSessionsRequest {
+                        page_size: 0,
+                        page_token: page_token.clone(),
+                        agent: agent.clone().unwrap_or_default(),
+                    })
+                    .await
+                    .map_err(status_err)?
+                    .into_inner();
+                sessions.extend(r.sessions);
+                if r.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = r.next_page_token;
+            }
+            if sessions.is_empty() {
                 println!("no sessions");
             }
-            for s in r.sessions {
+            for s in sessions {
                 println!(
                     "{}  agent={}  owner={}  runs={}{}",
                     s.id,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, StoreSetting};
 use crate::event::EventKind;
 use crate::telemetry::LogFormat;
 
@@ -62,6 +62,18 @@ pub enum Command {
         /// Log line format (logs go to stdout).
         #[arg(long, env = "HOOKWIRE_LOG_FORMAT", value_enum, default_value = "text")]
         log_format: LogFormat,
+        /// Where sessions live: memory, sqlite:///path/to/file.db or
+        /// postgres://user@host:5432/db (password from PGPASSWORD; only this
+        /// variable, not the flag, may carry one in the URL). Overrides
+        /// `store:` in the config.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// Directory of the default store (SQLite file `hookwire.db`), used
+        /// when neither --store nor `store:` is given. Default:
+        /// $XDG_DATA_HOME/hookwire, else ~/.local/share/hookwire, else
+        /// ./.hookwire.
+        #[arg(long, env = "HOOKWIRE_DATA_DIR", value_name = "DIR")]
+        data_dir: Option<PathBuf>,
     },
     /// Run one prompt against a server and render the streamed timeline.
     Run {
@@ -152,7 +164,12 @@ pub enum Command {
 
 #[derive(Subcommand, Debug)]
 pub enum SessionsAction {
-    List,
+    /// List sessions (all pages), oldest first.
+    List {
+        /// Only sessions of this agent.
+        #[arg(long)]
+        agent: Option<String>,
+    },
     /// Show a session with its transcript.
     Show {
         id: String,
@@ -276,10 +293,14 @@ pub enum ConfigAction {
     ///
     /// The same checks, in the same order: the file (with the environment's
     /// endpoint overrides), the trace exporter, every model (URLs, headers,
-    /// API key variables), every hook endpoint, then the hook servers that
-    /// answer Describe within 3 s, whose tools must not be owned twice. An
-    /// unreachable hook server is reported but, as for `serve`, not an
-    /// error.
+    /// API key variables), every hook endpoint, the store setting (the one
+    /// serve would use without --store: HOOKWIRE_STORE, `store:`, else
+    /// SQLite in HOOKWIRE_DATA_DIR or the default data directory; checked
+    /// without connecting: a Postgres URL the driver accepts, its
+    /// password_env set, a SQLite path that can hold the file), then the
+    /// hook servers that answer Describe within 3 s, whose tools must not be
+    /// owned twice. An unreachable hook server is reported but, as for
+    /// `serve`, not an error.
     Check {
         file: PathBuf,
         /// Do not contact hook servers (so tool ownership is not checked).
@@ -302,6 +323,8 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             listen,
             admin_listen,
             log_format,
+            store,
+            data_dir,
         } => {
             // Without a config, the demo hook server runs beside hookwire
             // (its own loopback port) and is called over gRPC like any hook.
@@ -318,6 +341,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 (None, Some(demo)) => demo.config()?,
                 (None, None) => Config::embedded_default(),
             };
+            cfg.store = Some(resolve_store(store, cfg.store.take(), data_dir)?);
             let telemetry = crate::telemetry::init(&cfg.telemetry, log_format)?;
             match fd_limit::raise() {
                 Ok(Some((from, to))) => {
@@ -478,6 +502,49 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The store `serve` uses: --store, else HOOKWIRE_STORE (which alone may
+/// carry a password), else the config's `store:`, else SQLite in the data
+/// directory.
+fn resolve_store(
+    flag: Option<String>,
+    configured: Option<StoreSetting>,
+    data_dir: Option<PathBuf>,
+) -> anyhow::Result<StoreSetting> {
+    if let Some(url) = flag {
+        return StoreSetting::parse(&url, false).map_err(|e| anyhow::anyhow!("--store: {e}"));
+    }
+    if let Some(url) = std::env::var("HOOKWIRE_STORE")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        return StoreSetting::parse(&url, true).map_err(|e| anyhow::anyhow!("HOOKWIRE_STORE: {e}"));
+    }
+    if let Some(s) = configured {
+        return Ok(s);
+    }
+    let dir = data_dir.unwrap_or_else(default_data_dir);
+    Ok(StoreSetting::Sqlite {
+        path: dir.join("hookwire.db"),
+    })
+}
+
+/// Per-user data (XDG): sessions outlive the checkout or the build that
+/// made them, and never land in a source tree by accident.
+fn default_data_dir() -> PathBuf {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(x) = env("XDG_DATA_HOME") {
+        return x.join("hookwire");
+    }
+    if let Some(h) = env("HOME") {
+        return h.join(".local/share/hookwire");
+    }
+    PathBuf::from(".hookwire")
+}
+
 /// `hookwire config check`: `serve`'s start-up checks, without listening.
 async fn check_config(
     file: &std::path::Path,
@@ -485,7 +552,7 @@ async fn check_config(
     skip_files: bool,
 ) -> anyhow::Result<()> {
     let cfg = Config::load(file)?;
-    let cfg = if skip_files {
+    let mut cfg = if skip_files {
         crate::server::preflight::without_files(&cfg)
     } else {
         // Authentication and TLS as `serve` sets them up on `listen:`.
@@ -498,15 +565,31 @@ async fn check_config(
         tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::sink),
     )?;
     telemetry.shutdown().await;
+    // The store serve would use without --store: HOOKWIRE_STORE, the
+    // file's `store:`, else SQLite in HOOKWIRE_DATA_DIR or the default.
+    let data_dir = std::env::var_os("HOOKWIRE_DATA_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    cfg.store = Some(resolve_store(None, cfg.store.take(), data_dir)?);
     let describe = (!offline).then_some(crate::server::preflight::STARTUP_DESCRIBE);
     let inst = crate::telemetry::Instruments::new(&cfg.telemetry);
-    let engine = crate::server::preflight::engine(&cfg, inst, describe).await?;
+    let engine = crate::server::preflight::engine(
+        &cfg,
+        inst,
+        describe,
+        crate::server::preflight::StoreUse::CheckOnly,
+    )
+    .await?;
     println!(
         "{}: ok ({} models, {} hooks, {} agents)",
         file.display(),
         cfg.models.len(),
         cfg.hooks.len(),
         cfg.agents.len()
+    );
+    println!(
+        "  store {}: setting checked, not opened (config check never connects to a database)",
+        crate::server::preflight::store_setting(&cfg)
     );
     for h in engine.hooks() {
         let line = match (&h.description, offline) {

@@ -309,6 +309,24 @@ impl Config {
             }
         }
 
+        if self.server.run_lease < std::time::Duration::from_secs(1) {
+            errs.push((
+                "server.run_lease".into(),
+                "must be at least 1s (the lease is renewed every third of it)".into(),
+            ));
+        }
+        if self.server.session_ttl.is_some_and(|t| t.is_zero()) {
+            errs.push((
+                "server.session_ttl".into(),
+                "must be greater than zero (leave it out to keep idle sessions)".into(),
+            ));
+        }
+        if self.server.max_transcript_bytes == 0 {
+            errs.push((
+                "server.max_transcript_bytes".into(),
+                "must be greater than zero".into(),
+            ));
+        }
         if self.server.run_event_buffer < super::MIN_RUN_EVENT_BUFFER {
             errs.push((
                 "server.run_event_buffer".into(),

@@ -7,6 +7,7 @@
 mod env;
 mod load;
 mod security;
+mod store;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use crate::model::scripted::Rule;
 
 pub use load::{ConfigError, EMBEDDED_DEFAULT};
 pub use security::*;
+pub use store::StoreSetting;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
@@ -41,6 +43,10 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub server: ServerConfig,
+    /// Where sessions live (see [`StoreSetting`]). Unset: `hookwire serve`
+    /// uses SQLite in its data directory; the library's `serve` uses memory.
+    #[serde(default)]
+    pub store: Option<StoreSetting>,
     /// TLS on the gRPC port; plaintext when absent.
     pub tls: Option<ServerTls>,
     /// How callers authenticate; `none` (loopback only) when absent.
@@ -353,6 +359,8 @@ pub struct TelemetryConfig {
 
 pub const DEFAULT_MAX_INPUT_BYTES: usize = 256 * 1024;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
+pub const DEFAULT_RUN_LEASE: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_TRANSCRIPT_BYTES: u64 = 8 * 1024 * 1024;
 pub const DEFAULT_RUN_EVENT_BUFFER: usize = 1024;
 pub const DEFAULT_CLIENT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Smallest `server.run_event_buffer`: one step's events must fit in half.
@@ -368,6 +376,20 @@ pub struct ServerConfig {
     /// How long in-flight runs may finish after SIGTERM before cancellation.
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// How long a run's lease lasts; its replica renews it every third of
+    /// that. When a replica dies, another ends its runs `interrupted` once
+    /// their lease expired.
+    #[serde(default = "default_run_lease", with = "humantime_serde")]
+    pub run_lease: Duration,
+    /// Idle sessions (no run, no activity) are deleted after this long,
+    /// firing session_end with reason `expired`. Unset: kept until deleted.
+    #[serde(default, with = "humantime_serde")]
+    pub session_ttl: Option<Duration>,
+    /// Largest transcript per session (bytes of stored messages). A run
+    /// cannot start on a session at the limit, and a run whose commit would
+    /// pass it ends `failed`; a run's final commit is never refused.
+    #[serde(default = "default_max_transcript")]
+    pub max_transcript_bytes: u64,
     /// Events of one run queued for its client. A slow `Run` reader slows
     /// the run down; one that stops reading ends it (cancelled).
     #[serde(default = "default_run_event_buffer")]
@@ -388,6 +410,9 @@ impl Default for ServerConfig {
         ServerConfig {
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            run_lease: DEFAULT_RUN_LEASE,
+            session_ttl: None,
+            max_transcript_bytes: DEFAULT_MAX_TRANSCRIPT_BYTES,
             run_event_buffer: DEFAULT_RUN_EVENT_BUFFER,
             client_stall_timeout: DEFAULT_CLIENT_STALL_TIMEOUT,
             reload_interval: DEFAULT_RELOAD_INTERVAL,
@@ -395,6 +420,12 @@ impl Default for ServerConfig {
     }
 }
 
+fn default_run_lease() -> Duration {
+    DEFAULT_RUN_LEASE
+}
+fn default_max_transcript() -> u64 {
+    DEFAULT_MAX_TRANSCRIPT_BYTES
+}
 fn default_run_event_buffer() -> usize {
     DEFAULT_RUN_EVENT_BUFFER
 }

@@ -191,7 +191,7 @@ impl Scenario {
             model: MODEL.into(),
             system_prompt: SYSTEM_PROMPT.into(),
             extra_context: vec![],
-            history,
+            history: history.into(),
             tools: self.offered_tools(),
             temperature: Some(0.2),
             max_tokens: Some(1024),

@@ -424,7 +424,7 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
             if let Some(v) = p.history {
                 let same = v == req.history;
                 if claim("history", same, &mut rec, &mut owners) {
-                    req.history = v;
+                    req.history = v.into();
                 }
             }
             if let Some(names) = p.active_tools {

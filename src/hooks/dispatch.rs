@@ -916,13 +916,13 @@ mod tests {
             blocks: vec![Block::ToolCall(c.clone())],
         };
         let base = ModelRequest {
-            history: vec![Message::user("weather?"), assistant(&cut)],
+            history: vec![Message::user("weather?"), assistant(&cut)].into(),
             ..Default::default()
         };
         // Sent back as received (a hook that trims or reorders history).
         let same = accept_verdict(
             EventKind::ModelRequest,
-            history_patch(&base.history),
+            history_patch(&base.history.to_vec()),
             Some(&base),
         );
         assert!(same.is_ok(), "{same:?}");

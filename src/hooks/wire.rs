@@ -110,6 +110,7 @@ impl From<RunOutcome> for pb::RunOutcome {
             RunOutcome::HookFailed => pb::RunOutcome::HookFailed,
             RunOutcome::ModelFailed => pb::RunOutcome::ModelFailed,
             RunOutcome::TimedOut => pb::RunOutcome::TimedOut,
+            RunOutcome::Interrupted => pb::RunOutcome::Interrupted,
         }
     }
 }

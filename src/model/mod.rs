@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::config::{ModelConfig, ProviderKind};
+use crate::history::History;
 use crate::message::{Message, ToolSpec, Usage};
 
 /// Whether and how the model must call tools.
@@ -27,7 +28,9 @@ pub struct ModelRequest {
     pub model: String,
     pub system_prompt: String,
     pub extra_context: Vec<String>,
-    pub history: Vec<Message>,
+    /// The transcript, shared with the run (see [`History`]), then the
+    /// run's messages.
+    pub history: History,
     pub tools: Vec<ToolSpec>,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,

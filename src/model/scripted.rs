@@ -335,7 +335,7 @@ mod tests {
     fn req(history: Vec<Message>) -> ModelRequest {
         ModelRequest {
             model: "scripted".into(),
-            history,
+            history: history.into(),
             ..Default::default()
         }
     }

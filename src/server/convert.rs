@@ -27,6 +27,7 @@ pub fn session(s: &Session, hooks: Vec<String>, with_transcript: bool) -> pb::Se
         run_count: s.run_count,
         active_run_id: s.active_run.clone().unwrap_or_default(),
         owner: s.owner.clone(),
+        last_active_unix_ms: s.last_active_unix_ms,
     }
 }
 

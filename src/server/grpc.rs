@@ -12,7 +12,8 @@ use crate::engine::Engine;
 use crate::pb;
 use crate::pb::agent_service_server::AgentService;
 use crate::server::convert;
-use crate::server::status::{missing, no_principal};
+use crate::server::status::{invalid, missing, no_principal};
+use crate::store::SessionFilter;
 
 pub struct AgentApi {
     pub engine: Arc<Engine>,
@@ -73,7 +74,7 @@ impl AgentService for AgentApi {
         if id.is_empty() {
             return Err(missing("session_id"));
         }
-        let s = self.engine.get_session(&who, &id)?;
+        let s = self.engine.get_session(&who, &id).await?;
         let hooks = self.engine.session_hook_names(&s);
         Ok(Response::new(convert::session(&s, hooks, true)))
     }
@@ -83,13 +84,28 @@ impl AgentService for AgentApi {
         req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let who = principal(&req)?;
+        let r = req.into_inner();
+        if r.page_size < 0 {
+            return Err(invalid(
+                "page_size",
+                "must not be negative (0 means the default, 100)",
+            ));
+        }
+        // Whose sessions the caller sees is the engine's decision.
+        let filter = SessionFilter {
+            owner: None,
+            agent: (!r.agent.is_empty()).then_some(r.agent),
+            page_size: u32::try_from(r.page_size).unwrap_or(0),
+            page_token: r.page_token,
+        };
+        let page = self.engine.list_sessions(&who, filter).await?;
         Ok(Response::new(pb::ListSessionsResponse {
-            sessions: self
-                .engine
-                .list_sessions(&who)
+            sessions: page
+                .sessions
                 .iter()
                 .map(|s| convert::session(s, self.engine.session_hook_names(s), false))
                 .collect(),
+            next_page_token: page.next_page_token,
         }))
     }
 
@@ -115,10 +131,11 @@ impl AgentService for AgentApi {
         if r.session_id.is_empty() {
             return Err(missing("session_id"));
         }
-        let session = self.engine.get_session(&who, &r.session_id)?;
+        let session = self.engine.session_info(&who, &r.session_id).await?;
         let mut handle = self
             .engine
-            .start_run(&who, &r.session_id, r.input, true, trace)?;
+            .start_run(&who, &r.session_id, r.input, true, trace)
+            .await?;
         let run_id = handle.run_id.clone();
         let stream = async_stream(move |tx| async move {
             let mut seq = 0;
@@ -162,7 +179,8 @@ impl AgentService for AgentApi {
         }
         let mut handle = self
             .engine
-            .start_run(&who, &r.session_id, r.input, false, trace)?;
+            .start_run(&who, &r.session_id, r.input, false, trace)
+            .await?;
         // Same drive loop as Run; the events are consumed (and dropped) here.
         while let Some(ev) = handle.events.recv().await {
             if let RunEvent::Finished(report) = ev {
@@ -185,7 +203,7 @@ impl AgentService for AgentApi {
         if id.is_empty() {
             return Err(missing("run_id"));
         }
-        self.engine.cancel_run(&who, &id)?;
+        self.engine.cancel_run(&who, &id).await?;
         Ok(Response::new(pb::CancelRunResponse {}))
     }
 
@@ -202,7 +220,8 @@ impl AgentService for AgentApi {
             return Err(missing("call_id"));
         }
         self.engine
-            .resolve_approval(&who, &r.run_id, &r.call_id, r.approve, r.note)?;
+            .resolve_approval(&who, &r.run_id, &r.call_id, r.approve, r.note)
+            .await?;
         Ok(Response::new(pb::ResolveApprovalResponse {}))
     }
 

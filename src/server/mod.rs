@@ -41,6 +41,12 @@ pub enum ServeError {
     Reflection(String),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("store `{setting}`: {source}")]
+    Store {
+        setting: String,
+        #[source]
+        source: crate::store::StoreError,
+    },
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthSetupError),
     #[error("{0}")]
@@ -108,9 +114,15 @@ pub async fn serve_with_models(
             let _ = admin_stop_rx.await;
         }))
     });
-    let engine =
-        preflight::engine_with_models(&config, models, inst, Some(preflight::STARTUP_DESCRIBE))
-            .await?;
+    let engine = preflight::engine_with_models(
+        &config,
+        models,
+        inst,
+        Some(preflight::STARTUP_DESCRIBE),
+        preflight::StoreUse::Open,
+    )
+    .await?;
+    engine.start_background();
     engine.registry().start();
 
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -209,6 +221,9 @@ pub async fn serve_with_models(
     if let Some(t) = admin_task {
         let _ = t.await;
     }
+    // Outcomes were recorded during the drain; close connections last.
+    engine.stop_background().await;
+    engine.store().close().await;
     served?;
     Ok(())
 }

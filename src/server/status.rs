@@ -2,29 +2,39 @@
 
 use tonic::{Code, Status};
 
-use crate::agent::approvals::ApprovalError;
 use crate::auth::AuthError;
 use crate::engine::EngineError;
-use crate::session::SessionError;
+use crate::store::StoreError;
 
 impl From<EngineError> for Status {
     fn from(e: EngineError) -> Status {
         let code = match &e {
             EngineError::UnknownAgent { .. } => Code::NotFound,
-            EngineError::Session(SessionError::NotFound(_)) => Code::NotFound,
-            EngineError::Session(SessionError::Busy { .. }) => Code::FailedPrecondition,
+            EngineError::Store(s) => store_code(s),
             EngineError::UnknownHook(_) => Code::InvalidArgument,
             EngineError::EmptyInput => Code::InvalidArgument,
             EngineError::InputTooLarge { .. } => Code::InvalidArgument,
             EngineError::SessionRejected { .. } => Code::PermissionDenied,
             EngineError::SessionHookFailed(_) => Code::Unavailable,
-            EngineError::UnknownRun(_) => Code::NotFound,
-            EngineError::Approval(ApprovalError::NotPending { .. }) => Code::NotFound,
             EngineError::ShuttingDown => Code::Unavailable,
             EngineError::AgentDenied { .. } => Code::PermissionDenied,
             EngineError::Quota(_) => Code::ResourceExhausted,
         };
         Status::new(code, e.to_string())
+    }
+}
+
+fn store_code(e: &StoreError) -> Code {
+    match e {
+        StoreError::SessionNotFound(_) => Code::NotFound,
+        StoreError::Busy { .. } => Code::FailedPrecondition,
+        StoreError::RunNotFound(_) => Code::NotFound,
+        StoreError::ApprovalNotPending { .. } => Code::NotFound,
+        StoreError::TranscriptFull { .. } => Code::ResourceExhausted,
+        StoreError::LeaseLost(_) => Code::Aborted,
+        StoreError::BadPageToken => Code::InvalidArgument,
+        StoreError::Unavailable(_) => Code::Unavailable,
+        StoreError::Backend(_) => Code::Internal,
     }
 }
 
@@ -64,6 +74,11 @@ pub fn decode_rejection(s: &Status, max_input_bytes: usize) -> Option<Status> {
 /// A required request field was empty.
 pub fn missing(field: &str) -> Status {
     Status::invalid_argument(format!("`{field}` is required"))
+}
+
+/// A request field with a value no request may carry.
+pub fn invalid(field: &str, why: &str) -> Status {
+    Status::invalid_argument(format!("`{field}` {why}"))
 }
 
 /// A call the auth layer refused.

@@ -23,6 +23,7 @@ mod rig;
 mod runtime;
 mod service;
 mod stats;
+mod store;
 mod throughput;
 
 use std::time::Instant;
@@ -40,7 +41,7 @@ pub struct Plan {
     /// Whether hookwire's default log layer was installed.
     pub telemetry: bool,
     /// Only these figures (`-- --only per-event,runtime,fanout,throughput,
-    /// orchestrator,memory,inflight`); all when empty.
+    /// orchestrator,memory,inflight,store`); all when empty.
     pub only: Vec<String>,
     /// Rounds of every latency figure; each figure is the median of rounds.
     pub rounds: usize,
@@ -61,7 +62,7 @@ pub struct Plan {
     pub memory_rounds: usize,
     pub idle_sessions: usize,
     pub inflight_runs: usize,
-    /// Figure 8: rounds, runs in flight at once, the model's delay, and
+    /// Figure 9: rounds, runs in flight at once, the model's delay, and
     /// probe runs (each hooked and bare) measured while they are in flight.
     pub many_rounds: usize,
     pub many_runs: usize,
@@ -130,7 +131,7 @@ impl Plan {
             Plan::smoke()
         };
         plan.verbose = args.iter().any(|a| a == "--verbose");
-        // `--many-runs N`: figure 8 with N runs in flight instead.
+        // `--many-runs N`: figure 9 with N runs in flight instead.
         if let Some(n) = args
             .iter()
             .position(|a| a == "--many-runs")
@@ -250,8 +251,11 @@ async fn run(plan: Plan) {
     if wanted("inflight") {
         match inflight::measure(&floor, &plan).await {
             Ok(r) => rows.extend(r),
-            Err(why) => skipped.push(format!("figure 8 skipped: {why}")),
+            Err(why) => skipped.push(format!("figure 9 skipped: {why}")),
         }
+    }
+    if wanted("store") {
+        rows.extend(store::measure(&plan).await);
     }
     rows.sort_by_key(|r| r.figure);
     if !plan.full {

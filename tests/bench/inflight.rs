@@ -1,4 +1,4 @@
-//! Figure 8: ten thousand runs in flight on one replica. A separate
+//! Figure 9: ten thousand runs in flight on one replica. A separate
 //! `hookwire serve` process (so its RSS, file descriptors and tasks are its
 //! own), every run with two blocking hooks (a Rust hook in this process and
 //! the Go example as a process) on its four events, the scripted model
@@ -279,7 +279,7 @@ pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
     let probes = rounds.iter().map(|r| r.probes).min().unwrap_or(0);
     Ok(vec![
         Row::new(
-            8,
+            9,
             format!("{what}: runs completed"),
             "runs",
             Spread::of(&completed),
@@ -287,21 +287,21 @@ pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
         .against("runs started", runs, &fixed(&completed, n as f64))
         .target(Target::ratio_at_least(1.0)),
         Row::new(
-            8,
+            9,
             format!("{what}: probe runs that did not complete"),
             "runs",
             Spread::of(&col(|r| r.probe_failures)),
         )
         .target(Target::value_at_most(0.0)),
         Row::new(
-            8,
+            9,
             format!("{what}: peak in flight (hookwire_active_runs)"),
             "runs",
             Spread::of(&peak),
         )
         .against("runs started", runs, &fixed(&peak, n as f64)),
         Row::new(
-            8,
+            9,
             format!("{what}: RSS per in-flight run"),
             "KiB",
             Spread::of(&rss),
@@ -313,20 +313,20 @@ pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
         )
         .target(Target::value_at_most(RSS_TARGET_KIB)),
         Row::new(
-            8,
+            9,
             format!("{what}: file descriptors per in-flight run"),
             "fds",
             Spread::of(&fds),
         )
         .target(Target::value_at_most(FD_TARGET)),
         Row::new(
-            8,
+            9,
             format!("{what}: tokio tasks per in-flight run"),
             "tasks",
             Spread::of(&tasks),
         ),
         Row::new(
-            8,
+            9,
             format!("{what}: added latency p50 per hook call ({probes}+ probe runs)"),
             "us",
             Spread::of(&a50),
@@ -334,7 +334,7 @@ pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
         .against("floor p50", Spread::of(&f50), &ratio(&a50, &f50))
         .target(Target::ratio_at_most(1.25)),
         Row::new(
-            8,
+            9,
             format!("{what}: added latency p99 per hook call"),
             "us",
             Spread::of(&a99),

@@ -11,8 +11,10 @@ pub mod go;
 pub mod jwt;
 pub mod logwatch;
 pub mod node;
+pub mod postgres;
 pub mod python;
 pub mod raw;
+pub mod replica;
 pub mod script;
 
 use std::future::Future;
@@ -53,7 +55,10 @@ impl TestServer {
         for _ in 0..200 {
             if let Ok(c) = AgentServiceClient::connect(self.addr.clone()).await {
                 let mut c = c;
-                if c.list_sessions(pb::ListSessionsRequest {}).await.is_ok() {
+                if c.list_sessions(pb::ListSessionsRequest::default())
+                    .await
+                    .is_ok()
+                {
                     return c;
                 }
             }

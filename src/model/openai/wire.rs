@@ -376,7 +376,7 @@ mod tests {
     fn minimal_request_streams_with_usage_and_omits_unset_fields() {
         let b = body(&ModelRequest {
             model: "ignored-alias".into(),
-            history: vec![Message::user("hi")],
+            history: vec![Message::user("hi")].into(),
             ..Default::default()
         });
         assert_eq!(
@@ -395,7 +395,7 @@ mod tests {
         let b = body(&ModelRequest {
             system_prompt: "Be terse.".into(),
             extra_context: vec!["doc one".into(), "doc two".into()],
-            history: vec![Message::user("hi")],
+            history: vec![Message::user("hi")].into(),
             ..Default::default()
         });
         assert_eq!(
@@ -413,7 +413,7 @@ mod tests {
     #[test]
     fn history_maps_tool_calls_and_one_tool_message_per_result() {
         let b = body(&ModelRequest {
-            history: tool_history(),
+            history: tool_history().into(),
             ..Default::default()
         });
         assert_eq!(
@@ -450,7 +450,8 @@ mod tests {
                     name: "t".into(),
                     arguments_json: "{}".into(),
                 })],
-            }],
+            }]
+            .into(),
             ..Default::default()
         });
         assert_eq!(
@@ -459,7 +460,7 @@ mod tests {
             "a string every compatible server accepts, never null"
         );
         let b = body(&ModelRequest {
-            history: vec![Message::assistant_text("plain")],
+            history: vec![Message::assistant_text("plain")].into(),
             ..Default::default()
         });
         assert_eq!(
@@ -575,7 +576,7 @@ mod tests {
             "stream_options": {"include_usage": false, "include_obfuscation": false},
         });
         let b = body(&ModelRequest {
-            history: vec![Message::user("hi")],
+            history: vec![Message::user("hi")].into(),
             temperature: Some(0.9),
             additional_params: params.as_object().unwrap().clone(),
             ..Default::default()
@@ -598,7 +599,7 @@ mod tests {
         params.insert("stream_options".into(), json!({"include_usage": true}));
         let b = request_body(
             &ModelRequest {
-                history: vec![Message::user("hi")],
+                history: vec![Message::user("hi")].into(),
                 additional_params: params,
                 ..Default::default()
             },
@@ -643,7 +644,7 @@ mod tests {
     fn input_estimate_counts_chars_over_four() {
         let r = ModelRequest {
             system_prompt: "abcd".into(),
-            history: vec![Message::user("abcde")],
+            history: vec![Message::user("abcde")].into(),
             ..Default::default()
         };
         assert_eq!(estimate_input_tokens(&r), 3);

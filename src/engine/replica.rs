@@ -1,0 +1,304 @@
+//! What a replica does besides answering calls:
+//!
+//! - keeps the leases of its runs (renewed every third of `server.run_lease`;
+//!   a run whose lease was lost stops, `interrupted`);
+//! - delivers the cancels and approval answers other replicas recorded for
+//!   its runs: woken by the store's hint (Postgres NOTIFY), and polling every
+//!   [`POLL`] in case a hint was missed, so a signal arrives within a second;
+//! - reaps the runs of lost replicas once their lease expired: ends them
+//!   `interrupted`, closing their in-flight tool calls with synthetic
+//!   results, and frees their sessions (tools are never replayed);
+//! - expires idle sessions (`server.session_ttl`).
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Engine;
+use crate::agent::outcome::RunOutcome;
+use crate::event::EventKind;
+use crate::hooks::dispatch::RunHooks;
+use crate::hooks::payload::{EventContext, Payload};
+use crate::store::{close_pending_turn, ClaimedRun, RunEnd, Signal, StoreError};
+
+/// Fallback polling for signals recorded by other replicas.
+pub const POLL: Duration = Duration::from_millis(500);
+
+/// Runs claimed per reaper pass.
+const REAP_BATCH: u32 = 16;
+
+/// Sessions expired per sweep.
+const EXPIRE_BATCH: u32 = 100;
+
+/// A name for this process in the store: the host (the pod's name under
+/// Kubernetes) and a random suffix, so a restarted pod is a new replica.
+pub fn replica_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+        })
+        .unwrap_or_else(|| "hookwire".into());
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}", &id[..8])
+}
+
+/// The background tasks, stopped at the end of the drain.
+#[derive(Default)]
+pub struct Background {
+    stop: CancellationToken,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Background {
+    pub async fn stop(&self) {
+        self.stop.cancel();
+        let tasks: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Engine {
+    /// Stops the background work (also done at the end of a drain).
+    pub async fn stop_background(&self) {
+        self.background.stop().await;
+    }
+
+    /// Starts the replica's background work; call once, after `new`.
+    pub fn start_background(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let stop = self.background.stop.clone();
+        let mut tasks = self
+            .background
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        tasks.push(tokio::spawn(signal_loop(
+            weak.clone(),
+            stop.clone(),
+            self.store.subscribe(),
+            self.replica.clone(),
+        )));
+        let lease = self.config.server.run_lease;
+        tasks.push(tokio::spawn(every(
+            weak.clone(),
+            stop.clone(),
+            lease / 3,
+            |e| async move { e.renew_leases().await },
+        )));
+        // Expired leases are looked for a few times per lease period: a
+        // lost run is ended at most a quarter lease after its expiry.
+        let reap = (lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        tasks.push(tokio::spawn(every(
+            weak.clone(),
+            stop.clone(),
+            reap,
+            |e| async move { e.reap().await },
+        )));
+        if let Some(ttl) = self.config.server.session_ttl {
+            let sweep = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+            tasks.push(tokio::spawn(every(
+                weak,
+                stop,
+                sweep,
+                move |e| async move { e.expire_sessions(ttl).await },
+            )));
+        }
+    }
+
+    /// Acts on the signals recorded for this replica's runs.
+    async fn deliver_signals(&self) {
+        if self.active_runs() == 0 {
+            return;
+        }
+        let signals = match self.store.signals(&self.replica).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read signals from the store");
+                return;
+            }
+        };
+        for s in signals {
+            match s {
+                Signal::Cancel { run_id, reason } => {
+                    if let Some(r) = self.local_run(&run_id) {
+                        r.cancel(&reason);
+                    }
+                }
+                Signal::Approval {
+                    run_id,
+                    call_id,
+                    decision,
+                } => {
+                    self.approvals.deliver(&run_id, &call_id, decision);
+                }
+            }
+        }
+    }
+
+    async fn renew_leases(&self) {
+        let runs: Vec<_> = self
+            .runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for r in runs {
+            match self.store.renew(&r.ledger.lease).await {
+                Ok(()) => {}
+                Err(StoreError::LeaseLost(_)) => {
+                    tracing::warn!(run = %r.run_id, "lost the run's lease; stopping it");
+                    r.interrupt(
+                        "this replica lost the run's lease (another replica took the run over)",
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(run = %r.run_id, error = %e, "cannot renew the run's lease")
+                }
+            }
+        }
+    }
+
+    /// Ends the runs of lost replicas.
+    async fn reap(&self) {
+        let claimed = match self.store.claim_expired(&self.replica, REAP_BATCH).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for expired runs");
+                return;
+            }
+        };
+        for c in claimed {
+            self.end_lost_run(c).await;
+        }
+    }
+
+    async fn end_lost_run(&self, c: ClaimedRun) {
+        // Our own run whose lease we failed to renew: it stops here too (its
+        // next write would be refused anyway).
+        if let Some(r) = self.local_run(&c.lease.run_id) {
+            r.interrupt("this replica could not renew the run's lease in time");
+        }
+        let reason = format!(
+            "the replica running it ({}) was lost; its lease expired",
+            c.lost_replica
+        );
+        let messages = close_pending_turn(c.pending_turn);
+        let end = RunEnd {
+            outcome: RunOutcome::Interrupted,
+            reason: reason.clone(),
+            usage: Default::default(),
+            turns: 0,
+        };
+        if let Err(e) = self.store.end_run(&c.lease, &messages, &end).await {
+            tracing::warn!(run = %c.lease.run_id, error = %e, "cannot end a lost replica's run");
+            return;
+        }
+        tracing::warn!(
+            run = %c.lease.run_id,
+            session = %c.lease.session_id,
+            lost = %c.lost_replica,
+            "ended a lost replica's run as interrupted"
+        );
+        let Some(session) = c.session else { return };
+        let Ok(agent) = self.agent(&session.agent) else {
+            return;
+        };
+        let clients = self.session_hooks(agent, &session.extra_hooks);
+        if clients.is_empty() {
+            return;
+        }
+        let hooks = RunHooks::new(
+            clients,
+            EventContext {
+                session_id: session.id.clone(),
+                run_id: c.lease.run_id.clone(),
+                agent: session.agent.clone(),
+                ..Default::default()
+            },
+            Instant::now() + agent.config.event_budget,
+            agent.config.event_budget,
+            self.inst.clone(),
+        );
+        hooks.observe(0, EventKind::RunEnd, || Payload::RunEnd {
+            outcome: RunOutcome::Interrupted,
+            reason,
+            final_text: String::new(),
+            usage: Default::default(),
+            turns: 0,
+        });
+        hooks.close();
+    }
+
+    async fn expire_sessions(&self, ttl: Duration) {
+        match self.store.expire_sessions(ttl, EXPIRE_BATCH).await {
+            Ok(gone) => {
+                for s in gone {
+                    tracing::info!(session = %s.id, "session expired (server.session_ttl)");
+                    self.transcripts.forget(&s.id);
+                    self.session_end(&s, "expired", None);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot expire idle sessions"),
+        }
+    }
+}
+
+/// Delivers signals when the store hints that this replica has some, and
+/// every [`POLL`] regardless.
+async fn signal_loop(
+    engine: Weak<Engine>,
+    stop: CancellationToken,
+    mut hints: tokio::sync::broadcast::Receiver<String>,
+    me: String,
+) {
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+            h = hints.recv() => match h {
+                Ok(r) if r == me || r == "*" => {}
+                Ok(_) => continue,
+                // Missed hints: read the tables now.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    stop.cancelled().await;
+                    return;
+                }
+            },
+        }
+        let Some(e) = engine.upgrade() else { return };
+        e.deliver_signals().await;
+    }
+}
+
+/// Calls `f` every `period` until stopped (first call at once).
+async fn every<F, Fut>(engine: Weak<Engine>, stop: CancellationToken, period: Duration, f: F)
+where
+    F: Fn(Arc<Engine>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(period.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(e) = engine.upgrade() else { return };
+        f(e).await;
+    }
+}

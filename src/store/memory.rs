@@ -1,0 +1,559 @@
+//! The in-process engine (`store: memory`): the same rules as the SQL
+//! engines, nothing survives the process. For tests and throwaway runs.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use super::{
+    page_token, parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease,
+    SessionFilter, SessionPage, SessionStore, Signal, StoreError, StoreOptions,
+};
+use crate::agent::approvals::Decision;
+use crate::message::Message;
+use crate::session::Session;
+
+struct Stored {
+    session: Session,
+    transcript: Vec<Message>,
+    bytes: u64,
+    last_active: Instant,
+}
+
+struct MemRun {
+    session_id: String,
+    /// The session's owner (quotas).
+    owner: String,
+    started: Instant,
+    replica: String,
+    epoch: i64,
+    lease_expires: Instant,
+    ended: bool,
+    cancel_reason: Option<String>,
+    pending_turn: Option<Message>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Approval {
+    Pending,
+    Answered,
+    Expired,
+}
+
+#[derive(Default)]
+struct Inner {
+    sessions: HashMap<String, Stored>,
+    runs: HashMap<String, MemRun>,
+    approvals: HashMap<(String, String), (Approval, Option<Decision>)>,
+}
+
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+    options: StoreOptions,
+    wake: broadcast::Sender<String>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn size(messages: &[Message]) -> Result<u64, StoreError> {
+    let mut n = 0u64;
+    for m in messages {
+        n += serde_json::to_string(m)?.len() as u64;
+    }
+    Ok(n)
+}
+
+impl MemoryStore {
+    pub fn new(options: StoreOptions) -> MemoryStore {
+        MemoryStore {
+            inner: Mutex::new(Inner::default()),
+            options,
+            wake: broadcast::channel(256).0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent maps (every
+        // operation checks before it mutates).
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new(StoreOptions::default())
+    }
+}
+
+impl Inner {
+    /// The run, if `lease` still holds it.
+    fn fenced(&mut self, lease: &RunLease) -> Result<&mut MemRun, StoreError> {
+        match self.runs.get_mut(&lease.run_id) {
+            Some(r) if r.epoch == lease.epoch && !r.ended => Ok(r),
+            _ => Err(StoreError::LeaseLost(lease.run_id.clone())),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionStore for MemoryStore {
+    fn engine(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn create_session(&self, s: &NewSession) -> Result<Session, StoreError> {
+        let now = now_ms();
+        let session = Session {
+            id: s.id.clone(),
+            agent: s.agent.clone(),
+            owner: s.owner.clone(),
+            extra_hooks: s.extra_hooks.clone(),
+            metadata: s.metadata.clone(),
+            created_at_unix_ms: now,
+            last_active_unix_ms: now,
+            transcript: Vec::new(),
+            run_count: 0,
+            active_run: None,
+        };
+        self.lock().sessions.insert(
+            s.id.clone(),
+            Stored {
+                session: session.clone(),
+                transcript: Vec::new(),
+                bytes: 0,
+                last_active: Instant::now(),
+            },
+        );
+        Ok(session)
+    }
+
+    async fn get_session(&self, id: &str) -> Result<Session, StoreError> {
+        self.lock()
+            .sessions
+            .get(id)
+            .map(|s| s.session.clone())
+            .ok_or_else(|| StoreError::SessionNotFound(id.to_string()))
+    }
+
+    async fn list_sessions(&self, f: &SessionFilter) -> Result<SessionPage, StoreError> {
+        let after = parse_page_token(&f.page_token)?;
+        let limit = f.limit() as usize;
+        let mut all: Vec<Session> = self
+            .lock()
+            .sessions
+            .values()
+            .map(|s| &s.session)
+            .filter(|s| f.owner.as_ref().is_none_or(|o| &s.owner == o))
+            .filter(|s| f.agent.as_ref().is_none_or(|a| &s.agent == a))
+            .filter(|s| match &after {
+                None => true,
+                Some((ms, id)) => (s.created_at_unix_ms, &s.id) > (*ms, id),
+            })
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| (a.created_at_unix_ms, &a.id).cmp(&(b.created_at_unix_ms, &b.id)));
+        let mut next_page_token = String::new();
+        if all.len() > limit {
+            all.truncate(limit);
+            if let Some(last) = all.last() {
+                next_page_token = page_token(last);
+            }
+        }
+        Ok(SessionPage {
+            sessions: all,
+            next_page_token,
+        })
+    }
+
+    async fn run_session(&self, run_id: &str) -> Result<Session, StoreError> {
+        let g = self.lock();
+        g.runs
+            .get(run_id)
+            .filter(|r| !r.ended)
+            .and_then(|r| g.sessions.get(&r.session_id))
+            .map(|s| s.session.clone())
+            .ok_or_else(|| StoreError::RunNotFound(run_id.to_string()))
+    }
+
+    async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError> {
+        let g = self.lock();
+        let now = Instant::now();
+        // As the SQL engines count: runs of sessions that still exist.
+        let runs = || {
+            g.runs
+                .values()
+                .filter(|r| r.owner == owner && g.sessions.contains_key(&r.session_id))
+        };
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Ok(OwnerUsage {
+            sessions: count(
+                g.sessions
+                    .values()
+                    .filter(|s| s.session.owner == owner)
+                    .count(),
+            ),
+            active_runs: count(runs().filter(|r| !r.ended).count()),
+            recent_runs: count(
+                runs()
+                    .filter(|r| now.duration_since(r.started) < window)
+                    .count(),
+            ),
+        })
+    }
+
+    async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
+        let mut g = self.lock();
+        let s = g
+            .sessions
+            .remove(id)
+            .ok_or_else(|| StoreError::SessionNotFound(id.to_string()))?;
+        let ended: Vec<String> = g
+            .runs
+            .iter()
+            .filter(|(_, r)| r.session_id == id && r.ended)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for r in ended {
+            g.runs.remove(&r);
+            g.approvals.retain(|(run, _), _| run != &r);
+        }
+        Ok(s.session)
+    }
+
+    async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
+        self.lock()
+            .sessions
+            .get(session_id)
+            .map(|s| s.transcript.clone())
+            .ok_or_else(|| StoreError::SessionNotFound(session_id.to_string()))
+    }
+
+    async fn transcript_after(
+        &self,
+        session_id: &str,
+        from: u64,
+    ) -> Result<Vec<Message>, StoreError> {
+        let from = usize::try_from(from).unwrap_or(usize::MAX);
+        self.lock()
+            .sessions
+            .get(session_id)
+            .map(|s| s.transcript.get(from..).unwrap_or_default().to_vec())
+            .ok_or_else(|| StoreError::SessionNotFound(session_id.to_string()))
+    }
+
+    async fn begin_run(
+        &self,
+        session_id: &str,
+        run_id: &str,
+        replica: &str,
+    ) -> Result<RunLease, StoreError> {
+        let mut g = self.lock();
+        let limit = self.options.max_transcript_bytes;
+        let s = g
+            .sessions
+            .get_mut(session_id)
+            .ok_or_else(|| StoreError::SessionNotFound(session_id.to_string()))?;
+        if let Some(run) = &s.session.active_run {
+            return Err(StoreError::Busy {
+                session: session_id.to_string(),
+                run: run.clone(),
+            });
+        }
+        if s.bytes >= limit {
+            return Err(StoreError::TranscriptFull {
+                session: session_id.to_string(),
+                bytes: s.bytes,
+                limit,
+            });
+        }
+        s.session.active_run = Some(run_id.to_string());
+        let owner = s.session.owner.clone();
+        s.session.run_count += 1;
+        s.session.last_active_unix_ms = now_ms();
+        s.last_active = Instant::now();
+        g.runs.insert(
+            run_id.to_string(),
+            MemRun {
+                session_id: session_id.to_string(),
+                owner,
+                started: Instant::now(),
+                replica: replica.to_string(),
+                epoch: 1,
+                lease_expires: Instant::now() + self.options.lease,
+                ended: false,
+                cancel_reason: None,
+                pending_turn: None,
+            },
+        );
+        Ok(RunLease {
+            run_id: run_id.to_string(),
+            session_id: session_id.to_string(),
+            epoch: 1,
+        })
+    }
+
+    async fn renew(&self, lease: &RunLease) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        g.fenced(lease)?.lease_expires = Instant::now() + self.options.lease;
+        Ok(())
+    }
+
+    async fn append(&self, lease: &RunLease, messages: &[Message]) -> Result<(), StoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let adding = size(messages)?;
+        let limit = self.options.max_transcript_bytes;
+        let mut g = self.lock();
+        g.fenced(lease)?;
+        let s = g
+            .sessions
+            .get(&lease.session_id)
+            .ok_or_else(|| StoreError::SessionNotFound(lease.session_id.clone()))?;
+        if s.session.active_run.as_deref() != Some(lease.run_id.as_str()) {
+            return Err(StoreError::LeaseLost(lease.run_id.clone()));
+        }
+        if s.bytes + adding > limit {
+            return Err(StoreError::TranscriptFull {
+                session: lease.session_id.clone(),
+                bytes: s.bytes,
+                limit,
+            });
+        }
+        let r = g.fenced(lease)?;
+        r.lease_expires = Instant::now() + self.options.lease;
+        // The staged turn (if any) is now part of these messages.
+        r.pending_turn = None;
+        let Some(s) = g.sessions.get_mut(&lease.session_id) else {
+            return Err(StoreError::SessionNotFound(lease.session_id.clone()));
+        };
+        s.bytes += adding;
+        s.transcript.extend_from_slice(messages);
+        s.session.last_active_unix_ms = now_ms();
+        s.last_active = Instant::now();
+        Ok(())
+    }
+
+    async fn stage_turn(&self, lease: &RunLease, turn: Option<&Message>) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        let r = g.fenced(lease)?;
+        r.pending_turn = turn.cloned();
+        r.lease_expires = Instant::now() + self.options.lease;
+        Ok(())
+    }
+
+    async fn end_run(
+        &self,
+        lease: &RunLease,
+        messages: &[Message],
+        _end: &RunEnd,
+    ) -> Result<(), StoreError> {
+        let adding = size(messages)?;
+        let mut g = self.lock();
+        let r = g.fenced(lease)?;
+        r.ended = true;
+        r.pending_turn = None;
+        for ((run, _), (state, _)) in g.approvals.iter_mut() {
+            if run == &lease.run_id && *state == Approval::Pending {
+                *state = Approval::Expired;
+            }
+        }
+        if let Some(s) = g.sessions.get_mut(&lease.session_id) {
+            if s.session.active_run.as_deref() == Some(lease.run_id.as_str()) {
+                s.session.active_run = None;
+                s.bytes += adding;
+                s.transcript.extend_from_slice(messages);
+                s.session.last_active_unix_ms = now_ms();
+                s.last_active = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    async fn request_approval(&self, lease: &RunLease, call_id: &str) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        g.fenced(lease)?;
+        g.approvals.insert(
+            (lease.run_id.clone(), call_id.to_string()),
+            (Approval::Pending, None),
+        );
+        Ok(())
+    }
+
+    async fn resolve_approval(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        d: &Decision,
+    ) -> Result<(), StoreError> {
+        let replica = {
+            let mut g = self.lock();
+            match g
+                .approvals
+                .get_mut(&(run_id.to_string(), call_id.to_string()))
+            {
+                Some(a) if a.0 == Approval::Pending => *a = (Approval::Answered, Some(d.clone())),
+                _ => {
+                    return Err(StoreError::ApprovalNotPending {
+                        run_id: run_id.to_string(),
+                        call_id: call_id.to_string(),
+                    })
+                }
+            }
+            g.runs.get(run_id).map(|r| r.replica.clone())
+        };
+        if let Some(r) = replica {
+            let _ = self.wake.send(r);
+        }
+        Ok(())
+    }
+
+    async fn expire_approval(
+        &self,
+        lease: &RunLease,
+        call_id: &str,
+    ) -> Result<Option<Decision>, StoreError> {
+        let mut g = self.lock();
+        match g
+            .approvals
+            .get_mut(&(lease.run_id.clone(), call_id.to_string()))
+        {
+            Some(a) if a.0 == Approval::Pending => {
+                a.0 = Approval::Expired;
+                Ok(None)
+            }
+            Some(a) => Ok(a.1.clone()),
+            None => Ok(None),
+        }
+    }
+
+    async fn request_cancel(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {
+        let replica = {
+            let mut g = self.lock();
+            let r = match g.runs.get_mut(run_id) {
+                Some(r) if !r.ended => r,
+                _ => return Err(StoreError::RunNotFound(run_id.to_string())),
+            };
+            r.cancel_reason.get_or_insert_with(|| reason.to_string());
+            let replica = r.replica.clone();
+            for ((run, _), a) in g.approvals.iter_mut() {
+                if run == run_id && a.0 == Approval::Pending {
+                    *a = (
+                        Approval::Answered,
+                        Some(Decision {
+                            approve: false,
+                            note: "the run was cancelled".into(),
+                        }),
+                    );
+                }
+            }
+            replica
+        };
+        let _ = self.wake.send(replica);
+        Ok(())
+    }
+
+    async fn signals(&self, replica: &str) -> Result<Vec<Signal>, StoreError> {
+        let g = self.lock();
+        let mut out = Vec::new();
+        for (id, r) in &g.runs {
+            if r.replica == replica && !r.ended {
+                if let Some(reason) = &r.cancel_reason {
+                    out.push(Signal::Cancel {
+                        run_id: id.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+            }
+        }
+        for ((run, call), (state, d)) in &g.approvals {
+            let live = g
+                .runs
+                .get(run)
+                .is_some_and(|r| r.replica == replica && !r.ended);
+            if let (true, Approval::Answered, Some(d)) = (live, state, d) {
+                out.push(Signal::Approval {
+                    run_id: run.clone(),
+                    call_id: call.clone(),
+                    decision: d.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn claim_expired(
+        &self,
+        replica: &str,
+        limit: u32,
+    ) -> Result<Vec<ClaimedRun>, StoreError> {
+        let mut g = self.lock();
+        let now = Instant::now();
+        let lease = self.options.lease;
+        let expired: Vec<String> = g
+            .runs
+            .iter()
+            .filter(|(_, r)| !r.ended && r.lease_expires < now)
+            .map(|(k, _)| k.clone())
+            .take(limit as usize)
+            .collect();
+        let mut out = Vec::new();
+        for id in expired {
+            let Some(r) = g.runs.get_mut(&id) else {
+                continue;
+            };
+            r.epoch += 1;
+            let lost_replica = std::mem::replace(&mut r.replica, replica.to_string());
+            r.lease_expires = now + lease;
+            let (session_id, epoch, pending_turn) =
+                (r.session_id.clone(), r.epoch, r.pending_turn.clone());
+            out.push(ClaimedRun {
+                session: g.sessions.get(&session_id).map(|s| s.session.clone()),
+                lease: RunLease {
+                    run_id: id,
+                    session_id,
+                    epoch,
+                },
+                lost_replica,
+                pending_turn,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn expire_sessions(&self, ttl: Duration, limit: u32) -> Result<Vec<Session>, StoreError> {
+        let mut g = self.lock();
+        let now = Instant::now();
+        let idle: Vec<String> = g
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                s.session.active_run.is_none() && now.duration_since(s.last_active) > ttl
+            })
+            .map(|(k, _)| k.clone())
+            .take(limit as usize)
+            .collect();
+        let mut out = Vec::new();
+        for id in idle {
+            if let Some(s) = g.sessions.remove(&id) {
+                g.runs.retain(|_, r| r.session_id != id || !r.ended);
+                out.push(s.session);
+            }
+        }
+        Ok(out)
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<String> {
+        self.wake.subscribe()
+    }
+
+    async fn close(&self) {}
+}

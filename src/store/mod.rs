@@ -1,0 +1,357 @@
+//! Where sessions, transcripts, runs, approvals and cancels live.
+//!
+//! One async trait, three engines chosen by the `store:` setting: `memory`
+//! (tests, nothing survives the process), SQLite (the default: one replica,
+//! survives restarts) and PostgreSQL (several replicas serve one service).
+//! The tables hold the truth; the wake-ups sent through [`SessionStore::subscribe`]
+//! are only hints that something changed for a replica (Postgres
+//! LISTEN/NOTIFY, in-process for the others), and replicas poll as well.
+//!
+//! Writes of a run are fenced by its lease: every one names the lease's
+//! epoch, and a write whose epoch is no longer the run's (another replica
+//! claimed the run after the lease expired) changes nothing and answers
+//! [`StoreError::LeaseLost`].
+
+mod cache;
+mod error;
+mod memory;
+mod migrations;
+mod sql;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+pub use cache::{TranscriptCache, DEFAULT_CACHE_BYTES};
+pub use error::StoreError;
+pub use memory::MemoryStore;
+
+use crate::agent::approvals::Decision;
+use crate::agent::outcome::RunOutcome;
+use crate::config::StoreSetting;
+use crate::message::{Message, Usage};
+use crate::session::Session;
+
+/// What every engine needs beyond its location.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// How long a run's lease lasts without renewal (`server.run_lease`).
+    pub lease: Duration,
+    /// Largest transcript per session, in bytes of stored messages
+    /// (`server.max_transcript_bytes`).
+    pub max_transcript_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            lease: crate::config::DEFAULT_RUN_LEASE,
+            max_transcript_bytes: crate::config::DEFAULT_MAX_TRANSCRIPT_BYTES,
+        }
+    }
+}
+
+/// The right to write for one run. `epoch` changes whenever another
+/// replica claims the run, which fences out the previous holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunLease {
+    pub run_id: String,
+    pub session_id: String,
+    pub epoch: i64,
+}
+
+/// How a run ended, as recorded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunEnd {
+    pub outcome: RunOutcome,
+    pub reason: String,
+    pub usage: Usage,
+    pub turns: u32,
+}
+
+/// Which sessions to list, and which page.
+#[derive(Clone, Debug, Default)]
+pub struct SessionFilter {
+    /// Only sessions of this principal.
+    pub owner: Option<String>,
+    /// Only sessions of this agent.
+    pub agent: Option<String>,
+    /// At most this many (clamped to 1..=[`MAX_PAGE_SIZE`]; 0 means
+    /// [`DEFAULT_PAGE_SIZE`]).
+    pub page_size: u32,
+    /// A previous page's `next_page_token`; empty for the first page.
+    pub page_token: String,
+}
+
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
+pub const MAX_PAGE_SIZE: u32 = 1000;
+
+impl SessionFilter {
+    pub fn limit(&self) -> u32 {
+        match self.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        }
+    }
+}
+
+/// One page of sessions (without transcripts), oldest first.
+#[derive(Clone, Debug, Default)]
+pub struct SessionPage {
+    pub sessions: Vec<Session>,
+    /// Empty on the last page.
+    pub next_page_token: String,
+}
+
+/// Where a page ends: the (created, id) of its last session. Opaque to
+/// clients.
+pub(crate) fn page_token(s: &Session) -> String {
+    format!("{}.{}", s.created_at_unix_ms, s.id)
+}
+
+pub(crate) fn parse_page_token(t: &str) -> Result<Option<(i64, String)>, StoreError> {
+    if t.is_empty() {
+        return Ok(None);
+    }
+    let (ms, id) = t.split_once('.').ok_or(StoreError::BadPageToken)?;
+    let ms = ms.parse::<i64>().map_err(|_| StoreError::BadPageToken)?;
+    if id.is_empty() {
+        return Err(StoreError::BadPageToken);
+    }
+    Ok(Some((ms, id.to_string())))
+}
+
+/// Something a replica must act on for a run it executes, recorded by
+/// whichever replica received the call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Signal {
+    Cancel {
+        run_id: String,
+        reason: String,
+    },
+    Approval {
+        run_id: String,
+        call_id: String,
+        decision: Decision,
+    },
+}
+
+/// A run whose lease expired, now claimed by this replica so it can end it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimedRun {
+    pub lease: RunLease,
+    /// The replica that held the lease before.
+    pub lost_replica: String,
+    /// The session's agent and extra hooks (for run_end), when the session
+    /// still exists.
+    pub session: Option<Session>,
+    /// The model turn whose tool batch had not settled: its calls get
+    /// synthetic results.
+    pub pending_turn: Option<Message>,
+}
+
+/// What one principal holds, counted over every replica (quotas).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnerUsage {
+    /// Sessions it owns.
+    pub sessions: u64,
+    /// Active runs in its sessions.
+    pub active_runs: u64,
+    /// Runs started in its sessions within the window asked for (runs of
+    /// sessions deleted since are not counted).
+    pub recent_runs: u64,
+}
+
+/// A new session's record.
+#[derive(Clone, Debug)]
+pub struct NewSession {
+    pub id: String,
+    pub agent: String,
+    pub owner: String,
+    pub extra_hooks: Vec<String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[async_trait::async_trait]
+pub trait SessionStore: Send + Sync + 'static {
+    /// `memory`, `sqlite` or `postgres`.
+    fn engine(&self) -> &'static str;
+
+    async fn create_session(&self, s: &NewSession) -> Result<Session, StoreError>;
+    /// The session without its transcript.
+    async fn get_session(&self, id: &str) -> Result<Session, StoreError>;
+    async fn list_sessions(&self, filter: &SessionFilter) -> Result<SessionPage, StoreError>;
+    /// The session (without its transcript) of an active run, wherever it
+    /// executes: what access checks on CancelRun and ResolveApproval read.
+    /// [`StoreError::RunNotFound`] when the run is unknown or has ended.
+    async fn run_session(&self, run_id: &str) -> Result<Session, StoreError>;
+    /// What `owner` holds now: sessions, active runs, and runs started
+    /// within `window` (quotas that hold across replicas).
+    async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError>;
+    /// Deletes the session, its transcript and its approvals; returns what
+    /// it was. A run still active is left to end (its writes to the
+    /// transcript become no-ops); call [`SessionStore::request_cancel`] first.
+    async fn delete_session(&self, id: &str) -> Result<Session, StoreError>;
+    /// The committed transcript, in order.
+    async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError>;
+    /// The committed messages from position `from` on (the first message
+    /// is 0), in order: what a reader holding the first `from` lacks.
+    /// Committed messages never change and are numbered without gaps, so
+    /// those first `from` stay valid whatever is appended (see
+    /// [`TranscriptCache`]). An unknown session reads as empty or
+    /// [`StoreError::SessionNotFound`].
+    async fn transcript_after(
+        &self,
+        session_id: &str,
+        from: u64,
+    ) -> Result<Vec<Message>, StoreError>;
+
+    /// Starts a run: the one active run of the session (enforced here),
+    /// leased to `replica`.
+    async fn begin_run(
+        &self,
+        session_id: &str,
+        run_id: &str,
+        replica: &str,
+    ) -> Result<RunLease, StoreError>;
+    /// Extends the lease by `StoreOptions::lease` from now (the database's
+    /// clock).
+    async fn renew(&self, lease: &RunLease) -> Result<(), StoreError>;
+    /// Appends committed messages to the transcript (all or nothing).
+    async fn append(&self, lease: &RunLease, messages: &[Message]) -> Result<(), StoreError>;
+    /// Records (or clears) the model turn whose tool batch is executing.
+    async fn stage_turn(&self, lease: &RunLease, turn: Option<&Message>) -> Result<(), StoreError>;
+    /// Ends the run: appends `messages` (the last committed ones), records
+    /// the outcome, denies approvals still pending and frees the session.
+    async fn end_run(
+        &self,
+        lease: &RunLease,
+        messages: &[Message],
+        end: &RunEnd,
+    ) -> Result<(), StoreError>;
+
+    /// A tool call of the run waits for approval.
+    async fn request_approval(&self, lease: &RunLease, call_id: &str) -> Result<(), StoreError>;
+    /// Answers a pending approval; the first answer wins, later ones get
+    /// [`StoreError::ApprovalNotPending`].
+    async fn resolve_approval(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        decision: &Decision,
+    ) -> Result<(), StoreError>;
+    /// The run gives up waiting: a still-pending approval becomes expired
+    /// (`None`); one answered meanwhile returns its decision.
+    async fn expire_approval(
+        &self,
+        lease: &RunLease,
+        call_id: &str,
+    ) -> Result<Option<Decision>, StoreError>;
+    /// Records a cancel for an active run and denies its pending approvals.
+    async fn request_cancel(&self, run_id: &str, reason: &str) -> Result<(), StoreError>;
+    /// Cancels and approval decisions recorded for the active runs leased
+    /// to `replica`.
+    async fn signals(&self, replica: &str) -> Result<Vec<Signal>, StoreError>;
+
+    /// Claims up to `limit` runs whose lease expired, for `replica` to end
+    /// (its own too: one whose end could not be recorded, or whose renewals
+    /// failed for a whole lease).
+    async fn claim_expired(&self, replica: &str, limit: u32)
+        -> Result<Vec<ClaimedRun>, StoreError>;
+    /// Deletes up to `limit` sessions idle (no run, no activity) for longer
+    /// than `ttl`; returns them.
+    async fn expire_sessions(&self, ttl: Duration, limit: u32) -> Result<Vec<Session>, StoreError>;
+
+    /// Wake-up hints: the id of a replica that has something to act on.
+    fn subscribe(&self) -> broadcast::Receiver<String>;
+    /// Closes connections (after the last write).
+    async fn close(&self);
+}
+
+/// Checks the store setting without touching the database (what `hookwire
+/// config check` can say offline): a Postgres URL the driver accepts and a
+/// password variable that is set when one is named; a SQLite path whose
+/// directory exists or can be made (its nearest existing ancestor is a
+/// directory) and that is not itself a directory. [`open`] makes the same
+/// checks first.
+pub fn check(setting: &StoreSetting) -> Result<(), StoreError> {
+    match setting {
+        StoreSetting::Memory => Ok(()),
+        StoreSetting::Sqlite { path } => sql::check_sqlite_path(path),
+        StoreSetting::Postgres {
+            url, password_env, ..
+        } => sql::check_postgres(url, password_env.as_deref()).map(|_| ()),
+    }
+}
+
+/// Opens the configured store, creating or migrating its schema.
+pub async fn open(
+    setting: &StoreSetting,
+    options: StoreOptions,
+) -> Result<Arc<dyn SessionStore>, StoreError> {
+    check(setting)?;
+    match setting {
+        StoreSetting::Memory => Ok(Arc::new(MemoryStore::new(options))),
+        StoreSetting::Sqlite { path } => Ok(Arc::new(sql::SqlStore::sqlite(path, options).await?)),
+        StoreSetting::Postgres {
+            url,
+            password_env,
+            max_connections,
+        } => Ok(Arc::new(
+            sql::SqlStore::postgres(url, password_env.as_deref(), *max_connections, options)
+                .await?,
+        )),
+    }
+}
+
+/// The synthetic result of a call whose replica was lost mid-batch.
+pub const LOST_REPLICA_RESULT: &str = "not executed: the replica running it was lost";
+
+/// The messages that close a claimed run: its staged turn and a synthetic
+/// error result for each of its calls, so every call has a result.
+pub fn close_pending_turn(pending: Option<Message>) -> Vec<Message> {
+    let Some(turn) = pending else {
+        return Vec::new();
+    };
+    let results: Vec<crate::message::ToolResult> = turn
+        .tool_calls()
+        .map(|c| crate::message::ToolResult {
+            call_id: c.id.clone(),
+            name: c.name.clone(),
+            content: LOST_REPLICA_RESULT.to_string(),
+            is_error: true,
+        })
+        .collect();
+    if results.is_empty() {
+        return vec![turn];
+    }
+    vec![turn, Message::tool_results(results)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_garbage() {
+        let s = Session {
+            id: "abc".into(),
+            created_at_unix_ms: 42,
+            ..Default::default()
+        };
+        assert_eq!(
+            parse_page_token(&page_token(&s)).unwrap(),
+            Some((42, "abc".into()))
+        );
+        assert_eq!(parse_page_token("").unwrap(), None);
+        for bad in ["x", "x.y", "1.", ".a"] {
+            assert_eq!(
+                parse_page_token(bad),
+                Err(StoreError::BadPageToken),
+                "{bad}"
+            );
+        }
+    }
+}

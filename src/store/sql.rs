@@ -1,0 +1,1042 @@
+//! The SQL engines: SQLite and PostgreSQL share every statement; where the
+//! dialects differ (the clock, row locks) the text is filled in per engine.
+//!
+//! Each operation is one transaction. Fenced writes start with the update
+//! of the run row that names the lease's epoch: on Postgres it takes the
+//! row lock, so a claim by the reaper (which bumps the epoch) and a write
+//! by the old holder are serialized and exactly one of them wins.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use tokio::sync::broadcast;
+
+use super::{
+    migrations, page_token, parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease,
+    SessionFilter, SessionPage, SessionStore, Signal, StoreError, StoreOptions,
+};
+use crate::agent::approvals::Decision;
+use crate::message::Message;
+use crate::session::Session;
+
+/// The NOTIFY channel whose payload is the id of a replica to wake ("*":
+/// every replica).
+const WAKE_CHANNEL: &str = "hookwire_wake";
+
+/// How long start-up keeps trying to reach Postgres (a database starting
+/// next to hookwire, as in the Kubernetes overlay).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(20);
+
+enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$p` bound to whichever pool this store has; the body
+/// is compiled once per engine.
+macro_rules! with_pool {
+    ($self:ident, $p:ident => $body:expr) => {
+        match &$self.pool {
+            Pool::Sqlite($p) => $body,
+            Pool::Postgres($p) => $body,
+        }
+    };
+}
+
+pub struct SqlStore {
+    pool: Pool,
+    options: StoreOptions,
+    /// The current time in integer ms, as the database sees it.
+    now: &'static str,
+    /// Row locks for work queues (claims, expiry) where the engine has them.
+    skip_locked: &'static str,
+    wake: broadcast::Sender<String>,
+    listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+const SESSION_COLS: &str =
+    "id, agent, owner, extra_hooks, metadata, created_ms, last_active_ms, run_count, active_run";
+
+type SessionRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    Option<String>,
+);
+
+fn session(r: SessionRow) -> Result<Session, StoreError> {
+    Ok(Session {
+        id: r.0,
+        agent: r.1,
+        owner: r.2,
+        extra_hooks: serde_json::from_str(&r.3)?,
+        metadata: serde_json::from_str(&r.4)?,
+        created_at_unix_ms: r.5,
+        last_active_unix_ms: r.6,
+        transcript: Vec::new(),
+        run_count: u32::try_from(r.7).unwrap_or(u32::MAX),
+        active_run: r.8,
+    })
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn decision(state: &str, note: String) -> Option<Decision> {
+    match state {
+        "approved" => Some(Decision {
+            approve: true,
+            note,
+        }),
+        "denied" => Some(Decision {
+            approve: false,
+            note,
+        }),
+        _ => None,
+    }
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
+}
+
+/// The connect options of a Postgres store, password included: the URL
+/// must parse, and a variable named by `store.password_env` must be set.
+pub(super) fn check_postgres(
+    url: &str,
+    password_env: Option<&str>,
+) -> Result<PgConnectOptions, StoreError> {
+    let mut connect = PgConnectOptions::from_str(url)
+        .map_err(|e| StoreError::Backend(format!("store: invalid postgres URL: {e}")))?
+        .application_name("hookwire");
+    if let Some(var) = password_env {
+        let pw = std::env::var(var).map_err(|_| {
+            StoreError::Unavailable(format!(
+                "store.password_env names `{var}`, which is not set in the environment"
+            ))
+        })?;
+        connect = connect.password(&pw);
+    }
+    Ok(connect)
+}
+
+/// A SQLite file can be at `path`: not a directory, and its directory
+/// exists or can be created (the nearest existing ancestor is a directory).
+pub(super) fn check_sqlite_path(path: &Path) -> Result<(), StoreError> {
+    let fix = "set --data-dir / HOOKWIRE_DATA_DIR, or store:";
+    if path.is_dir() {
+        return Err(StoreError::Unavailable(format!(
+            "the SQLite store {} is a directory; name a file in it, e.g. {} ({fix})",
+            path.display(),
+            path.join("hookwire.db").display()
+        )));
+    }
+    let mut dir = path.parent();
+    while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+        if d.exists() {
+            if !d.is_dir() {
+                return Err(StoreError::Unavailable(format!(
+                    "cannot make the data directory for {}: {} is not a directory ({fix})",
+                    path.display(),
+                    d.display()
+                )));
+            }
+            break;
+        }
+        dir = d.parent();
+    }
+    Ok(())
+}
+
+impl SqlStore {
+    /// Opens (creating if needed) the SQLite file at `path`.
+    ///
+    /// WAL with `synchronous=NORMAL`: a committed transaction survives a
+    /// crash of the process; an OS crash or power loss may lose the last
+    /// commits, never corrupt the file. One connection: SQLite serializes
+    /// writers anyway, and this way no transaction ever waits on a lock
+    /// upgrade.
+    pub async fn sqlite(path: &Path, options: StoreOptions) -> Result<SqlStore, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot create the data directory {}: {e} (set --data-dir / HOOKWIRE_DATA_DIR, or store:)",
+                    dir.display()
+                ))
+            })?;
+        }
+        let connect = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(connect)
+            .await
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot open SQLite file {}: {e}", path.display()))
+            })?;
+        migrations::sqlite()
+            .await
+            .map_err(|e| StoreError::Backend(format!("loading migrations: {e}")))?
+            .run(&pool)
+            .await
+            .map_err(|e| {
+                StoreError::Backend(format!("migrating SQLite file {}: {e}", path.display()))
+            })?;
+        Ok(SqlStore {
+            pool: Pool::Sqlite(pool),
+            options,
+            now: "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+            skip_locked: "",
+            wake: broadcast::channel(256).0,
+            listener: Mutex::new(None),
+        })
+    }
+
+    /// Connects to Postgres at `url` (no password in it: it comes from
+    /// the variable `password_env` names, else `PGPASSWORD`), migrates, and
+    /// listens for wake-ups.
+    pub async fn postgres(
+        url: &str,
+        password_env: Option<&str>,
+        max_connections: u32,
+        options: StoreOptions,
+    ) -> Result<SqlStore, StoreError> {
+        let connect = check_postgres(url, password_env)?;
+        let started = tokio::time::Instant::now();
+        let pool = loop {
+            match PgPoolOptions::new()
+                .max_connections(max_connections.max(2))
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(connect.clone())
+                .await
+            {
+                Ok(p) => break p,
+                Err(e) if started.elapsed() < CONNECT_PATIENCE => {
+                    tracing::warn!(error = %e, "cannot reach postgres yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "cannot connect to postgres (host {:?}, database {:?}) for {}s: {e}",
+                        connect.get_host(),
+                        connect.get_database().unwrap_or_default(),
+                        CONNECT_PATIENCE.as_secs()
+                    )))
+                }
+            }
+        };
+        migrations::postgres()
+            .await
+            .map_err(|e| StoreError::Backend(format!("loading migrations: {e}")))?
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Backend(format!("migrating postgres: {e}")))?;
+        let (wake, _) = broadcast::channel(256);
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
+        let listener = tokio::spawn(listen(pool.clone(), wake.clone(), ready_tx));
+        // Listening before the first write, so no hint of ours is missed
+        // (polling would still find it, a little later).
+        if tokio::time::timeout(Duration::from_secs(10), ready)
+            .await
+            .is_err()
+        {
+            tracing::warn!("postgres LISTEN not ready after 10s; relying on polling until it is");
+        }
+        Ok(SqlStore {
+            pool: Pool::Postgres(pool),
+            options,
+            now: "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+            skip_locked: "FOR UPDATE SKIP LOCKED",
+            wake,
+            listener: Mutex::new(Some(listener)),
+        })
+    }
+
+    fn sql(&self, text: &str) -> String {
+        text.replace("{now}", self.now)
+            .replace("{skip_locked}", self.skip_locked)
+            .replace("{session_cols}", SESSION_COLS)
+    }
+
+    fn is_postgres(&self) -> bool {
+        matches!(self.pool, Pool::Postgres(_))
+    }
+
+    /// In-process wake-up for the engines without NOTIFY (after commit).
+    fn wake_local(&self, replica: &str) {
+        if !self.is_postgres() {
+            let _ = self.wake.send(replica.to_string());
+        }
+    }
+}
+
+/// Postgres LISTEN loop: each notification's payload goes to subscribers.
+/// After a reconnect (missed notifications), every replica is woken so it
+/// re-reads the tables.
+async fn listen(
+    pool: PgPool,
+    wake: broadcast::Sender<String>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
+    loop {
+        match PgListener::connect_with(&pool).await {
+            Ok(mut l) => match l.listen(WAKE_CHANNEL).await {
+                Ok(()) => loop {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(());
+                    }
+                    match l.try_recv().await {
+                        Ok(Some(n)) => {
+                            let _ = wake.send(n.payload().to_string());
+                        }
+                        Ok(None) => {
+                            let _ = wake.send("*".into());
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "postgres listener failed; reconnecting");
+                            break;
+                        }
+                    }
+                },
+                Err(e) => tracing::warn!(error = %e, "postgres LISTEN failed; retrying"),
+            },
+            Err(e) if pool.is_closed() => {
+                tracing::debug!(error = %e, "postgres pool closed; listener stops");
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "postgres listener cannot connect; retrying"),
+        }
+        let _ = wake.send("*".into());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionStore for SqlStore {
+    fn engine(&self) -> &'static str {
+        if self.is_postgres() {
+            "postgres"
+        } else {
+            "sqlite"
+        }
+    }
+
+    async fn create_session(&self, s: &NewSession) -> Result<Session, StoreError> {
+        let sql = self.sql(
+            "INSERT INTO sessions (id, agent, owner, extra_hooks, metadata, created_ms, last_active_ms)
+             VALUES ($1, $2, $3, $4, $5, {now}, {now}) RETURNING {session_cols}",
+        );
+        let hooks = serde_json::to_string(&s.extra_hooks)?;
+        let meta = serde_json::to_string(&s.metadata)?;
+        let row: SessionRow = with_pool!(self, p => sqlx::query_as(&sql)
+            .bind(&s.id)
+            .bind(&s.agent)
+            .bind(&s.owner)
+            .bind(&hooks)
+            .bind(&meta)
+            .fetch_one(p)
+            .await?);
+        session(row)
+    }
+
+    async fn get_session(&self, id: &str) -> Result<Session, StoreError> {
+        let sql = self.sql("SELECT {session_cols} FROM sessions WHERE id = $1");
+        let row: Option<SessionRow> =
+            with_pool!(self, p => sqlx::query_as(&sql).bind(id).fetch_optional(p).await?);
+        match row {
+            Some(r) => session(r),
+            None => Err(StoreError::SessionNotFound(id.to_string())),
+        }
+    }
+
+    async fn list_sessions(&self, f: &SessionFilter) -> Result<SessionPage, StoreError> {
+        let after = parse_page_token(&f.page_token)?;
+        let (after_ms, after_id) = after.unwrap_or((i64::MIN, String::new()));
+        let limit = f.limit();
+        let sql = self.sql(
+            "SELECT {session_cols} FROM sessions
+             WHERE ($1 IS NULL OR owner = $1) AND ($2 IS NULL OR agent = $2)
+               AND (created_ms > $3 OR (created_ms = $3 AND id > $4))
+             ORDER BY created_ms, id LIMIT $5",
+        );
+        let rows: Vec<SessionRow> = with_pool!(self, p => sqlx::query_as(&sql)
+            .bind(f.owner.as_deref())
+            .bind(f.agent.as_deref())
+            .bind(after_ms)
+            .bind(&after_id)
+            .bind(i64::from(limit) + 1)
+            .fetch_all(p)
+            .await?);
+        let mut sessions = rows
+            .into_iter()
+            .map(session)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut next_page_token = String::new();
+        if sessions.len() > limit as usize {
+            sessions.truncate(limit as usize);
+            if let Some(last) = sessions.last() {
+                next_page_token = page_token(last);
+            }
+        }
+        Ok(SessionPage {
+            sessions,
+            next_page_token,
+        })
+    }
+
+    async fn run_session(&self, run_id: &str) -> Result<Session, StoreError> {
+        let sql = self.sql(
+            "SELECT {session_cols} FROM sessions
+             WHERE id = (SELECT session_id FROM runs WHERE id = $1 AND ended_ms IS NULL)",
+        );
+        let row: Option<SessionRow> =
+            with_pool!(self, p => sqlx::query_as(&sql).bind(run_id).fetch_optional(p).await?);
+        match row {
+            Some(r) => session(r),
+            None => Err(StoreError::RunNotFound(run_id.to_string())),
+        }
+    }
+
+    async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError> {
+        // sessions_owner_page and the runs' session index serve these.
+        let sql = self.sql(
+            "SELECT
+               (SELECT COUNT(*) FROM sessions WHERE owner = $1),
+               (SELECT COUNT(*) FROM runs r JOIN sessions s ON s.id = r.session_id
+                 WHERE s.owner = $1 AND r.ended_ms IS NULL),
+               (SELECT COUNT(*) FROM runs r JOIN sessions s ON s.id = r.session_id
+                 WHERE s.owner = $1 AND r.started_ms > {now} - $2)",
+        );
+        let (sessions, active, recent): (i64, i64, i64) = with_pool!(self, p => sqlx::query_as(&sql)
+            .bind(owner)
+            .bind(ms(window))
+            .fetch_one(p)
+            .await?);
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(OwnerUsage {
+            sessions: n(sessions),
+            active_runs: n(active),
+            recent_runs: n(recent),
+        })
+    }
+
+    async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
+        let select = self.sql("SELECT {session_cols} FROM sessions WHERE id = $1");
+        with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let row: Option<SessionRow> =
+                sqlx::query_as(&select).bind(id).fetch_optional(&mut *tx).await?;
+            let Some(row) = row else {
+                return Err(StoreError::SessionNotFound(id.to_string()));
+            };
+            // Ended runs go with the session (their approvals cascade); an
+            // active one stays until it ends.
+            sqlx::query("DELETE FROM runs WHERE session_id = $1 AND ended_ms IS NOT NULL")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("DELETE FROM sessions WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            session(row)
+        })
+    }
+
+    async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
+        let rows: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(
+            "SELECT body FROM messages WHERE session_id = $1 ORDER BY seq",
+        )
+        .bind(session_id)
+        .fetch_all(p)
+        .await?);
+        rows.iter()
+            .map(|(b,)| serde_json::from_str(b).map_err(StoreError::from))
+            .collect()
+    }
+
+    async fn transcript_after(
+        &self,
+        session_id: &str,
+        from: u64,
+    ) -> Result<Vec<Message>, StoreError> {
+        let from = i64::try_from(from).unwrap_or(i64::MAX);
+        // The primary key (session_id, seq) serves this: a replica that is
+        // up to date reads no row at all.
+        let rows: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(
+            "SELECT body FROM messages WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
+        )
+        .bind(session_id)
+        .bind(from)
+        .fetch_all(p)
+        .await?);
+        rows.iter()
+            .map(|(b,)| serde_json::from_str(b).map_err(StoreError::from))
+            .collect()
+    }
+
+    async fn begin_run(
+        &self,
+        session_id: &str,
+        run_id: &str,
+        replica: &str,
+    ) -> Result<RunLease, StoreError> {
+        let claim = self.sql(
+            "UPDATE sessions SET run_count = run_count + 1, active_run = $2, last_active_ms = {now}
+             WHERE id = $1 AND active_run IS NULL RETURNING transcript_bytes",
+        );
+        let insert = self.sql(
+            "INSERT INTO runs (id, session_id, replica, epoch, lease_expires_ms, started_ms)
+             VALUES ($1, $2, $3, 1, {now} + $4, {now})",
+        );
+        let lease_ms = ms(self.options.lease);
+        let limit = self.options.max_transcript_bytes;
+        with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let bytes: Option<(i64,)> = sqlx::query_as(&claim)
+                .bind(session_id)
+                .bind(run_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((bytes,)) = bytes else {
+                let active: Option<(Option<String>,)> =
+                    sqlx::query_as("SELECT active_run FROM sessions WHERE id = $1")
+                        .bind(session_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                return Err(match active {
+                    None => StoreError::SessionNotFound(session_id.to_string()),
+                    Some((run,)) => StoreError::Busy {
+                        session: session_id.to_string(),
+                        run: run.unwrap_or_default(),
+                    },
+                });
+            };
+            let bytes = u64::try_from(bytes).unwrap_or(0);
+            if bytes >= limit {
+                return Err(StoreError::TranscriptFull {
+                    session: session_id.to_string(),
+                    bytes,
+                    limit,
+                });
+            }
+            let inserted = sqlx::query(&insert)
+                .bind(run_id)
+                .bind(session_id)
+                .bind(replica)
+                .bind(lease_ms)
+                .execute(&mut *tx)
+                .await;
+            match inserted {
+                Ok(_) => {}
+                // The unique index on active runs backs the session row.
+                Err(e) if is_unique_violation(&e) => {
+                    return Err(StoreError::Busy {
+                        session: session_id.to_string(),
+                        run: String::new(),
+                    })
+                }
+                Err(e) => return Err(e.into()),
+            }
+            tx.commit().await?;
+        });
+        Ok(RunLease {
+            run_id: run_id.to_string(),
+            session_id: session_id.to_string(),
+            epoch: 1,
+        })
+    }
+
+    async fn renew(&self, lease: &RunLease) -> Result<(), StoreError> {
+        let sql = self.sql(
+            "UPDATE runs SET lease_expires_ms = {now} + $3
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
+        );
+        let n = with_pool!(self, p => sqlx::query(&sql)
+            .bind(&lease.run_id)
+            .bind(lease.epoch)
+            .bind(ms(self.options.lease))
+            .execute(p)
+            .await?
+            .rows_affected());
+        if n == 0 {
+            return Err(StoreError::LeaseLost(lease.run_id.clone()));
+        }
+        Ok(())
+    }
+
+    async fn append(&self, lease: &RunLease, messages: &[Message]) -> Result<(), StoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        // The staged turn (if any) is now part of these messages.
+        let fence = self.sql(
+            "UPDATE runs SET lease_expires_ms = {now} + $3, pending_turn = NULL
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
+        );
+        let grow = self.sql(
+            "UPDATE sessions SET next_seq = next_seq + $2, transcript_bytes = transcript_bytes + $3,
+                 last_active_ms = {now}
+             WHERE id = $1 AND active_run = $4 AND transcript_bytes + $3 <= $5
+             RETURNING next_seq",
+        );
+        let bodies = messages
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<_>, _>>()?;
+        let bytes: usize = bodies.iter().map(String::len).sum();
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
+        let limit = i64::try_from(self.options.max_transcript_bytes).unwrap_or(i64::MAX);
+        with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let fenced = sqlx::query(&fence)
+                .bind(&lease.run_id)
+                .bind(lease.epoch)
+                .bind(ms(self.options.lease))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if fenced == 0 {
+                return Err(StoreError::LeaseLost(lease.run_id.clone()));
+            }
+            let next: Option<(i64,)> = sqlx::query_as(&grow)
+                .bind(&lease.session_id)
+                .bind(count)
+                .bind(bytes)
+                .bind(&lease.run_id)
+                .bind(limit)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((next,)) = next else {
+                let s: Option<(i64, Option<String>)> = sqlx::query_as(
+                    "SELECT transcript_bytes, active_run FROM sessions WHERE id = $1",
+                )
+                .bind(&lease.session_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+                return Err(match s {
+                    None => StoreError::SessionNotFound(lease.session_id.clone()),
+                    Some((_, run)) if run.as_deref() != Some(lease.run_id.as_str()) => {
+                        StoreError::LeaseLost(lease.run_id.clone())
+                    }
+                    Some((have, _)) => StoreError::TranscriptFull {
+                        session: lease.session_id.clone(),
+                        bytes: u64::try_from(have).unwrap_or(0),
+                        limit: self.options.max_transcript_bytes,
+                    },
+                });
+            };
+            for (i, body) in bodies.iter().enumerate() {
+                sqlx::query("INSERT INTO messages (session_id, seq, run_id, body) VALUES ($1, $2, $3, $4)")
+                    .bind(&lease.session_id)
+                    .bind(next - count + i64::try_from(i).unwrap_or(0))
+                    .bind(&lease.run_id)
+                    .bind(body)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    async fn stage_turn(&self, lease: &RunLease, turn: Option<&Message>) -> Result<(), StoreError> {
+        let sql = self.sql(
+            "UPDATE runs SET pending_turn = $3, lease_expires_ms = {now} + $4
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
+        );
+        let body = turn.map(serde_json::to_string).transpose()?;
+        let n = with_pool!(self, p => sqlx::query(&sql)
+            .bind(&lease.run_id)
+            .bind(lease.epoch)
+            .bind(body)
+            .bind(ms(self.options.lease))
+            .execute(p)
+            .await?
+            .rows_affected());
+        if n == 0 {
+            return Err(StoreError::LeaseLost(lease.run_id.clone()));
+        }
+        Ok(())
+    }
+
+    async fn end_run(
+        &self,
+        lease: &RunLease,
+        messages: &[Message],
+        end: &RunEnd,
+    ) -> Result<(), StoreError> {
+        let finish = self.sql(
+            "UPDATE runs SET ended_ms = {now}, outcome = $3, reason = $4, input_tokens = $5,
+                 output_tokens = $6, turns = $7, pending_turn = NULL
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
+        );
+        // The run's last commit is never refused for size: the answer it
+        // carries was produced and paid for; the limit stops the next run.
+        let free = self.sql(
+            "UPDATE sessions SET active_run = NULL, last_active_ms = {now},
+                 next_seq = next_seq + $2, transcript_bytes = transcript_bytes + $3
+             WHERE id = $1 AND active_run = $4 RETURNING next_seq",
+        );
+        let bodies = messages
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<_>, _>>()?;
+        let bytes =
+            i64::try_from(bodies.iter().map(String::len).sum::<usize>()).unwrap_or(i64::MAX);
+        let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
+        let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let n = sqlx::query(&finish)
+                .bind(&lease.run_id)
+                .bind(lease.epoch)
+                .bind(end.outcome.name())
+                .bind(&end.reason)
+                .bind(to_i64(end.usage.input_tokens))
+                .bind(to_i64(end.usage.output_tokens))
+                .bind(i64::from(end.turns))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if n == 0 {
+                return Err(StoreError::LeaseLost(lease.run_id.clone()));
+            }
+            sqlx::query("UPDATE approvals SET state = 'expired' WHERE run_id = $1 AND state = 'pending'")
+                .bind(&lease.run_id)
+                .execute(&mut *tx)
+                .await?;
+            let next: Option<(i64,)> = sqlx::query_as(&free)
+                .bind(&lease.session_id)
+                .bind(count)
+                .bind(bytes)
+                .bind(&lease.run_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            // No row: the session was deleted meanwhile; nothing to append.
+            if let Some((next,)) = next {
+                for (i, body) in bodies.iter().enumerate() {
+                    sqlx::query("INSERT INTO messages (session_id, seq, run_id, body) VALUES ($1, $2, $3, $4)")
+                        .bind(&lease.session_id)
+                        .bind(next - count + i64::try_from(i).unwrap_or(0))
+                        .bind(&lease.run_id)
+                        .bind(body)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    async fn request_approval(&self, lease: &RunLease, call_id: &str) -> Result<(), StoreError> {
+        let fence = self.sql(
+            "UPDATE runs SET lease_expires_ms = {now} + $3
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
+        );
+        with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let n = sqlx::query(&fence)
+                .bind(&lease.run_id)
+                .bind(lease.epoch)
+                .bind(ms(self.options.lease))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if n == 0 {
+                return Err(StoreError::LeaseLost(lease.run_id.clone()));
+            }
+            sqlx::query(
+                "INSERT INTO approvals (run_id, call_id, state, note) VALUES ($1, $2, 'pending', '')
+                 ON CONFLICT (run_id, call_id) DO UPDATE SET state = 'pending', note = ''",
+            )
+            .bind(&lease.run_id)
+            .bind(call_id)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    async fn resolve_approval(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        d: &Decision,
+    ) -> Result<(), StoreError> {
+        let state = if d.approve { "approved" } else { "denied" };
+        let postgres = self.is_postgres();
+        let replica = with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let n = sqlx::query(
+                "UPDATE approvals SET state = $3, note = $4
+                 WHERE run_id = $1 AND call_id = $2 AND state = 'pending'",
+            )
+            .bind(run_id)
+            .bind(call_id)
+            .bind(state)
+            .bind(&d.note)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n == 0 {
+                return Err(StoreError::ApprovalNotPending {
+                    run_id: run_id.to_string(),
+                    call_id: call_id.to_string(),
+                });
+            }
+            let (replica,): (String,) = sqlx::query_as("SELECT replica FROM runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_one(&mut *tx)
+                .await?;
+            if postgres {
+                // Delivered at commit.
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(WAKE_CHANNEL)
+                    .bind(&replica)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            replica
+        });
+        self.wake_local(&replica);
+        Ok(())
+    }
+
+    async fn expire_approval(
+        &self,
+        lease: &RunLease,
+        call_id: &str,
+    ) -> Result<Option<Decision>, StoreError> {
+        with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let n = sqlx::query(
+                "UPDATE approvals SET state = 'expired' WHERE run_id = $1 AND call_id = $2 AND state = 'pending'",
+            )
+            .bind(&lease.run_id)
+            .bind(call_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            let answered: Option<(String, String)> = if n == 0 {
+                sqlx::query_as("SELECT state, note FROM approvals WHERE run_id = $1 AND call_id = $2")
+                    .bind(&lease.run_id)
+                    .bind(call_id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+            } else {
+                None
+            };
+            tx.commit().await?;
+            Ok(answered.and_then(|(s, note)| decision(&s, note)))
+        })
+    }
+
+    async fn request_cancel(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {
+        let postgres = self.is_postgres();
+        let replica = with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let replica: Option<(String,)> = sqlx::query_as(
+                "UPDATE runs SET cancel_reason = COALESCE(cancel_reason, $2)
+                 WHERE id = $1 AND ended_ms IS NULL RETURNING replica",
+            )
+            .bind(run_id)
+            .bind(reason)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some((replica,)) = replica else {
+                return Err(StoreError::RunNotFound(run_id.to_string()));
+            };
+            sqlx::query(
+                "UPDATE approvals SET state = 'denied', note = 'the run was cancelled'
+                 WHERE run_id = $1 AND state = 'pending'",
+            )
+            .bind(run_id)
+            .execute(&mut *tx)
+            .await?;
+            if postgres {
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(WAKE_CHANNEL)
+                    .bind(&replica)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            replica
+        });
+        self.wake_local(&replica);
+        Ok(())
+    }
+
+    async fn signals(&self, replica: &str) -> Result<Vec<Signal>, StoreError> {
+        let (cancels, approvals): (Vec<(String, String)>, Vec<(String, String, String, String)>) = with_pool!(self, p => {
+            let c = sqlx::query_as(
+                "SELECT id, cancel_reason FROM runs
+                 WHERE replica = $1 AND ended_ms IS NULL AND cancel_reason IS NOT NULL",
+            )
+            .bind(replica)
+            .fetch_all(p)
+            .await?;
+            let a = sqlx::query_as(
+                "SELECT a.run_id, a.call_id, a.state, a.note FROM approvals a
+                     JOIN runs r ON r.id = a.run_id
+                     WHERE r.replica = $1 AND r.ended_ms IS NULL AND a.state IN ('approved', 'denied')",
+            )
+            .bind(replica)
+            .fetch_all(p)
+            .await?;
+            (c, a)
+        });
+        let mut out: Vec<Signal> = cancels
+            .into_iter()
+            .map(|(run_id, reason)| Signal::Cancel { run_id, reason })
+            .collect();
+        for (run_id, call_id, state, note) in approvals {
+            if let Some(decision) = decision(&state, note) {
+                out.push(Signal::Approval {
+                    run_id,
+                    call_id,
+                    decision,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn claim_expired(
+        &self,
+        replica: &str,
+        limit: u32,
+    ) -> Result<Vec<ClaimedRun>, StoreError> {
+        let select = self.sql(
+            "SELECT id, session_id, epoch, replica, pending_turn FROM runs
+             WHERE ended_ms IS NULL AND lease_expires_ms < {now}
+             ORDER BY lease_expires_ms LIMIT $1 {skip_locked}",
+        );
+        let claim = self.sql(
+            "UPDATE runs SET epoch = epoch + 1, replica = $2, lease_expires_ms = {now} + $3
+             WHERE id = $1 AND epoch = $4",
+        );
+        let get = self.sql("SELECT {session_cols} FROM sessions WHERE id = $1");
+        let lease_ms = ms(self.options.lease);
+        let claimed: Vec<(RunLease, String, Option<String>, Option<SessionRow>)> = with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let rows: Vec<(String, String, i64, String, Option<String>)> = sqlx::query_as(&select)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut out = Vec::new();
+            for (id, session_id, epoch, lost, pending) in rows {
+                let n = sqlx::query(&claim)
+                    .bind(&id)
+                    .bind(replica)
+                    .bind(lease_ms)
+                    .bind(epoch)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if n == 0 {
+                    continue;
+                }
+                let s: Option<SessionRow> = sqlx::query_as(&get)
+                    .bind(&session_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                out.push((
+                    RunLease { run_id: id, session_id, epoch: epoch + 1 },
+                    lost,
+                    pending,
+                    s,
+                ));
+            }
+            tx.commit().await?;
+            out
+        });
+        claimed
+            .into_iter()
+            .map(|(lease, lost_replica, pending, s)| {
+                Ok(ClaimedRun {
+                    lease,
+                    lost_replica,
+                    session: s.map(session).transpose()?,
+                    pending_turn: pending
+                        .map(|b| serde_json::from_str::<Message>(&b))
+                        .transpose()?,
+                })
+            })
+            .collect()
+    }
+
+    async fn expire_sessions(&self, ttl: Duration, limit: u32) -> Result<Vec<Session>, StoreError> {
+        let select = self.sql(
+            "SELECT {session_cols} FROM sessions
+             WHERE active_run IS NULL AND last_active_ms < {now} - $1
+             ORDER BY last_active_ms LIMIT $2 {skip_locked}",
+        );
+        let rows: Vec<SessionRow> = with_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let rows: Vec<SessionRow> = sqlx::query_as(&select)
+                .bind(ms(ttl))
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut gone = Vec::new();
+            for r in rows {
+                let n = sqlx::query("DELETE FROM sessions WHERE id = $1 AND active_run IS NULL")
+                    .bind(&r.0)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if n == 1 {
+                    sqlx::query("DELETE FROM runs WHERE session_id = $1 AND ended_ms IS NOT NULL")
+                        .bind(&r.0)
+                        .execute(&mut *tx)
+                        .await?;
+                    gone.push(r);
+                }
+            }
+            tx.commit().await?;
+            gone
+        });
+        rows.into_iter().map(session).collect()
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<String> {
+        self.wake.subscribe()
+    }
+
+    async fn close(&self) {
+        if let Some(l) = self
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            l.abort();
+        }
+        with_pool!(self, p => p.close().await);
+    }
+}

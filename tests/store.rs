@@ -1,0 +1,803 @@
+//! The store contract: every engine (memory, SQLite, a real PostgreSQL)
+//! passes the same tests, generated per engine by `contract!`.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookwire::agent::approvals::Decision;
+use hookwire::agent::outcome::RunOutcome;
+use hookwire::config::StoreSetting;
+use hookwire::message::{Block, Message, Role, ToolCall};
+use hookwire::store::{
+    self, NewSession, RunEnd, SessionFilter, SessionStore, Signal, StoreError, StoreOptions,
+    TranscriptCache,
+};
+
+/// A lease short enough to be expired after [`EXPIRED`]: the tests only
+/// ever wait for at least that long, never for at most.
+const SHORT_LEASE: Duration = Duration::from_millis(1);
+const EXPIRED: Duration = Duration::from_millis(20);
+
+fn opts(lease: Duration, max_bytes: u64) -> StoreOptions {
+    StoreOptions {
+        lease,
+        max_transcript_bytes: max_bytes,
+    }
+}
+
+async fn open(engine: &str, o: StoreOptions) -> Arc<dyn SessionStore> {
+    let setting = match engine {
+        "memory" => StoreSetting::Memory,
+        "sqlite" => {
+            let dir = tempfile::tempdir().unwrap().keep();
+            StoreSetting::Sqlite {
+                path: dir.join("h.db"),
+            }
+        }
+        "postgres" => StoreSetting::parse(&support::postgres::database(), false).unwrap(),
+        other => panic!("{other}"),
+    };
+    store::open(&setting, o).await.expect("store opens")
+}
+
+fn new_session(id: &str, agent: &str, owner: &str) -> NewSession {
+    NewSession {
+        id: id.into(),
+        agent: agent.into(),
+        owner: owner.into(),
+        extra_hooks: vec!["h".into()],
+        metadata: [("k".to_string(), "v".to_string())].into(),
+    }
+}
+
+fn end(outcome: RunOutcome) -> RunEnd {
+    RunEnd {
+        outcome,
+        reason: String::new(),
+        usage: Default::default(),
+        turns: 1,
+    }
+}
+
+fn call_turn(ids: &[&str]) -> Message {
+    Message {
+        role: Role::Assistant,
+        blocks: ids
+            .iter()
+            .map(|id| {
+                Block::ToolCall(ToolCall {
+                    id: id.to_string(),
+                    name: "t".into(),
+                    arguments_json: "{}".into(),
+                })
+            })
+            .collect(),
+    }
+}
+
+async fn sessions_are_created_read_listed_by_page_and_deleted(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    let created = s
+        .create_session(&new_session("s1", "a", "alice"))
+        .await
+        .unwrap();
+    assert_eq!(created.owner, "alice");
+    assert_eq!(created.extra_hooks, vec!["h".to_string()]);
+    for i in 2..=5 {
+        let agent = if i % 2 == 0 { "b" } else { "a" };
+        s.create_session(&new_session(&format!("s{i}"), agent, "bob"))
+            .await
+            .unwrap();
+    }
+    let got = s.get_session("s1").await.unwrap();
+    assert_eq!(got.metadata.get("k").map(String::as_str), Some("v"));
+    // Pages of two, in creation order, covering every session once.
+    let mut seen = Vec::new();
+    let mut f = SessionFilter {
+        page_size: 2,
+        ..Default::default()
+    };
+    loop {
+        let page = s.list_sessions(&f).await.unwrap();
+        assert!(page.sessions.len() <= 2);
+        seen.extend(page.sessions.iter().map(|s| s.id.clone()));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        f.page_token = page.next_page_token;
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 5, "{seen:?}");
+    let by_agent = s
+        .list_sessions(&SessionFilter {
+            agent: Some("b".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_agent.sessions.len(), 2);
+    assert!(by_agent.sessions.iter().all(|s| s.agent == "b"));
+    let by_owner = s
+        .list_sessions(&SessionFilter {
+            owner: Some("alice".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_owner.sessions.len(), 1);
+    assert_eq!(
+        s.list_sessions(&SessionFilter {
+            page_token: "garbage".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err(),
+        StoreError::BadPageToken
+    );
+    s.delete_session("s1").await.unwrap();
+    assert_eq!(
+        s.get_session("s1").await.unwrap_err(),
+        StoreError::SessionNotFound("s1".into())
+    );
+    assert!(matches!(
+        s.delete_session("s1").await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    s.close().await;
+}
+
+async fn one_active_run_per_session_and_transcript_in_order(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let lease = s.begin_run("s", "r1", "A").await.unwrap();
+    assert_eq!(
+        s.begin_run("s", "r2", "B").await.unwrap_err(),
+        StoreError::Busy {
+            session: "s".into(),
+            run: "r1".into()
+        }
+    );
+    assert!(matches!(
+        s.begin_run("nope", "r3", "A").await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    s.append(&lease, &[Message::user("one")]).await.unwrap();
+    s.append(
+        &lease,
+        &[Message::assistant_text("two"), Message::user("three")],
+    )
+    .await
+    .unwrap();
+    s.end_run(
+        &lease,
+        &[Message::assistant_text("four")],
+        &end(RunOutcome::Completed),
+    )
+    .await
+    .unwrap();
+    let texts: Vec<String> = s
+        .transcript("s")
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(texts, ["one", "two", "three", "four"]);
+    let info = s.get_session("s").await.unwrap();
+    assert_eq!(info.active_run, None);
+    assert_eq!(info.run_count, 1);
+    // Free again; and an ended run's lease writes nothing.
+    let l2 = s.begin_run("s", "r2", "B").await.unwrap();
+    assert_eq!(
+        s.append(&lease, &[Message::user("late")])
+            .await
+            .unwrap_err(),
+        StoreError::LeaseLost("r1".into())
+    );
+    s.end_run(&l2, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    assert_eq!(s.transcript("s").await.unwrap().len(), 4);
+    s.close().await;
+}
+
+async fn a_claimed_run_fences_out_its_old_holder(engine: &str) {
+    let s = open(engine, opts(SHORT_LEASE, 1 << 20)).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let old = s.begin_run("s", "r", "A").await.unwrap();
+    s.append(&old, &[Message::user("go")]).await.unwrap();
+    s.stage_turn(&old, Some(&call_turn(&["c1", "c2"])))
+        .await
+        .unwrap();
+    tokio::time::sleep(EXPIRED).await;
+    let claimed = s.claim_expired("B", 10).await.unwrap();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    let c = &claimed[0];
+    assert_eq!(c.lost_replica, "A");
+    assert!(c.lease.epoch > old.epoch);
+    assert_eq!(c.session.as_ref().map(|s| s.agent.as_str()), Some("a"));
+    assert_eq!(c.pending_turn, Some(call_turn(&["c1", "c2"])));
+    // The old holder can no longer write anything.
+    assert_eq!(
+        s.append(&old, &[Message::user("x")]).await.unwrap_err(),
+        StoreError::LeaseLost("r".into())
+    );
+    assert!(matches!(s.renew(&old).await, Err(StoreError::LeaseLost(_))));
+    assert!(matches!(
+        s.stage_turn(&old, None).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    assert!(matches!(
+        s.end_run(&old, &[], &end(RunOutcome::Completed)).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    // The claimer closes the staged turn; every call gets a result.
+    let closing = store::close_pending_turn(c.pending_turn.clone());
+    s.end_run(&c.lease, &closing, &end(RunOutcome::Interrupted))
+        .await
+        .unwrap();
+    let t = s.transcript("s").await.unwrap();
+    assert_eq!(t.len(), 3);
+    let results: Vec<_> = t[2].tool_results_iter().collect();
+    assert_eq!(results.len(), 2);
+    assert!(results
+        .iter()
+        .all(|r| r.is_error && r.content == store::LOST_REPLICA_RESULT));
+    assert_eq!(s.get_session("s").await.unwrap().active_run, None);
+    // Claimed once only.
+    tokio::time::sleep(EXPIRED).await;
+    assert!(s.claim_expired("C", 10).await.unwrap().is_empty());
+    s.close().await;
+}
+
+async fn a_settled_batch_is_no_longer_staged(engine: &str) {
+    let s = open(engine, opts(SHORT_LEASE, 1 << 20)).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    s.stage_turn(&l, Some(&call_turn(&["c1"]))).await.unwrap();
+    s.append(&l, &[call_turn(&["c1"]), Message::user("results")])
+        .await
+        .unwrap();
+    tokio::time::sleep(EXPIRED).await;
+    let claimed = s.claim_expired("B", 10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].pending_turn, None, "the turn was committed");
+    s.close().await;
+}
+
+async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    let mut hints = s.subscribe();
+    s.request_approval(&l, "c1").await.unwrap();
+    let yes = Decision {
+        approve: true,
+        note: String::new(),
+    };
+    s.resolve_approval("r", "c1", &yes).await.unwrap();
+    assert_eq!(
+        hints.recv().await.unwrap(),
+        "A",
+        "the run's replica is woken"
+    );
+    assert_eq!(
+        s.resolve_approval("r", "c1", &yes).await.unwrap_err(),
+        StoreError::ApprovalNotPending {
+            run_id: "r".into(),
+            call_id: "c1".into()
+        }
+    );
+    assert!(matches!(
+        s.resolve_approval("r", "never-asked", &yes).await,
+        Err(StoreError::ApprovalNotPending { .. })
+    ));
+    assert_eq!(
+        s.signals("A").await.unwrap(),
+        vec![Signal::Approval {
+            run_id: "r".into(),
+            call_id: "c1".into(),
+            decision: yes.clone()
+        }]
+    );
+    assert!(s.signals("B").await.unwrap().is_empty());
+    // Answered before the wait gave up: the answer stands.
+    assert_eq!(s.expire_approval(&l, "c1").await.unwrap(), Some(yes));
+    // Timed out first: a later answer is refused.
+    s.request_approval(&l, "c2").await.unwrap();
+    assert_eq!(s.expire_approval(&l, "c2").await.unwrap(), None);
+    assert!(matches!(
+        s.resolve_approval(
+            "r",
+            "c2",
+            &Decision {
+                approve: true,
+                note: String::new()
+            }
+        )
+        .await,
+        Err(StoreError::ApprovalNotPending { .. })
+    ));
+    // A cancel is a signal for the run's replica and denies what waits.
+    s.request_approval(&l, "c3").await.unwrap();
+    s.request_cancel("r", "cancelled by client").await.unwrap();
+    let sig = s.signals("A").await.unwrap();
+    assert!(sig.contains(&Signal::Cancel {
+        run_id: "r".into(),
+        reason: "cancelled by client".into()
+    }));
+    assert!(sig.iter().any(|x| matches!(x, Signal::Approval { call_id, decision, .. } if call_id == "c3" && !decision.approve)));
+    assert!(matches!(
+        s.resolve_approval(
+            "r",
+            "c3",
+            &Decision {
+                approve: true,
+                note: String::new()
+            }
+        )
+        .await,
+        Err(StoreError::ApprovalNotPending { .. })
+    ));
+    s.end_run(&l, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.request_cancel("r", "again").await.unwrap_err(),
+        StoreError::RunNotFound("r".into())
+    );
+    assert!(
+        s.signals("A").await.unwrap().is_empty(),
+        "ended runs signal nothing"
+    );
+    s.close().await;
+}
+
+async fn transcript_size_is_limited(engine: &str) {
+    let s = open(engine, opts(Duration::from_secs(30), 200)).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    s.append(&l, &[Message::user("x".repeat(50))])
+        .await
+        .unwrap();
+    let err = s
+        .append(&l, &[Message::user("y".repeat(300))])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::TranscriptFull { limit: 200, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("server.max_transcript_bytes"));
+    // The final commit is kept; the next run is refused.
+    s.end_run(
+        &l,
+        &[Message::assistant_text("z".repeat(300))],
+        &end(RunOutcome::Failed),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.transcript("s").await.unwrap().len(), 2);
+    assert!(matches!(
+        s.begin_run("s", "r2", "A").await,
+        Err(StoreError::TranscriptFull { .. })
+    ));
+    s.close().await;
+}
+
+async fn idle_sessions_expire_but_busy_ones_do_not(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("idle", "a", "o"))
+        .await
+        .unwrap();
+    s.create_session(&new_session("busy", "a", "o"))
+        .await
+        .unwrap();
+    let l = s.begin_run("busy", "r", "A").await.unwrap();
+    tokio::time::sleep(EXPIRED).await;
+    let gone = s
+        .expire_sessions(Duration::from_millis(1), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        gone.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        ["idle"]
+    );
+    assert!(matches!(
+        s.get_session("idle").await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    s.end_run(&l, &[], &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+    assert!(s
+        .expire_sessions(Duration::from_secs(3600), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    s.close().await;
+}
+
+async fn deleting_a_session_with_an_active_run_lets_the_run_end(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    s.delete_session("s").await.unwrap();
+    s.request_cancel("r", "session deleted").await.unwrap();
+    assert!(matches!(
+        s.append(&l, &[Message::user("x")]).await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    s.end_run(&l, &[Message::user("x")], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    s.close().await;
+}
+
+/// A run on `replica` that commits `msgs` (the first with a step, the rest
+/// with its end).
+async fn commit_run(s: &dyn SessionStore, run: &str, replica: &str, msgs: &[Message]) {
+    let lease = s.begin_run("s", run, replica).await.unwrap();
+    let (first, rest) = msgs.split_at(msgs.len().min(1));
+    s.append(&lease, first).await.unwrap();
+    s.end_run(&lease, rest, &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+}
+
+fn texts(m: &[Message]) -> Vec<String> {
+    m.iter().map(Message::text).collect()
+}
+
+async fn the_transcript_reads_from_a_position(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    assert!(s.transcript_after("s", 0).await.unwrap().is_empty());
+    commit_run(
+        &*s,
+        "r1",
+        "A",
+        &[Message::user("one"), Message::assistant_text("two")],
+    )
+    .await;
+    commit_run(
+        &*s,
+        "r2",
+        "B",
+        &[Message::user("three"), Message::assistant_text("four")],
+    )
+    .await;
+    assert_eq!(
+        s.transcript_after("s", 0).await.unwrap(),
+        s.transcript("s").await.unwrap()
+    );
+    assert_eq!(
+        texts(&s.transcript_after("s", 1).await.unwrap()),
+        ["two", "three", "four"]
+    );
+    assert_eq!(texts(&s.transcript_after("s", 3).await.unwrap()), ["four"]);
+    assert!(s.transcript_after("s", 4).await.unwrap().is_empty());
+    assert!(s.transcript_after("s", 99).await.unwrap().is_empty());
+    s.close().await;
+}
+
+/// Two replicas' caches over one store: each sees what the other (or
+/// anyone) committed since its copy, and reuses its copy when nothing was.
+async fn a_replicas_transcript_cache_sees_what_other_replicas_appended(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let (a, b) = (TranscriptCache::default(), TranscriptCache::default());
+    assert!(a.load(&*s, "s").await.unwrap().is_empty());
+    commit_run(
+        &*s,
+        "r1",
+        "B",
+        &[Message::user("one"), Message::assistant_text("two")],
+    )
+    .await;
+    assert_eq!(texts(&b.load(&*s, "s").await.unwrap()), ["one", "two"]);
+    assert_eq!(
+        texts(&a.load(&*s, "s").await.unwrap()),
+        ["one", "two"],
+        "A's empty copy is completed with B's run"
+    );
+    commit_run(
+        &*s,
+        "r2",
+        "A",
+        &[Message::user("three"), Message::assistant_text("four")],
+    )
+    .await;
+    let full = s.transcript("s").await.unwrap();
+    let on_a = a.load(&*s, "s").await.unwrap();
+    assert_eq!(*on_a, full);
+    assert_eq!(*b.load(&*s, "s").await.unwrap(), full, "B's copy too");
+    let again = a.load(&*s, "s").await.unwrap();
+    assert!(Arc::ptr_eq(&on_a, &again), "nothing new: the same copy");
+    a.forget("s");
+    assert_eq!(a.held().0, 0);
+    s.close().await;
+}
+
+/// The store, recording what each `transcript_after` asked and got.
+struct Recording {
+    inner: Arc<dyn SessionStore>,
+    reads: std::sync::Mutex<Vec<(u64, usize)>>,
+}
+
+#[async_trait::async_trait]
+impl SessionStore for Recording {
+    fn engine(&self) -> &'static str {
+        self.inner.engine()
+    }
+    async fn transcript_after(&self, id: &str, from: u64) -> Result<Vec<Message>, StoreError> {
+        let got = self.inner.transcript_after(id, from).await?;
+        self.reads.lock().unwrap().push((from, got.len()));
+        Ok(got)
+    }
+    async fn create_session(
+        &self,
+        s: &NewSession,
+    ) -> Result<hookwire::session::Session, StoreError> {
+        self.inner.create_session(s).await
+    }
+    async fn get_session(&self, id: &str) -> Result<hookwire::session::Session, StoreError> {
+        self.inner.get_session(id).await
+    }
+    async fn list_sessions(&self, f: &SessionFilter) -> Result<store::SessionPage, StoreError> {
+        self.inner.list_sessions(f).await
+    }
+    async fn run_session(&self, run: &str) -> Result<hookwire::session::Session, StoreError> {
+        self.inner.run_session(run).await
+    }
+    async fn owner_usage(
+        &self,
+        owner: &str,
+        window: std::time::Duration,
+    ) -> Result<store::OwnerUsage, StoreError> {
+        self.inner.owner_usage(owner, window).await
+    }
+    async fn delete_session(&self, id: &str) -> Result<hookwire::session::Session, StoreError> {
+        self.inner.delete_session(id).await
+    }
+    async fn transcript(&self, id: &str) -> Result<Vec<Message>, StoreError> {
+        self.inner.transcript(id).await
+    }
+    async fn begin_run(&self, s: &str, r: &str, rep: &str) -> Result<store::RunLease, StoreError> {
+        self.inner.begin_run(s, r, rep).await
+    }
+    async fn renew(&self, l: &store::RunLease) -> Result<(), StoreError> {
+        self.inner.renew(l).await
+    }
+    async fn append(&self, l: &store::RunLease, m: &[Message]) -> Result<(), StoreError> {
+        self.inner.append(l, m).await
+    }
+    async fn stage_turn(&self, l: &store::RunLease, t: Option<&Message>) -> Result<(), StoreError> {
+        self.inner.stage_turn(l, t).await
+    }
+    async fn end_run(
+        &self,
+        l: &store::RunLease,
+        m: &[Message],
+        e: &RunEnd,
+    ) -> Result<(), StoreError> {
+        self.inner.end_run(l, m, e).await
+    }
+    async fn request_approval(&self, l: &store::RunLease, c: &str) -> Result<(), StoreError> {
+        self.inner.request_approval(l, c).await
+    }
+    async fn resolve_approval(&self, r: &str, c: &str, d: &Decision) -> Result<(), StoreError> {
+        self.inner.resolve_approval(r, c, d).await
+    }
+    async fn expire_approval(
+        &self,
+        l: &store::RunLease,
+        c: &str,
+    ) -> Result<Option<Decision>, StoreError> {
+        self.inner.expire_approval(l, c).await
+    }
+    async fn request_cancel(&self, r: &str, why: &str) -> Result<(), StoreError> {
+        self.inner.request_cancel(r, why).await
+    }
+    async fn signals(&self, rep: &str) -> Result<Vec<Signal>, StoreError> {
+        self.inner.signals(rep).await
+    }
+    async fn claim_expired(&self, rep: &str, n: u32) -> Result<Vec<store::ClaimedRun>, StoreError> {
+        self.inner.claim_expired(rep, n).await
+    }
+    async fn expire_sessions(
+        &self,
+        ttl: Duration,
+        n: u32,
+    ) -> Result<Vec<hookwire::session::Session>, StoreError> {
+        self.inner.expire_sessions(ttl, n).await
+    }
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.inner.subscribe()
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+/// A cache reads only the messages after its copy: none when it is
+/// current, just the new ones when another replica appended.
+async fn the_transcript_cache_reads_only_what_follows_its_copy(engine: &str) {
+    let s = Recording {
+        inner: open(engine, StoreOptions::default()).await,
+        reads: Default::default(),
+    };
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let cache = TranscriptCache::default();
+    cache.load(&s, "s").await.unwrap();
+    commit_run(
+        &s,
+        "r1",
+        "A",
+        &[Message::user("one"), Message::assistant_text("two")],
+    )
+    .await;
+    cache.load(&s, "s").await.unwrap();
+    cache.load(&s, "s").await.unwrap();
+    commit_run(
+        &s,
+        "r2",
+        "B",
+        &[Message::user("three"), Message::assistant_text("four")],
+    )
+    .await;
+    let got = cache.load(&s, "s").await.unwrap();
+    assert_eq!(texts(&got), ["one", "two", "three", "four"]);
+    assert_eq!(
+        *s.reads.lock().unwrap(),
+        [(0, 0), (0, 2), (2, 0), (2, 2)],
+        "(from, messages read) per load"
+    );
+    s.close().await;
+}
+
+/// Ownership lives in the store: each session keeps its owner, a listing
+/// by owner holds only that owner's sessions and pages over them alone
+/// (full pages, however the owners interleave), an active run leads to its
+/// session's owner from any replica, and the counts quotas read are per
+/// owner.
+async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    // alice and bob interleaved: alice a1..a5, bob b1..b4.
+    for i in 1..=5 {
+        s.create_session(&new_session(&format!("a{i}"), "x", "alice"))
+            .await
+            .unwrap();
+        if i < 5 {
+            s.create_session(&new_session(&format!("b{i}"), "x", "bob"))
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(s.get_session("b2").await.unwrap().owner, "bob");
+    let mut f = SessionFilter {
+        owner: Some("alice".into()),
+        page_size: 2,
+        ..Default::default()
+    };
+    let mut pages = Vec::new();
+    loop {
+        let page = s.list_sessions(&f).await.unwrap();
+        assert!(
+            page.sessions.iter().all(|x| x.owner == "alice"),
+            "only alice's: {:?}",
+            page.sessions
+        );
+        pages.push(
+            page.sessions
+                .iter()
+                .map(|x| x.id.clone())
+                .collect::<Vec<_>>(),
+        );
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        f.page_token = page.next_page_token;
+    }
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![2, 2, 1], "full pages of alice's own: {pages:?}");
+    let mut all: Vec<String> = pages.concat();
+    all.sort();
+    assert_eq!(all, ["a1", "a2", "a3", "a4", "a5"]);
+    let nobody = s
+        .list_sessions(&SessionFilter {
+            owner: Some("carol".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(nobody.sessions.is_empty());
+
+    // A run leads to its session (and owner) while it is active only.
+    let lease = s.begin_run("a1", "r1", "A").await.unwrap();
+    assert_eq!(s.run_session("r1").await.unwrap().owner, "alice");
+    assert_eq!(
+        s.run_session("nope").await.unwrap_err(),
+        StoreError::RunNotFound("nope".into())
+    );
+    let minute = Duration::from_secs(60);
+    let alice = s.owner_usage("alice", minute).await.unwrap();
+    assert_eq!(
+        alice,
+        store::OwnerUsage {
+            sessions: 5,
+            active_runs: 1,
+            recent_runs: 1
+        }
+    );
+    let bob = s.owner_usage("bob", minute).await.unwrap();
+    assert_eq!((bob.sessions, bob.active_runs, bob.recent_runs), (4, 0, 0));
+    s.end_run(&lease, &[Message::user("hi")], &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.run_session("r1").await.unwrap_err(),
+        StoreError::RunNotFound("r1".into()),
+        "an ended run leads nowhere"
+    );
+    let alice = s.owner_usage("alice", minute).await.unwrap();
+    assert_eq!((alice.active_runs, alice.recent_runs), (0, 1));
+    let empty_window = s.owner_usage("alice", Duration::ZERO).await.unwrap();
+    assert_eq!(empty_window.recent_runs, 0, "outside the window");
+    s.delete_session("a2").await.unwrap();
+    assert_eq!(s.owner_usage("alice", minute).await.unwrap().sessions, 4);
+    s.close().await;
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $( #[tokio::test] async fn $name() { super::$name("memory").await } )*
+        }
+        mod sqlite {
+            $( #[tokio::test] async fn $name() { super::$name("sqlite").await } )*
+        }
+        mod postgres {
+            $( #[tokio::test] async fn $name() { super::$name("postgres").await } )*
+        }
+    };
+}
+
+contract!(
+    sessions_are_created_read_listed_by_page_and_deleted,
+    one_active_run_per_session_and_transcript_in_order,
+    a_claimed_run_fences_out_its_old_holder,
+    a_settled_batch_is_no_longer_staged,
+    approvals_first_answer_wins_and_cancel_denies,
+    transcript_size_is_limited,
+    idle_sessions_expire_but_busy_ones_do_not,
+    deleting_a_session_with_an_active_run_lets_the_run_end,
+    the_transcript_reads_from_a_position,
+    a_replicas_transcript_cache_sees_what_other_replicas_appended,
+    the_transcript_cache_reads_only_what_follows_its_copy,
+    sessions_are_owned_listed_by_owner_and_counted,
+);
+
+/// Two stores opening one fresh Postgres database at once: sqlx's migrator
+/// holds an advisory lock, so each migration is applied once and both open.
+#[tokio::test]
+async fn postgres_two_stores_migrating_at_once_migrate_once() {
+    let url = support::postgres::database();
+    let setting = StoreSetting::parse(&url, false).unwrap();
+    let (a, b) = tokio::join!(
+        store::open(&setting, StoreOptions::default()),
+        store::open(&setting, StoreOptions::default())
+    );
+    let (a, b) = (a.expect("first opens"), b.expect("second opens"));
+    let pg = support::postgres::server();
+    assert_eq!(
+        pg.query(&url, "SELECT count(*) FROM _sqlx_migrations WHERE success"),
+        "1"
+    );
+    a.close().await;
+    b.close().await;
+}
