@@ -119,6 +119,7 @@ impl Engine {
         // them when a breaker opens or closes.
         for c in registry.all() {
             c.attach_metrics(inst.metrics.clone());
+            c.pool().attach_metrics(inst.metrics.hook_pool(c.name()));
         }
         let mut agents = HashMap::new();
         for a in &config.agents {

@@ -3,7 +3,9 @@
 
 mod client;
 pub mod connection;
+mod fd_limit;
 mod json;
+pub mod load;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -115,6 +117,43 @@ pub enum Command {
     Hooks {
         #[command(subcommand)]
         action: HooksAction,
+    },
+    /// Load a server: N concurrent clients invoke runs back to back for a
+    /// while, then print runs/s, latency percentiles and outcomes.
+    ///
+    /// Each client creates a session, invokes `--runs-per-session` runs on
+    /// it (Invoke, the input `--input`), and starts over with a fresh
+    /// session, until `--duration` has passed; runs still in flight then
+    /// are awaited (at most `--drain`). Exits 0 only when every run
+    /// completed.
+    Load {
+        /// Server address.
+        #[arg(long, env = "HOOKWIRE_ADDR", default_value = "http://127.0.0.1:50051")]
+        addr: String,
+        /// Agent of the sessions.
+        #[arg(long, default_value = "demo")]
+        agent: String,
+        /// Runs in flight at once (one per client), 1..=100000.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// How long to keep starting runs, e.g. 3s, 1m (at most 1h).
+        #[arg(long, default_value = "3s", value_parser = parse_duration)]
+        duration: Duration,
+        /// The user input of every run.
+        #[arg(long, default_value = "hello")]
+        input: String,
+        /// Runs per session before a client starts a fresh one (a longer
+        /// conversation makes every later run bigger).
+        #[arg(long, default_value_t = 1)]
+        runs_per_session: u32,
+        /// How long runs in flight at the end may take to finish.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        drain: Duration,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        server: connection::ServerOpts,
     },
     /// Configuration tools.
     Config {
@@ -304,6 +343,13 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             };
             cfg.store = Some(resolve_store(store, cfg.store.take(), data_dir)?);
             let telemetry = crate::telemetry::init(&cfg.telemetry, log_format)?;
+            match fd_limit::raise() {
+                Ok(Some((from, to))) => {
+                    tracing::info!(from, to, "raised the open-file limit (RLIMIT_NOFILE)")
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{e}"),
+            }
             if let Some(demo) = &demo {
                 tracing::info!(
                     hook = crate::demo::guard::NAME,
@@ -410,6 +456,38 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     report.count(crate::conformance::Status::Fail),
                     report.rows.len()
                 );
+            }
+            Ok(())
+        }
+        Command::Load {
+            addr,
+            agent,
+            concurrency,
+            duration,
+            input,
+            runs_per_session,
+            drain,
+            json,
+            server,
+        } => {
+            let report = load::run(load::Options {
+                addr,
+                agent,
+                concurrency,
+                duration,
+                input,
+                runs_per_session,
+                drain,
+                server,
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.text());
+            }
+            if !report.all_completed() {
+                anyhow::bail!("not every run completed (see outcomes and errors above)");
             }
             Ok(())
         }

@@ -20,6 +20,10 @@ agents:
     system_prompt: "You are hookwire's demo agent."
 "#;
 
+/// Connections per hook server at most: each is a socket (a file
+/// descriptor) on both sides.
+pub const MAX_HOOK_CONNECTIONS: usize = 4096;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {file}: {source}")]
@@ -169,11 +173,14 @@ impl Config {
                     }
                 }
                 ProviderKind::Openai => {
-                    if m.rules.is_some() {
-                        errs.push((
-                            format!("{p}.rules"),
-                            "only valid for provider: scripted".into(),
-                        ));
+                    for (field, set) in [("rules", m.rules.is_some()), ("delay", m.delay.is_some())]
+                    {
+                        if set {
+                            errs.push((
+                                format!("{p}.{field}"),
+                                "only valid for provider: scripted".into(),
+                            ));
+                        }
                     }
                     match &m.base_url {
                         None => errs.push((
@@ -237,6 +244,25 @@ impl Config {
             }
             if h.observe_queue == 0 {
                 errs.push((format!("{p}.observe_queue"), "must be at least 1".into()));
+            }
+            let c = &h.connections;
+            if c.max == 0 || c.max > MAX_HOOK_CONNECTIONS {
+                errs.push((
+                    format!("{p}.connections.max"),
+                    format!("must be 1..={MAX_HOOK_CONNECTIONS}"),
+                ));
+            }
+            if c.max_streams_per_connection == Some(0) {
+                errs.push((
+                    format!("{p}.connections.max_streams_per_connection"),
+                    "must be at least 1 (or left out: the server's advertised limit)".into(),
+                ));
+            }
+            if c.idle_timeout.is_zero() {
+                errs.push((
+                    format!("{p}.connections.idle_timeout"),
+                    "must be greater than zero".into(),
+                ));
             }
         }
 
@@ -453,6 +479,51 @@ mod tests {
         let e = err("models: [{name: m, provider: scripted, base_url: 'http://x'}]\nagents: [{name: a, model: m}]\n");
         assert_eq!(e.path(), Some("models[0].base_url"));
         assert!(e.to_string().contains("only valid for provider: openai"));
+    }
+
+    #[test]
+    fn scripted_delay_parses_and_is_scripted_only() {
+        let c = Config::parse("models: [{name: m, provider: scripted, delay: 2s, rules: [{text: hi, delay: 150ms}]}]\nagents: [{name: a, model: m}]\n", "t").unwrap();
+        let m = c.model("m").unwrap();
+        assert_eq!(m.delay, Some(std::time::Duration::from_secs(2)));
+        assert_eq!(
+            m.rules.as_ref().unwrap()[0].delay,
+            Some(std::time::Duration::from_millis(150))
+        );
+        let e = err("models: [{name: m, provider: openai, base_url: 'http://x:1/v1', model: x, delay: 2s}]\nagents: [{name: a, model: m}]\n");
+        assert_eq!(e.path(), Some("models[0].delay"));
+        assert!(
+            e.to_string().contains("only valid for provider: scripted"),
+            "{e}"
+        );
+        let e = err(
+            "models: [{name: m, provider: scripted, delay: soon}]\nagents: [{name: a, model: m}]\n",
+        );
+        assert_eq!(e.path(), Some("models[0].delay"));
+    }
+
+    #[test]
+    fn hook_connections_defaults_and_bounds() {
+        let c = Config::parse("models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\nhooks: [{name: h, endpoint: 'http://x:1'}, {name: g, endpoint: 'http://x:2', connections: {max: 8, max_streams_per_connection: 100, idle_timeout: 5s}}]\n", "t").unwrap();
+        assert_eq!(
+            c.hooks[0].connections,
+            super::super::ConnectionsConfig::default()
+        );
+        let g = &c.hooks[1].connections;
+        assert_eq!((g.max, g.max_streams_per_connection), (8, Some(100)));
+        assert_eq!(g.idle_timeout, std::time::Duration::from_secs(5));
+        for (bad, path) in [
+            ("{max: 0}", "hooks[0].connections.max"),
+            (
+                "{max_streams_per_connection: 0}",
+                "hooks[0].connections.max_streams_per_connection",
+            ),
+            ("{idle_timeout: 0s}", "hooks[0].connections.idle_timeout"),
+            ("{max: 2, streams: 4}", "hooks[0].connections.streams"),
+        ] {
+            let e = err(&format!("models: [{{name: m, provider: scripted}}]\nagents: [{{name: a, model: m}}]\nhooks: [{{name: h, endpoint: 'http://x:1', connections: {bad}}}]\n"));
+            assert_eq!(e.path(), Some(path), "{bad}: {e}");
+        }
     }
 
     #[test]

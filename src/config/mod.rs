@@ -81,6 +81,10 @@ pub struct ModelConfig {
     // scripted
     #[serde(default)]
     pub rules: Option<Vec<Rule>>,
+    /// How long every answer takes (a rule's own `delay` wins); lets load
+    /// tests keep runs in flight as a real model would.
+    #[serde(default, with = "humantime_serde")]
+    pub delay: Option<Duration>,
     // openai
     pub base_url: Option<String>,
     pub model: Option<String>,
@@ -154,12 +158,56 @@ pub struct HookConfig {
     pub observe_queue: usize,
     #[serde(default)]
     pub breaker: BreakerConfig,
+    /// The pool of HTTP/2 connections to this hook server.
+    #[serde(default)]
+    pub connections: ConnectionsConfig,
     /// TLS settings for an `https://` endpoint.
     #[serde(default)]
     pub tls: HookTls,
     /// Bearer token sent on every call.
     #[serde(default)]
     pub credentials: HookCredentials,
+}
+
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+pub const DEFAULT_CONNECTION_IDLE: Duration = Duration::from_secs(60);
+
+/// Every run holds one `Process` stream per hook for its whole life, and a
+/// hook server (or a proxy in front of it) caps concurrent streams per
+/// HTTP/2 connection (nginx 128, cloud load balancers ~100, grpcio and
+/// grpc-go when set): hookwire opens more connections as each reaches the
+/// server's advertised limit (or refuses a stream), up to `max`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionsConfig {
+    /// Connections to this hook server at most; new streams wait for a free
+    /// slot (bounded by their deadline) when every one is full.
+    #[serde(default = "default_max_connections")]
+    pub max: usize,
+    /// Streams per connection at most, below what the server advertises
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS); unset: the server's limit alone.
+    #[serde(default)]
+    pub max_streams_per_connection: Option<usize>,
+    /// How long a surplus connection may carry no stream before it closes.
+    #[serde(default = "default_connection_idle", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for ConnectionsConfig {
+    fn default() -> Self {
+        ConnectionsConfig {
+            max: DEFAULT_MAX_CONNECTIONS,
+            max_streams_per_connection: None,
+            idle_timeout: DEFAULT_CONNECTION_IDLE,
+        }
+    }
+}
+
+fn default_max_connections() -> usize {
+    DEFAULT_MAX_CONNECTIONS
+}
+fn default_connection_idle() -> Duration {
+    DEFAULT_CONNECTION_IDLE
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -203,6 +251,14 @@ fn yes() -> bool {
 }
 
 impl HookConfig {
+    /// The longest per-call deadline any event of this hook may get.
+    pub fn longest_timeout(&self) -> Duration {
+        self.event_timeouts
+            .values()
+            .map(|d| d.0)
+            .fold(self.timeout, Duration::max)
+    }
+
     pub fn timeout_for(&self, event: EventKind) -> Duration {
         self.event_timeouts
             .get(&event)

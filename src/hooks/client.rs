@@ -18,6 +18,8 @@ use crate::hooks::connector::{self, Connector};
 use crate::hooks::credentials::Credentials;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::failure_log::FailureLog;
+use crate::hooks::peer_settings::{Report, SettingsWatch};
+use crate::hooks::pool::{Lease, Pool};
 use crate::hooks::stream::{classify_status, RunStream};
 use crate::hooks::wire::event_kind_from_wire;
 use crate::message::{ToolCall, ToolSpec};
@@ -53,7 +55,8 @@ pub type HookChannel = InterceptedService<Channel, Credentials>;
 
 pub struct HookClient {
     pub config: HookConfig,
-    channel: HookChannel,
+    /// Connections to the hook server: every call and stream takes a slot.
+    pool: Pool,
     tls: Option<HookTls>,
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
@@ -125,11 +128,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// check`, so the checker connects exactly like the engine): lazily, with
 /// `tls` for `https://` endpoints (the webpki roots when `None`).
 ///
-/// TLS is done by our own connector (`tls::HookTls`), so certificate files
-/// are re-read when they change and failures say what did not match; the
-/// channel itself is then given the `http://` form of the URL, because
-/// tonic refuses an `https://` URL without its own TLS.
-///
 /// `closed` is signalled whenever a connection ends, so the client can ask
 /// a (possibly restarted) server for its Describe again.
 pub fn connect(
@@ -138,35 +136,82 @@ pub fn connect(
     tls: Option<&HookTls>,
     closed: Arc<Notify>,
 ) -> Result<Channel, String> {
-    let endpoint = endpoint(url, connect_timeout)?;
-    let Some(rest) = url.strip_prefix("https://") else {
-        let tcp = Connector::new(connector::plain_tcp(connect_timeout), closed);
-        return Ok(endpoint.connect_with_connector_lazy(tcp));
-    };
-    let default_tls;
-    let tls = match tls {
-        Some(t) => t,
-        None => {
-            default_tls = HookTls::new(url, &config::HookTls::default(), Duration::MAX)
-                .map_err(|e| e.to_string())?;
-            &default_tls
+    Ok(Dialer::new(url, connect_timeout, tls)?.channel(closed, Arc::new(|_| {})))
+}
+
+/// Makes connections to one hook server, each its own lazy channel (the
+/// connection pool opens as many as the server's stream limit needs).
+///
+/// TLS is done by our own connector (`tls::HookTls`), so certificate files
+/// are re-read when they change and failures say what did not match; the
+/// channel itself is then given the `http://` form of the URL, because
+/// tonic refuses an `https://` URL without its own TLS. The server's
+/// SETTINGS are read above the TLS layer, so a TLS hook's stream limit is
+/// known as a plaintext one's is.
+#[derive(Clone)]
+pub struct Dialer {
+    endpoint: Endpoint,
+    connect_timeout: Duration,
+    tls: Option<HookTls>,
+}
+
+impl Dialer {
+    pub fn new(
+        url: &str,
+        connect_timeout: Duration,
+        tls: Option<&HookTls>,
+    ) -> Result<Dialer, String> {
+        let Some(rest) = url.strip_prefix("https://") else {
+            return Ok(Dialer {
+                endpoint: endpoint(url, connect_timeout)?,
+                connect_timeout,
+                tls: None,
+            });
+        };
+        let tls = match tls {
+            Some(t) => t.clone(),
+            None => HookTls::new(url, &config::HookTls::default(), Duration::MAX)
+                .map_err(|e| e.to_string())?,
+        };
+        let mut plain = endpoint_settings(
+            Endpoint::from_shared(format!("http://{rest}"))
+                .map_err(|e| format!("bad endpoint `{url}`: {e}"))?,
+            connect_timeout,
+        );
+        if let Some(name) = tls.server_name() {
+            // The name the certificate is for is also the :authority a proxy
+            // or a virtual host routes on.
+            let port = plain.uri().port_u16().unwrap_or(443);
+            let origin = format!("http://{name}:{port}")
+                .parse()
+                .map_err(|e| format!("tls.server_name `{name}`: {e}"))?;
+            plain = plain.origin(origin);
         }
-    };
-    let mut plain = endpoint_settings(
-        Endpoint::from_shared(format!("http://{rest}"))
-            .map_err(|e| format!("bad endpoint `{url}`: {e}"))?,
-        connect_timeout,
-    );
-    if let Some(name) = tls.server_name() {
-        // The name the certificate is for is also the :authority a proxy
-        // or a virtual host routes on.
-        let port = plain.uri().port_u16().unwrap_or(443);
-        let origin = format!("http://{name}:{port}")
-            .parse()
-            .map_err(|e| format!("tls.server_name `{name}`: {e}"))?;
-        plain = plain.origin(origin);
+        Ok(Dialer {
+            endpoint: plain,
+            connect_timeout,
+            tls: Some(tls),
+        })
     }
-    Ok(plain.connect_with_connector_lazy(Connector::new(tls.connector(), closed)))
+
+    /// A new lazy channel (one HTTP/2 connection at a time): `closed` is
+    /// signalled when a connection of it ends, `report` hears the server's
+    /// advertised stream limit on each.
+    pub fn channel(&self, closed: Arc<Notify>, report: Report) -> Channel {
+        match &self.tls {
+            None => {
+                let tcp = connector::plain_tcp(self.connect_timeout);
+                self.endpoint.connect_with_connector_lazy(Connector::new(
+                    SettingsWatch::new(tcp, report),
+                    closed,
+                ))
+            }
+            Some(tls) => self.endpoint.connect_with_connector_lazy(Connector::new(
+                SettingsWatch::new(tls.connector(), report),
+                closed,
+            )),
+        }
+    }
 }
 
 /// Whether `url` names this machine (plaintext is fine there).
@@ -206,6 +251,11 @@ fn endpoint_settings(endpoint: Endpoint, connect_timeout: Duration) -> Endpoint 
         .keep_alive_while_idle(false)
 }
 
+/// A HookService client on `channel`, as hookwire makes every one.
+pub fn client_on(channel: HookChannel) -> HookServiceClient<HookChannel> {
+    HookServiceClient::new(channel).max_decoding_message_size(16 * 1024 * 1024)
+}
+
 impl HookClient {
     /// `reload_interval`: how often TLS and token files are checked for
     /// changes (`server.reload_interval`).
@@ -225,18 +275,26 @@ impl HookClient {
         };
         // A new connection may reach a restarted server with another
         // Describe: every connection that ends asks for a fresh one.
+        // (Every connection of the pool: the one that ended is replaced,
+        // but the server behind it may have changed.)
         let redescribe = Arc::new(Notify::new());
-        let channel = connect(
+        let dialer = Dialer::new(
             &config.endpoint,
             config.timeout.min(Duration::from_secs(10)),
             tls.as_ref(),
-            redescribe.clone(),
         )
         .map_err(|e| format!("{owner}: {e}"))?;
         let credentials = Credentials::new(&owner, &config.credentials, reload_interval)?;
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
+        // Each connection of the pool reads the server's advertised stream
+        // limit off the wire (see peer_settings), and carries the hook's
+        // credentials on every call.
+        let closed = redescribe.clone();
+        let connect = Box::new(move |report| {
+            InterceptedService::new(dialer.channel(closed.clone(), report), credentials.clone())
+        });
         Ok(Arc::new(HookClient {
-            channel: InterceptedService::new(channel, credentials),
+            pool: Pool::new(&config.name, &config.connections, connect),
             tls,
             config,
             described: RwLock::new(None),
@@ -271,8 +329,13 @@ impl HookClient {
         &self.config.name
     }
 
-    fn client(&self) -> HookServiceClient<HookChannel> {
-        HookServiceClient::new(self.channel.clone()).max_decoding_message_size(16 * 1024 * 1024)
+    /// A client on the leased connection.
+    fn client(lease: &Lease) -> HookServiceClient<HookChannel> {
+        client_on(lease.channel())
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     pub fn description(&self) -> Option<Description> {
@@ -285,10 +348,15 @@ impl HookClient {
             hookwire_version: env!("CARGO_PKG_VERSION").into(),
         });
         req.set_timeout(timeout);
-        let result = tokio::time::timeout(timeout, self.client().describe(req)).await;
-        let result = match result {
+        let deadline = Instant::now() + timeout;
+        let call = async {
+            let lease = self.pool.acquire(deadline).await?;
+            let answer = Self::client(&lease).describe(req).await;
+            answer.map_err(|status| self.refine(classify_status(&status, false)))
+        };
+        let result = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(status)) => Err(self.refine(classify_status(&status, false))),
+            Ok(Err(fault)) => Err(fault),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "Describe timed out")),
         };
         match result {
@@ -560,10 +628,13 @@ impl HookClient {
         metadata: Vec<(&'static str, String)>,
         metrics: Arc<crate::telemetry::Metrics>,
     ) -> RunStream {
+        // A stream waits for a free slot no longer than any of its events
+        // could wait for a verdict.
         RunStream::open(
-            self.client(),
+            self.pool.clone(),
             self.config.observe_queue,
             metadata,
+            self.config.longest_timeout(),
             self.config.name.clone(),
             metrics,
             self.failure_log.clone(),
@@ -581,12 +652,17 @@ impl HookClient {
             call: Some(call.into()),
         });
         req.set_timeout(deadline.saturating_duration_since(Instant::now()));
-        match tokio::time::timeout_at(deadline, self.client().call_tool(req)).await {
+        let call = async {
+            let lease = self.pool.acquire(deadline).await?;
+            let answer = Self::client(&lease).call_tool(req).await;
+            answer.map_err(|status| self.refine(classify_status(&status, false)))
+        };
+        match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(r)) => {
                 let r = r.into_inner();
                 Ok((r.content, r.is_error))
             }
-            Ok(Err(status)) => Err(self.refine(classify_status(&status, false))),
+            Ok(Err(fault)) => Err(fault),
             Err(_) => Err(Fault::new(FailureClass::Deadline, "CallTool timed out")),
         }
     }

@@ -4,20 +4,22 @@
 //! with the event it was seen after. Late verdicts are counted when they
 //! arrive, for as long as the connection lives (after the run too).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::hooks::client::HookChannel;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::event::EventKind;
+use crate::hooks::client::client_on;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::failure_log::FailureLog;
+use crate::hooks::pool::{Lease, Pool};
 use crate::hooks::wire::event_kind_from_wire;
 use crate::pb;
-use crate::pb::hook_service_client::HookServiceClient;
 use crate::telemetry::Metrics;
 
 type Waiter = oneshot::Sender<Result<pb::HookVerdict, Fault>>;
@@ -36,6 +38,8 @@ struct Routing {
     last_sent: i32,
     late: u64,
     closing: bool,
+    /// Still waiting for a free stream slot on the hook's connections.
+    queued: bool,
 }
 
 impl Routing {
@@ -84,10 +88,17 @@ impl RunStream {
     /// background task so events can be queued at once (grpcio servers only
     /// send headers with their first reply) and so opening never blocks a
     /// run past its deadline. Open failures surface on the first wait.
+    ///
+    /// The task first takes a slot on one of the hook's connections
+    /// (waiting at most `slot_wait` while all are full). A stream the server
+    /// refuses (REFUSED_STREAM: it did not process it) is opened again on
+    /// another slot with the events it had taken, so a server's stream limit
+    /// never fails a run.
     pub fn open(
-        mut client: HookServiceClient<HookChannel>,
+        pool: Pool,
         capacity: usize,
         metadata: Vec<(&'static str, String)>,
+        slot_wait: Duration,
         hook: String,
         metrics: Arc<Metrics>,
         failure_log: Arc<Mutex<FailureLog>>,
@@ -95,6 +106,7 @@ impl RunStream {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let routing = Arc::new(Mutex::new(Routing {
             next_seq: 1,
+            queued: true,
             ..Default::default()
         }));
         let r = routing.clone();
@@ -104,18 +116,41 @@ impl RunStream {
             failure_log,
         };
         let reader = tokio::spawn(async move {
-            let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-            for (k, v) in metadata {
-                if let Ok(v) = v.parse() {
-                    req.metadata_mut().insert(k, v);
+            let outbound = Outbound::new(rx);
+            let mut refusals = 0;
+            let (_lease, mut inbound) = loop {
+                let lease = match pool.acquire(Instant::now() + slot_wait).await {
+                    Ok(l) => l,
+                    Err(fault) => {
+                        r.lock().unwrap().poison(fault, None);
+                        return;
+                    }
+                };
+                r.lock().unwrap().queued = false;
+                let mut req = tonic::Request::new(outbound.body(lease.clone()));
+                for (k, v) in &metadata {
+                    if let Ok(v) = v.parse() {
+                        req.metadata_mut().insert(*k, v);
+                    }
                 }
-            }
-            let mut inbound = match client.process(req).await {
-                Ok(resp) => resp.into_inner(),
-                Err(status) => {
-                    let fault = classify_status(&status, true);
-                    r.lock().unwrap().poison(fault, None);
-                    return;
+                match client_on(lease.channel()).process(req).await {
+                    Ok(resp) => {
+                        outbound.confirmed();
+                        lease.opened();
+                        break (lease, resp.into_inner());
+                    }
+                    Err(status) if is_refused(&status) && refusals < MAX_REFUSALS => {
+                        refusals += 1;
+                        lease.refused();
+                        outbound.rewind();
+                        r.lock().unwrap().queued = true;
+                    }
+                    Err(status) => {
+                        lease.failed();
+                        let fault = classify_status(&status, true);
+                        r.lock().unwrap().poison(fault, None);
+                        return;
+                    }
                 }
             };
             loop {
@@ -237,11 +272,16 @@ impl RunStream {
             }
             Err(_) => {
                 self.expire(pending.seq);
-                Err(Fault::new(
-                    FailureClass::Deadline,
-                    "no verdict before the deadline",
-                ))
+                Err(Fault::new(FailureClass::Deadline, self.deadline_detail()))
             }
+        }
+    }
+
+    fn deadline_detail(&self) -> &'static str {
+        if self.routing.lock().unwrap().queued {
+            "no verdict before the deadline: the stream was still waiting for a free slot on the hook's connections (every one at the server's stream limit; see connections.max)"
+        } else {
+            "no verdict before the deadline"
         }
     }
 
@@ -304,6 +344,110 @@ impl Drop for RunStream {
             self.reader.abort();
         }
     }
+}
+
+/// Refused streams opened again on another slot before the run fails.
+const MAX_REFUSALS: u32 = 8;
+
+/// The events of a run's stream, as the request body of one attempt to
+/// open it. Until the server has accepted the stream, the events an attempt
+/// took are kept, so a refused attempt's events go out again on the next.
+struct Outbound {
+    state: Arc<Mutex<OutState>>,
+}
+
+struct OutState {
+    rx: mpsc::Receiver<pb::HookEvent>,
+    /// Taken by the current attempt before the server accepted the stream.
+    taken: Vec<pb::HookEvent>,
+    /// To send before anything new: a refused attempt's events.
+    replay: VecDeque<pb::HookEvent>,
+    accepted: bool,
+    /// Which attempt may read: a refused attempt's body, if h2 still polls
+    /// it, ends instead of taking events meant for the next.
+    attempt: u32,
+}
+
+impl Outbound {
+    fn new(rx: mpsc::Receiver<pb::HookEvent>) -> Outbound {
+        Outbound {
+            state: Arc::new(Mutex::new(OutState {
+                rx,
+                taken: Vec::new(),
+                replay: VecDeque::new(),
+                accepted: false,
+                attempt: 0,
+            })),
+        }
+    }
+
+    fn body(&self, lease: Lease) -> Body {
+        Body {
+            state: self.state.clone(),
+            attempt: self.state.lock().unwrap().attempt,
+            _lease: lease,
+        }
+    }
+
+    fn confirmed(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.accepted = true;
+        s.taken = Vec::new();
+    }
+
+    fn rewind(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.attempt += 1;
+        let mut replay: VecDeque<_> = std::mem::take(&mut s.taken).into();
+        replay.append(&mut s.replay);
+        s.replay = replay;
+    }
+}
+
+/// One attempt's request body. It holds the stream's slot: h2 counts the
+/// stream until both sides ended, and this side ends when the body does.
+struct Body {
+    state: Arc<Mutex<OutState>>,
+    attempt: u32,
+    _lease: Lease,
+}
+
+impl futures::Stream for Body {
+    type Item = pb::HookEvent;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<pb::HookEvent>> {
+        let this = self.get_mut();
+        let Ok(mut s) = this.state.lock() else {
+            return Poll::Ready(None);
+        };
+        if s.attempt != this.attempt {
+            return Poll::Ready(None);
+        }
+        let next = match s.replay.pop_front() {
+            Some(e) => Some(e),
+            None => match s.rx.poll_recv(cx) {
+                Poll::Ready(e) => e,
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        if let (Some(e), false) = (&next, s.accepted) {
+            s.taken.push(e.clone());
+        }
+        Poll::Ready(next)
+    }
+}
+
+/// Whether the server refused the stream before processing it
+/// (REFUSED_STREAM), which makes opening it again safe.
+fn is_refused(status: &tonic::Status) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = src {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        src = e.source();
+    }
+    false
 }
 
 fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {

@@ -113,10 +113,10 @@ pub enum ModelSetupError {
 /// The provider for one `models:` entry.
 pub fn build(cfg: &ModelConfig) -> Result<Arc<dyn ModelProvider>, ModelSetupError> {
     Ok(match cfg.provider {
-        ProviderKind::Scripted => Arc::new(scripted::ScriptedModel::new(
-            cfg.name.clone(),
-            cfg.rules.clone().unwrap_or_default(),
-        )),
+        ProviderKind::Scripted => Arc::new(
+            scripted::ScriptedModel::new(cfg.name.clone(), cfg.rules.clone().unwrap_or_default())
+                .with_delay(cfg.delay.unwrap_or_default()),
+        ),
         ProviderKind::Openai => Arc::new(openai::OpenAiModel::from_config(cfg)?),
     })
 }

@@ -4,6 +4,8 @@
 //! so demos and hook tests are repeatable. It streams text in small chunks and
 //! reports token usage like a real provider.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
 use super::{BoxFuture, DeltaSink, ModelError, ModelProvider, ModelRequest, ModelResponse};
@@ -47,6 +49,10 @@ pub struct Rule {
     pub text: Option<String>,
     #[serde(default)]
     pub tool_calls: Vec<ScriptedToolCall>,
+    /// How long this answer takes (overrides the model's `delay`), so runs
+    /// stay in flight the way they do on a real model.
+    #[serde(default, with = "humantime_serde")]
+    pub delay: Option<Duration>,
 }
 
 /// Rules used when a scripted model is configured without any, and by the
@@ -60,11 +66,13 @@ pub fn default_rules() -> Vec<Rule> {
             },
             text: Some("The tool returned: {{last_tool_result}}".into()),
             tool_calls: vec![],
+            delay: None,
         },
         Rule {
             when: When::default(),
             text: Some("Hello from hookwire's scripted demo model. You said: {{last_user}}".into()),
             tool_calls: vec![],
+            delay: None,
         },
     ]
 }
@@ -73,6 +81,8 @@ pub struct ScriptedModel {
     name: String,
     rules: Vec<Rule>,
     chunk_chars: usize,
+    /// Response time of every answer whose rule sets none.
+    delay: Duration,
 }
 
 impl ScriptedModel {
@@ -86,7 +96,25 @@ impl ScriptedModel {
             name: name.into(),
             rules,
             chunk_chars: 12,
+            delay: Duration::ZERO,
         }
+    }
+
+    /// Every answer takes `delay` (a rule's own `delay` wins).
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// How long the answer to `request` takes: the matching rule's delay,
+    /// else the model's.
+    pub fn delay_for(&self, request: &ModelRequest) -> Duration {
+        let facts = Facts::of(request);
+        self.rules
+            .iter()
+            .find(|r| facts.matches(&r.when))
+            .and_then(|r| r.delay)
+            .unwrap_or(self.delay)
     }
 
     /// Pure decision: the response for a request, plus its text chunks.
@@ -162,6 +190,13 @@ impl ModelProvider for ScriptedModel {
         on_delta: DeltaSink<'a>,
     ) -> BoxFuture<'a, Result<ModelResponse, ModelError>> {
         Box::pin(async move {
+            // Only a configured delay pays for matching the rules twice.
+            if !self.delay.is_zero() || self.rules.iter().any(|r| r.delay.is_some()) {
+                let delay = self.delay_for(request);
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+            }
             let (response, chunks) = self.respond(request);
             for c in &chunks {
                 on_delta(c);
@@ -360,6 +395,36 @@ mod tests {
         assert_eq!(r.message.unwrap().text(), "You said: hello there");
         assert_eq!(r.usage.output_tokens, 4);
         assert_eq!(r.usage.input_tokens, 2);
+    }
+
+    /// Paused time: the answer comes exactly when the delay has passed,
+    /// the rule's own delay winning over the model's.
+    #[tokio::test(start_paused = true)]
+    async fn delay_holds_the_answer_and_a_rule_delay_wins() {
+        let rules: Vec<Rule> = serde_norway::from_str(
+            r#"
+- when: { last_user_contains: "slow" }
+  text: "slow answer"
+  delay: 7s
+- text: "You said: {{last_user}}"
+"#,
+        )
+        .unwrap();
+        let m = ScriptedModel::new("s", rules).with_delay(Duration::from_secs(2));
+        let sink = |_: &str| {};
+        for (input, want) in [("hello", 2), ("a slow one", 7)] {
+            let r = req(vec![Message::user(input)]);
+            let t = tokio::time::Instant::now();
+            let answer = m.complete(&r, &sink).await.unwrap();
+            assert_eq!(t.elapsed(), Duration::from_secs(want), "{input}");
+            assert!(answer.message.is_some());
+        }
+        let fast = ScriptedModel::new("s", vec![]);
+        let t = tokio::time::Instant::now();
+        fast.complete(&req(vec![Message::user("hi")]), &sink)
+            .await
+            .unwrap();
+        assert_eq!(t.elapsed(), Duration::ZERO, "no delay configured");
     }
 
     #[test]

@@ -60,6 +60,11 @@ async fn metrics_handler(State(state): State<AdminState>, headers: HeaderMap) ->
     } else {
         PROMETHEUS_TEXT
     };
+    state.metrics.runtime_tasks(
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks(),
+    );
     (
         [(header::CONTENT_TYPE, content_type)],
         state.metrics.encode(),

@@ -123,7 +123,21 @@ pub struct Metrics {
     model_tokens: Family<TokenLabels, Counter>,
     active_runs: Gauge,
     active_hook_streams: Gauge,
+    hook_connections: Family<HookLabels, Gauge>,
+    hook_streams: Family<HookLabels, Gauge>,
+    hook_streams_refused: Family<HookLabels, Counter>,
+    hook_stream_waits: Family<HookLabels, Counter>,
+    runtime_alive_tasks: Gauge,
     quota_rejections: Family<QuotaLabels, Counter>,
+}
+
+/// One hook's connection-pool series (see `hooks::pool`).
+#[derive(Clone, Debug)]
+pub struct PoolMetrics {
+    pub connections: Gauge,
+    pub streams: Gauge,
+    pub refused: Counter,
+    pub waits: Counter,
 }
 
 impl Default for Metrics {
@@ -223,6 +237,36 @@ impl Metrics {
             "Open Process streams to hook servers",
             active_hook_streams.clone(),
         );
+        let hook_connections = Family::default();
+        registry.register(
+            "hookwire_hook_connections",
+            "HTTP/2 connections open to the hook server",
+            hook_connections.clone(),
+        );
+        let hook_streams = Family::default();
+        registry.register(
+            "hookwire_hook_streams",
+            "Streams and calls in flight to the hook server, over all its connections",
+            hook_streams.clone(),
+        );
+        let hook_streams_refused = Family::default();
+        registry.register(
+            "hookwire_hook_streams_refused",
+            "Streams the hook server refused (REFUSED_STREAM); each was retried on another connection",
+            hook_streams_refused.clone(),
+        );
+        let hook_stream_waits = Family::default();
+        registry.register(
+            "hookwire_hook_stream_waits",
+            "Streams that waited for a free slot: every connection at its limit, or one still connecting",
+            hook_stream_waits.clone(),
+        );
+        let runtime_alive_tasks = Gauge::default();
+        registry.register(
+            "hookwire_runtime_alive_tasks",
+            "Tokio tasks alive in hookwire's runtime, read at each scrape (a run holds a few: its own, one per hook stream, the HTTP/2 streams')",
+            runtime_alive_tasks.clone(),
+        );
         let quota_rejections = Family::default();
         registry.register(
             "hookwire_quota_rejections",
@@ -258,6 +302,29 @@ impl Metrics {
             model_tokens,
             active_runs,
             active_hook_streams,
+            hook_connections,
+            hook_streams,
+            hook_streams_refused,
+            hook_stream_waits,
+            runtime_alive_tasks,
+        }
+    }
+
+    /// Refreshes the runtime gauges (call before encoding a scrape).
+    pub fn runtime_tasks(&self, alive: usize) {
+        self.runtime_alive_tasks
+            .set(i64::try_from(alive).unwrap_or(i64::MAX));
+    }
+
+    /// The connection-pool series of `hook`, created now so they read 0
+    /// before its first call.
+    pub fn hook_pool(&self, hook: &str) -> PoolMetrics {
+        let l = hook_labels(hook);
+        PoolMetrics {
+            connections: self.hook_connections.get_or_create(&l).clone(),
+            streams: self.hook_streams.get_or_create(&l).clone(),
+            refused: self.hook_streams_refused.get_or_create(&l).clone(),
+            waits: self.hook_stream_waits.get_or_create(&l).clone(),
         }
     }
 

@@ -27,12 +27,40 @@ pub fn current_trace_context(span: &Span) -> (String, String) {
     if span.is_disabled() {
         return Default::default();
     }
-    let mut carrier = HashMap::new();
-    TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
-    (
-        carrier.remove(TRACEPARENT).unwrap_or_default(),
-        carrier.remove(TRACESTATE).unwrap_or_default(),
-    )
+    // What TraceContextPropagator writes, formatted directly: this runs at
+    // every hook call, and the propagator's carrier map cost more than the
+    // formatting itself (tests hold the two equal).
+    use opentelemetry::trace::{TraceContextExt as _, TraceFlags};
+    let cx = span.context();
+    let otel_span = cx.span();
+    let sc = otel_span.span_context();
+    if !sc.is_valid() {
+        return Default::default();
+    }
+    // Hex by hand into one exact-size buffer: `format!` through the ids'
+    // `LowerHex` cost about as much again (callgrind, BENCHMARKS.md).
+    let mut traceparent = String::with_capacity(TRACEPARENT_LEN);
+    traceparent.push_str("00-");
+    push_hex(&mut traceparent, &sc.trace_id().to_bytes());
+    traceparent.push('-');
+    push_hex(&mut traceparent, &sc.span_id().to_bytes());
+    traceparent.push('-');
+    push_hex(
+        &mut traceparent,
+        &[(sc.trace_flags() & TraceFlags::SAMPLED).to_u8()],
+    );
+    (traceparent, sc.trace_state().header())
+}
+
+/// `00-` + 32 + `-` + 16 + `-` + 2.
+const TRACEPARENT_LEN: usize = 55;
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
 }
 
 /// Adds `traceparent` (and `tracestate`, when non-empty) of `span` to
@@ -129,6 +157,30 @@ mod tests {
             current_trace_context(&Span::none()),
             (String::new(), String::new())
         );
+    }
+
+    /// The direct formatting says exactly what the W3C propagator would.
+    #[test]
+    fn trace_context_matches_the_propagator() {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = Registry::default()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("t")));
+        tracing::subscriber::with_default(subscriber, || {
+            for (flags, state) in [("01", "vendor=a,other=b"), ("00", ""), ("01", "")] {
+                let span = tracing::info_span!("hook");
+                let parent =
+                    format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}");
+                assert!(set_parent_from_headers(&span, &parent, state));
+                let mut carrier = HashMap::new();
+                TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
+                let (tp, ts) = current_trace_context(&span);
+                assert_eq!(Some(&tp), carrier.get(TRACEPARENT), "{flags} {state}");
+                assert_eq!(Some(&ts), carrier.get(TRACESTATE), "{flags} {state}");
+                assert!(tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+            }
+        });
     }
 
     #[test]

@@ -80,7 +80,9 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Vec<Row> {
             Spread::of(&slow[j]),
         );
         if *k == 8 {
-            row = row.against("1 such hook", Spread::of(&slow[0]), &slow_ratio);
+            row = row
+                .against("1 such hook", Spread::of(&slow[0]), &slow_ratio)
+                .target(Target::ratio_at_most(SLOW_MERGE_LIMIT));
         }
         rows.push(row);
     }
@@ -106,6 +108,11 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Vec<Row> {
     }
     rows
 }
+
+/// 8 merged hooks that each take time (not CPU) against one such hook:
+/// the merge is concurrent, so only hookwire's own work per extra hook
+/// should show.
+const SLOW_MERGE_LIMIT: f64 = 1.2;
 
 /// "Linear and no worse", with room for the noise of a shared machine.
 const LINEAR_SLACK: f64 = 1.1;

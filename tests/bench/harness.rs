@@ -8,13 +8,16 @@
 
 mod fanout;
 mod floor;
+mod go;
 mod hook;
+mod inflight;
 mod machine;
 mod memory;
 mod orchestrator;
 mod per_event;
 mod profile;
 mod python;
+mod remote;
 mod report;
 mod rig;
 mod runtime;
@@ -38,7 +41,7 @@ pub struct Plan {
     /// Whether hookwire's default log layer was installed.
     pub telemetry: bool,
     /// Only these figures (`-- --only per-event,runtime,fanout,throughput,
-    /// orchestrator,memory,store`); all when empty.
+    /// orchestrator,memory,inflight,store`); all when empty.
     pub only: Vec<String>,
     /// Rounds of every latency figure; each figure is the median of rounds.
     pub rounds: usize,
@@ -59,6 +62,12 @@ pub struct Plan {
     pub memory_rounds: usize,
     pub idle_sessions: usize,
     pub inflight_runs: usize,
+    /// Figure 9: rounds, runs in flight at once, the model's delay, and
+    /// probe runs (each hooked and bare) measured while they are in flight.
+    pub many_rounds: usize,
+    pub many_runs: usize,
+    pub many_delay_ms: u64,
+    pub many_probes: usize,
 }
 
 impl Plan {
@@ -80,6 +89,10 @@ impl Plan {
             memory_rounds: 3,
             idle_sessions: 10_000,
             inflight_runs: 1_000,
+            many_rounds: 3,
+            many_runs: 10_000,
+            many_delay_ms: 2000,
+            many_probes: 300,
         }
     }
 
@@ -101,6 +114,10 @@ impl Plan {
             memory_rounds: 1,
             idle_sessions: 50,
             inflight_runs: 10,
+            many_rounds: 1,
+            many_runs: 20,
+            many_delay_ms: 300,
+            many_probes: 3,
         }
     }
 }
@@ -114,6 +131,15 @@ impl Plan {
             Plan::smoke()
         };
         plan.verbose = args.iter().any(|a| a == "--verbose");
+        // `--many-runs N`: figure 9 with N runs in flight instead.
+        if let Some(n) = args
+            .iter()
+            .position(|a| a == "--many-runs")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|n| n.parse().ok())
+        {
+            plan.many_runs = n;
+        }
         if let Some(i) = args.iter().position(|a| a == "--only") {
             plan.only = args
                 .get(i + 1)
@@ -127,8 +153,9 @@ impl Plan {
 /// What `hookwire serve` installs with no OTLP endpoint: the log layer at
 /// info, which makes hookwire's info spans real. The filter is fixed here
 /// rather than read from RUST_LOG, so runs compare.
-fn install_telemetry() -> Telemetry {
-    let opts = TelemetryOptions::new(LogFormat::Text);
+fn install_telemetry(otlp: Option<String>) -> Telemetry {
+    let mut opts = TelemetryOptions::new(LogFormat::Text);
+    opts.otlp_endpoint = otlp;
     let (dispatch, telemetry) =
         hookwire::telemetry::build(&opts, BoxMakeWriter::new(std::io::stderr))
             .expect("telemetry pipeline");
@@ -144,19 +171,38 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let telemetry = (!args.iter().any(|a| a == "--no-telemetry")).then(install_telemetry);
+    if args.iter().any(|a| a == "--serve-remote") {
+        runtime.block_on(remote::serve());
+        return;
+    }
+    // `--profile W N --remote`: the hook and an OTLP collector in a child
+    // process, and the exporter on (see remote.rs).
+    let remote = args
+        .iter()
+        .any(|a| a == "--remote")
+        .then(|| runtime.block_on(remote::Remote::start()));
+    let telemetry = {
+        let _in_runtime = runtime.enter();
+        (!args.iter().any(|a| a == "--no-telemetry"))
+            .then(|| install_telemetry(remote.as_ref().map(|r| r.otlp.clone())))
+    };
     plan.telemetry = telemetry.is_some();
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let what = args.get(i + 1).map(String::as_str).unwrap_or("");
         let count = args.get(i + 2).and_then(|n| n.parse().ok()).unwrap_or(100);
+        let hook = remote.as_ref().map(|r| r.hook.as_str());
         if args.iter().any(|a| a == "--current-thread") {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("tokio runtime")
-                .block_on(profile::run(what, count));
+                .block_on(profile::run(what, count, hook));
         } else {
-            runtime.block_on(profile::run(what, count));
+            runtime.block_on(profile::run(what, count, hook));
+        }
+        if let Some(t) = telemetry {
+            // Export what is batched, so the exporter's work is counted.
+            runtime.block_on(t.shutdown());
         }
         return;
     }
@@ -201,6 +247,13 @@ async fn run(plan: Plan) {
     if wanted("memory") {
         rows.extend(memory::measure(&plan).await);
     }
+    let mut skipped = Vec::new();
+    if wanted("inflight") {
+        match inflight::measure(&floor, &plan).await {
+            Ok(r) => rows.extend(r),
+            Err(why) => skipped.push(format!("figure 9 skipped: {why}")),
+        }
+    }
     if wanted("store") {
         rows.extend(store::measure(&plan).await);
     }
@@ -236,6 +289,9 @@ async fn run(plan: Plan) {
     if let Some(why) = &rig.python_missing {
         // Only a full run gets here without Python.
         println!("figure 7 skipped: {why}");
+    }
+    for why in &skipped {
+        println!("{why}");
     }
     println!("{}", report::table(&rows));
     let results = report::Results {

@@ -20,7 +20,7 @@ const KIB: f64 = 1024.0;
 const SESSION_TARGET_KIB: f64 = 16.0;
 const RUN_TARGET_KIB: f64 = 64.0;
 
-fn rss_bytes(pid: u32) -> f64 {
+pub fn rss_bytes(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
     let kib: f64 = status
         .lines()
@@ -32,7 +32,7 @@ fn rss_bytes(pid: u32) -> f64 {
 
 /// RSS once it stops moving (the allocator and the runtime settle after a
 /// burst).
-async fn settled_rss(pid: u32) -> f64 {
+pub async fn settled_rss(pid: u32) -> f64 {
     let mut last = rss_bytes(pid);
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -45,25 +45,35 @@ async fn settled_rss(pid: u32) -> f64 {
     last
 }
 
-struct Server {
-    child: Child,
-    addr: String,
-    admin: std::net::SocketAddr,
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+    pub admin: std::net::SocketAddr,
     _config: tempfile::NamedTempFile,
 }
 
 /// `hookwire serve` on ports chosen by the OS, learnt from its JSON log.
 async fn spawn(hook_addr: &str) -> Server {
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nmodels:\n  - name: m\n    provider: scripted\n    rules:{rules}hooks:\n  - name: holding\n    endpoint: {hook_addr}\n    timeout: 300s\nagents:\n  - name: idle\n    model: m\n  - name: held\n    model: m\n    hooks: [holding]\n    event_budget: 300s\n",
+    spawn_with(&format!(
+        "models:\n  - name: m\n    provider: scripted\n    rules:{rules}hooks:\n  - name: holding\n    endpoint: {hook_addr}\n    timeout: 300s\nagents:\n  - name: idle\n    model: m\n  - name: held\n    model: m\n    hooks: [holding]\n    event_budget: 300s\n",
         rules = service::RULES
-    );
+    ))
+    .await
+}
+
+/// `hookwire serve` with `yaml` (listen addresses added), on ports chosen
+/// by the OS.
+pub async fn spawn_with(yaml: &str) -> Server {
+    let yaml = format!("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{yaml}");
     let mut config = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
     std::io::Write::write_all(&mut config, yaml.as_bytes()).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_hookwire"))
         .args(["serve", "--log-format", "json", "--config"])
         .arg(config.path())
-        .env("RUST_LOG", "info")
+        .env(
+            "RUST_LOG",
+            std::env::var("HOOKWIRE_BENCH_SERVE_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .env_remove("HOOKWIRE_LISTEN")
@@ -88,7 +98,17 @@ async fn spawn(hook_addr: &str) -> Server {
     })
     .await
     .expect("hookwire serve listens within 30 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // hookwire's warnings and errors are worth seeing next to the figures.
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let wanted = line.contains(r#""level":"WARN""#)
+                || line.contains(r#""level":"ERROR""#)
+                || (line.contains(r#""level":"DEBUG""#) && line.to_lowercase().contains("goaway"));
+            if wanted {
+                eprintln!("hookwire serve: {line}");
+            }
+        }
+    });
     Server {
         child,
         addr: format!("http://{grpc}"),

@@ -25,11 +25,16 @@ fn variant(name: &str) -> Option<Variant> {
     })
 }
 
-pub async fn run(what: &str, count: usize) {
+/// `remote_hook`: the `steady` hook's address in another process
+/// (`--remote`).
+pub async fn run(what: &str, count: usize, remote_hook: Option<&str>) {
     // The lean rig (no Python, no fan-out hooks) keeps start-up out of
     // process-wide counters such as `perf stat` or `time`.
     let lean = std::env::args().any(|a| a == "--lean");
-    let mut rig = Rig::start(if lean { Extent::Lean } else { Extent::Full }).await;
+    let mut rig = match remote_hook {
+        Some(addr) => Rig::start_remote(addr).await,
+        None => Rig::start(if lean { Extent::Lean } else { Extent::Full }).await,
+    };
     if what.starts_with("floor") {
         let floor = Floor::start(rig.typical_event.clone()).await;
         match what {

@@ -66,7 +66,7 @@ impl Target {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
-    /// The figure number (1 floor .. 7 Python hook).
+    /// The figure number (1 floor .. 7 Python hook, 8 in-flight runs).
     pub figure: u8,
     pub name: String,
     pub unit: &'static str,

@@ -238,16 +238,18 @@ def build_features(args) -> list[Feature]:
 
 async def serve(args) -> None:
     interceptors = [RequireToken(args.require_token_file)] if args.require_token_file else []
-    server = grpc.aio.server(
-        interceptors=interceptors,
-        options=[
-            # hookwire keeps channels alive with HTTP/2 pings, also between
-            # runs. gRPC's default server policy answers pings more frequent
-            # than every 5 minutes with GOAWAY (too_many_pings): accept them.
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-        ]
-    )
+    options = [
+        # hookwire keeps channels alive with HTTP/2 pings, also between
+        # runs. gRPC's default server policy answers pings more frequent
+        # than every 5 minutes with GOAWAY (too_many_pings): accept them.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+    if args.max_concurrent_streams:
+        # Streams per HTTP/2 connection, as a proxy in front would cap them;
+        # each run holds one, and hookwire opens more connections.
+        options.append(("grpc.max_concurrent_streams", args.max_concurrent_streams))
+    server = grpc.aio.server(interceptors=interceptors, options=options)
     pb_grpc.add_HookServiceServicer_to_server(
         HookServer(build_features(args), args.simulate_latency_ms), server
     )
@@ -294,6 +296,8 @@ def main() -> None:
                    help="require `authorization: Bearer <contents of this file>` on HookService calls")
     p.add_argument("--redactor-mode", default="rewrite", choices=["rewrite", "telemetry"],
                    help="rewrite content, or only mask it in telemetry")
+    p.add_argument("--max-concurrent-streams", type=int, default=0,
+                   help="cap streams (runs) per HTTP/2 connection; 0: no cap")
     p.add_argument("--simulate-latency-ms", type=int, default=0,
                    help="pretend every decision takes this long (to see deadline handling)")
     p.add_argument("--grace", type=float, default=5.0, help="shutdown grace period, seconds")

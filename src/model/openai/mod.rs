@@ -620,6 +620,7 @@ mod tests {
             name: "gpt".into(),
             provider: ProviderKind::Openai,
             rules: None,
+            delay: None,
             base_url: Some("http://127.0.0.1:9/v1".into()),
             model: Some("gpt-test".into()),
             api_key_env: None,

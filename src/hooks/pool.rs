@@ -1,0 +1,252 @@
+//! A bounded pool of HTTP/2 connections to one hook server. Every call and
+//! every run's `Process` stream takes a [`Lease`] on one connection for as
+//! long as its HTTP/2 stream lives, so no connection ever carries more
+//! streams than the server allows: streams beyond a connection's limit would
+//! otherwise be queued by h2 until another ended (minutes, for runs) or
+//! refused by the server. The rules of where a stream goes are in
+//! [`placement`](crate::hooks::placement).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use crate::config::ConnectionsConfig;
+use crate::hooks::client::HookChannel;
+use crate::hooks::failure::{FailureClass, Fault};
+use crate::hooks::peer_settings::Report;
+use crate::hooks::placement::{Choice, ConnId, Placement};
+use crate::telemetry::metrics::PoolMetrics;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Makes the channel of one new connection (lazy: it connects on its first
+/// call), whose connector reports the server's advertised limit.
+pub type Connect = Box<dyn Fn(Report) -> HookChannel + Send + Sync>;
+
+struct State {
+    placement: Placement,
+    channels: HashMap<ConnId, HookChannel>,
+    /// Whether a task is closing idle connections.
+    sweeping: bool,
+}
+
+struct Inner {
+    hook: String,
+    state: Mutex<State>,
+    /// A slot freed, a limit learned or a connection closed.
+    changed: Notify,
+    connect: Connect,
+    idle: Duration,
+    metrics: OnceLock<PoolMetrics>,
+}
+
+/// Cheap to clone; all clones share the pool.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+/// One stream slot on one connection, released when the last clone drops.
+/// A run's stream holds one clone in the task that reads the stream and one
+/// in the body that writes it, so the slot stays taken while either side
+/// of the HTTP/2 stream is open (as the server counts it).
+#[derive(Clone)]
+pub struct Lease {
+    inner: Arc<LeaseInner>,
+}
+
+struct LeaseInner {
+    pool: Arc<Inner>,
+    conn: ConnId,
+    channel: HookChannel,
+}
+
+impl Drop for LeaseInner {
+    fn drop(&mut self) {
+        self.pool
+            .update(|p| p.release(self.conn, std::time::Instant::now()));
+    }
+}
+
+impl Lease {
+    pub fn channel(&self) -> HookChannel {
+        self.inner.channel.clone()
+    }
+
+    /// The stream opened: a connection whose SETTINGS went unread gets the
+    /// assumed limit (`placement::ASSUMED_LIMIT`).
+    pub fn opened(&self) {
+        self.inner.pool.update(|p| p.opened(self.inner.conn));
+    }
+
+    /// The server refused this stream (REFUSED_STREAM): its limit is below
+    /// what this connection carries.
+    pub fn refused(&self) {
+        tracing::debug!(hook = %self.inner.pool.hook, "hook server refused a stream; lowering the connection's limit");
+        if let Some(m) = self.inner.pool.metrics.get() {
+            m.refused.inc();
+        }
+        self.inner.pool.update(|p| p.refused(self.inner.conn));
+    }
+
+    /// Opening failed before the server said anything (cannot connect):
+    /// waiting for its limit would wait forever.
+    pub fn failed(&self) {
+        self.opened();
+    }
+}
+
+impl Pool {
+    pub fn new(hook: &str, config: &ConnectionsConfig, connect: Connect) -> Pool {
+        Pool {
+            inner: Arc::new(Inner {
+                hook: hook.to_string(),
+                state: Mutex::new(State {
+                    placement: Placement::new(
+                        config.max,
+                        config.max_streams_per_connection,
+                        config.idle_timeout,
+                    ),
+                    channels: HashMap::new(),
+                    sweeping: false,
+                }),
+                changed: Notify::new(),
+                connect,
+                idle: config.idle_timeout,
+                metrics: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Connection and stream gauges for this hook (set once).
+    pub fn attach_metrics(&self, metrics: PoolMetrics) {
+        let _ = self.inner.metrics.set(metrics);
+        self.inner.update(|_| {});
+    }
+
+    /// A stream slot, waiting (until `deadline`) while every connection is
+    /// full or one is still learning its limit.
+    pub async fn acquire(&self, deadline: Instant) -> Result<Lease, Fault> {
+        let mut waited = false;
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(lease) = self.try_acquire() {
+                return Ok(lease);
+            }
+            if !waited {
+                waited = true;
+                if let Some(m) = self.inner.metrics.get() {
+                    m.waits.inc();
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                let (conns, streams) = {
+                    let s = self.inner.state.lock().unwrap();
+                    (s.placement.connections(), s.placement.streams())
+                };
+                return Err(Fault::new(
+                    FailureClass::Deadline,
+                    format!(
+                        "no free stream to the hook server before the deadline: {conns} connection(s) carry {streams} stream(s), each at its limit (raise connections.max)"
+                    ),
+                ));
+            }
+        }
+    }
+
+    fn try_acquire(&self) -> Option<Lease> {
+        let mut s = self.inner.state.lock().unwrap();
+        let choice = s.placement.place();
+        let conn = match choice {
+            Choice::Wait => return None,
+            Choice::Use(id) => id,
+            Choice::Open(id) => {
+                let pool = Arc::downgrade(&self.inner);
+                let report: Report = Arc::new(move |limit| {
+                    if let Some(p) = pool.upgrade() {
+                        p.update(|pl| pl.learned(id, limit));
+                    }
+                });
+                let channel = (self.inner.connect)(report);
+                s.channels.insert(id, channel);
+                if s.placement.connections() > 1 && !s.sweeping {
+                    s.sweeping = true;
+                    tokio::spawn(sweep(Arc::downgrade(&self.inner)));
+                }
+                id
+            }
+        };
+        let channel = s.channels.get(&conn)?.clone();
+        self.inner.publish(&s);
+        drop(s);
+        Some(Lease {
+            inner: Arc::new(LeaseInner {
+                pool: self.inner.clone(),
+                conn,
+                channel,
+            }),
+        })
+    }
+
+    /// Open connections and streams (for tests and diagnostics).
+    pub fn load(&self) -> (usize, usize) {
+        let s = self.inner.state.lock().unwrap();
+        (s.placement.connections(), s.placement.streams())
+    }
+}
+
+impl Inner {
+    /// Changes the placement, then wakes waiters and refreshes the gauges.
+    fn update(&self, f: impl FnOnce(&mut Placement)) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        f(&mut s.placement);
+        self.publish(&s);
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    fn publish(&self, s: &State) {
+        if let Some(m) = self.metrics.get() {
+            m.connections
+                .set(i64::try_from(s.placement.connections()).unwrap_or(i64::MAX));
+            m.streams
+                .set(i64::try_from(s.placement.streams()).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// Closes connections idle for the idle timeout while the pool has more
+/// than one; ends when it is down to one (the next growth starts another).
+async fn sweep(pool: Weak<Inner>) {
+    loop {
+        let period = match pool.upgrade() {
+            Some(p) => (p.idle / 2).clamp(Duration::from_millis(50), Duration::from_secs(30)),
+            None => return,
+        };
+        tokio::time::sleep(period).await;
+        let Some(p) = pool.upgrade() else { return };
+        let mut s = p.state.lock().unwrap();
+        let closed = s.placement.sweep(std::time::Instant::now());
+        for id in &closed {
+            // No lease holds it (it carried no stream): dropping the last
+            // channel handle closes the connection.
+            s.channels.remove(id);
+        }
+        let done = s.placement.connections() <= 1;
+        if done {
+            s.sweeping = false;
+        }
+        p.publish(&s);
+        drop(s);
+        if !closed.is_empty() {
+            tracing::debug!(hook = %p.hook, closed = closed.len(), "closed idle hook connections");
+        }
+        if done {
+            return;
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! Figure 9: ten thousand runs in flight on one replica. A separate
+//! `hookwire serve` process (so its RSS, file descriptors and tasks are its
+//! own), every run with two blocking hooks (a Rust hook in this process and
+//! the Go example as a process) on its four events, the scripted model
+//! answering after a delay as a real model would. All runs are started at
+//! once; while they wait on the model, probe runs (no delay) measure what a
+//! hook call adds under that load, against the floor of the same round.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::floor::Floor;
+use crate::go::GoHook;
+use crate::hook::{self, Steady};
+use crate::memory::{self, rss_bytes, settled_rss};
+use crate::report::{Row, Target};
+use crate::service;
+use crate::stats::{micros, quantile, Spread};
+use crate::Plan;
+
+const KIB: f64 = 1024.0;
+const EVENTS: &str = "[run_start, model_request, model_response, turn_end]";
+/// What a run holds: figure 6's per-run target, for a run with one hook.
+const RSS_TARGET_KIB: f64 = 64.0;
+/// Connections are shared: descriptors must not grow with runs.
+const FD_TARGET: f64 = 0.01;
+
+fn yaml(rust: &str, go: &str, delay: Duration) -> String {
+    format!(
+        r#"models:
+  - name: m
+    provider: scripted
+    rules:
+      - when: {{ last_user_contains: "hold" }}
+        text: "held"
+        delay: {delay}ms
+      - text: "You said: {{{{last_user}}}}"
+hooks:
+  - name: rust
+    endpoint: {rust}
+    events: {EVENTS}
+    timeout: 120s
+  - name: go
+    endpoint: {go}
+    events: {EVENTS}
+    timeout: 120s
+agents:
+  - name: many
+    model: m
+    hooks: [rust, go]
+    event_budget: 120s
+  - name: bare
+    model: m
+"#,
+        delay = delay.as_millis()
+    )
+}
+
+fn fds(pid: u32) -> f64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count() as f64)
+        .unwrap_or(f64::NAN)
+}
+
+async fn gauge(admin: std::net::SocketAddr, name: &str) -> f64 {
+    service::metric_sum(&service::metrics(admin).await, name, &[])
+}
+
+/// One round's figures.
+struct Round {
+    completed: f64,
+    peak: f64,
+    rss_kib: f64,
+    fds: f64,
+    tasks: f64,
+    /// Added latency per hook call (µs), p50 and p99, and the floor's.
+    added50: f64,
+    added99: f64,
+    probe_failures: f64,
+    floor50: f64,
+    floor99: f64,
+    probes: usize,
+}
+
+async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
+    let rust = hook::start(Steady::new("rust", false)).await;
+    let delay = Duration::from_millis(plan.many_delay_ms);
+    let server = memory::spawn_with(&yaml(&rust.addr, &go.addr, delay)).await;
+    let pid = server.child.id().expect("child pid");
+    let connections = plan.many_runs.div_ceil(500).clamp(1, 32);
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(service::client(&server.addr).await);
+    }
+    let c0 = clients[0].clone();
+
+    // Warm every path, and count the hook calls of a probe run.
+    let calls = || async {
+        service::metric_sum(
+            &service::metrics(server.admin).await,
+            "hookwire_hook_call_duration_seconds_count",
+            &[],
+        )
+    };
+    let warm = service::sessions(&c0, "many", 4).await;
+    let before = calls().await;
+    for s in &warm {
+        let (_, r) = service::invoke(&mut c0.clone(), s, "hi").await;
+        service::assert_completed(&r, "warm-up");
+    }
+    let calls_per_run = (calls().await - before) / warm.len() as f64;
+    for s in service::sessions(&c0, "bare", 4).await {
+        service::invoke(&mut c0.clone(), &s, "hi").await;
+    }
+
+    let sessions = service::sessions(&c0, "many", plan.many_runs).await;
+    let probe_hooked = service::sessions(&c0, "many", plan.many_probes).await;
+    let probe_bare = service::sessions(&c0, "bare", plan.many_probes).await;
+    let (rss0, fds0, tasks0) = (
+        settled_rss(pid).await,
+        fds(pid),
+        gauge(server.admin, "hookwire_runtime_alive_tasks").await,
+    );
+    // The floor of this round, before the load.
+    let mut rtt: Vec<f64> = floor
+        .round_trips(plan.pings)
+        .await
+        .into_iter()
+        .map(micros)
+        .collect();
+    let (floor50, floor99) = (quantile(&mut rtt, 0.5), quantile(&mut rtt, 0.99));
+
+    let finished = Arc::new(AtomicUsize::new(0));
+    let runs: Vec<_> = sessions
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut c = clients[i % clients.len()].clone();
+            let finished = finished.clone();
+            tokio::spawn(async move {
+                let r = service::invoke(&mut c, &s, "hold").await.1;
+                finished.fetch_add(1, Ordering::SeqCst);
+                r
+            })
+        })
+        .collect();
+    // Until every run is in flight (or the first ended: the peak is past).
+    let want = plan.many_runs as f64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut peak = 0.0;
+    loop {
+        let active = gauge(server.admin, "hookwire_active_runs").await;
+        if active >= peak {
+            peak = active;
+        }
+        if active >= want || finished.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "runs never got in flight");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (rss1, fds1, tasks1) = (
+        rss_bytes(pid),
+        fds(pid),
+        gauge(server.admin, "hookwire_runtime_alive_tasks").await,
+    );
+    let per = |a: f64, b: f64| (b - a) / peak.max(1.0);
+    // Probes while the runs are in flight (waiting on the model, then
+    // finishing), hooked and bare in turn.
+    // A probe that does not complete is counted (and its reason shown),
+    // not fatal: the figure must still report what happened.
+    let (mut hooked, mut bare) = (Vec::new(), Vec::new());
+    let mut probe_failures = 0.0;
+    let completed = |r: &hookwire::pb::RunResult| {
+        matches!(
+            hookwire::pb::RunOutcome::try_from(r.outcome),
+            Ok(hookwire::pb::RunOutcome::Completed)
+        )
+    };
+    for (h, b) in probe_hooked.iter().zip(&probe_bare) {
+        if finished.load(Ordering::SeqCst) >= plan.many_runs {
+            break;
+        }
+        let (th, rh) = service::invoke(&mut c0.clone(), h, "hi").await;
+        let (tb, rb) = service::invoke(&mut c0.clone(), b, "hi").await;
+        if completed(&rh) && completed(&rb) {
+            hooked.push(micros(th));
+            bare.push(micros(tb));
+        } else {
+            if probe_failures == 0.0 {
+                eprintln!(
+                    "  in-flight: a probe run did not complete: {} / {}",
+                    rh.reason, rb.reason
+                );
+            }
+            probe_failures += 1.0;
+        }
+    }
+    let probes = hooked.len();
+    let added = |q: f64, h: &mut Vec<f64>, b: &mut Vec<f64>| {
+        if h.is_empty() {
+            return f64::NAN;
+        }
+        (quantile(h, q) - quantile(b, q)) / calls_per_run
+    };
+    let added50 = added(0.5, &mut hooked, &mut bare);
+    let added99 = added(0.99, &mut hooked, &mut bare);
+    let mut done = 0.0;
+    let mut first_failure = None;
+    for r in runs {
+        let r = r.await.expect("run task");
+        if completed(&r) {
+            done += 1.0;
+        } else {
+            first_failure.get_or_insert(r.reason);
+        }
+    }
+    if let Some(why) = first_failure {
+        eprintln!(
+            "  in-flight: {} of {} runs did not complete; the first: {why}",
+            plan.many_runs as f64 - done,
+            plan.many_runs
+        );
+    }
+    let completed = done;
+    if plan.verbose {
+        eprintln!(
+            "  in-flight: peak {peak}, completed {completed}; RSS {:.1} -> {:.1} MiB, fds {fds0} -> {fds1}, tasks {tasks0} -> {tasks1}; {probes} probes ({calls_per_run} hook calls each), floor p50 {floor50:.1} p99 {floor99:.1} us",
+            rss0 / KIB / KIB,
+            rss1 / KIB / KIB
+        );
+    }
+    drop(clients);
+    let mut child = server.child;
+    let _ = child.kill().await;
+    Round {
+        completed,
+        peak,
+        rss_kib: per(rss0, rss1) / KIB,
+        fds: per(fds0, fds1),
+        tasks: per(tasks0, tasks1),
+        added50,
+        added99,
+        probe_failures,
+        floor50,
+        floor99,
+        probes,
+    }
+}
+
+/// The rows, or why the figure could not run.
+pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
+    let go = GoHook::start().await?;
+    let mut rounds = Vec::new();
+    for _ in 0..plan.many_rounds {
+        rounds.push(round(floor, plan, &go).await);
+    }
+    let col = |f: fn(&Round) -> f64| rounds.iter().map(f).collect::<Vec<f64>>();
+    let n = plan.many_runs;
+    let what = format!(
+        "{n} in-flight runs (Rust + Go hook, model delay {} s)",
+        plan.many_delay_ms as f64 / 1000.0
+    );
+    let runs = Spread::of(&[n as f64]);
+    let ratio = |v: &[f64], by: &[f64]| v.iter().zip(by).map(|(a, b)| a / b).collect::<Vec<_>>();
+    let fixed = |v: &[f64], t: f64| v.iter().map(|x| x / t).collect::<Vec<_>>();
+    let completed = col(|r| r.completed);
+    let peak = col(|r| r.peak);
+    let rss = col(|r| r.rss_kib);
+    let fds = col(|r| r.fds);
+    let tasks = col(|r| r.tasks);
+    let (a50, a99, f50, f99) = (
+        col(|r| r.added50),
+        col(|r| r.added99),
+        col(|r| r.floor50),
+        col(|r| r.floor99),
+    );
+    let probes = rounds.iter().map(|r| r.probes).min().unwrap_or(0);
+    Ok(vec![
+        Row::new(
+            9,
+            format!("{what}: runs completed"),
+            "runs",
+            Spread::of(&completed),
+        )
+        .against("runs started", runs, &fixed(&completed, n as f64))
+        .target(Target::ratio_at_least(1.0)),
+        Row::new(
+            9,
+            format!("{what}: probe runs that did not complete"),
+            "runs",
+            Spread::of(&col(|r| r.probe_failures)),
+        )
+        .target(Target::value_at_most(0.0)),
+        Row::new(
+            9,
+            format!("{what}: peak in flight (hookwire_active_runs)"),
+            "runs",
+            Spread::of(&peak),
+        )
+        .against("runs started", runs, &fixed(&peak, n as f64)),
+        Row::new(
+            9,
+            format!("{what}: RSS per in-flight run"),
+            "KiB",
+            Spread::of(&rss),
+        )
+        .against(
+            "target",
+            Spread::of(&[RSS_TARGET_KIB]),
+            &fixed(&rss, RSS_TARGET_KIB),
+        )
+        .target(Target::value_at_most(RSS_TARGET_KIB)),
+        Row::new(
+            9,
+            format!("{what}: file descriptors per in-flight run"),
+            "fds",
+            Spread::of(&fds),
+        )
+        .target(Target::value_at_most(FD_TARGET)),
+        Row::new(
+            9,
+            format!("{what}: tokio tasks per in-flight run"),
+            "tasks",
+            Spread::of(&tasks),
+        ),
+        Row::new(
+            9,
+            format!("{what}: added latency p50 per hook call ({probes}+ probe runs)"),
+            "us",
+            Spread::of(&a50),
+        )
+        .against("floor p50", Spread::of(&f50), &ratio(&a50, &f50))
+        .target(Target::ratio_at_most(1.25)),
+        Row::new(
+            9,
+            format!("{what}: added latency p99 per hook call"),
+            "us",
+            Spread::of(&a99),
+        )
+        .against("floor p99", Spread::of(&f99), &ratio(&a99, &f99))
+        .target(Target::ratio_at_most(1.5)),
+    ])
+}

@@ -1,0 +1,98 @@
+//! What `--profile ... --remote` measures: hookwire's own instructions, with
+//! the hook server and the OTLP collector in a child process (this same
+//! binary with `--serve-remote`), so `valgrind --tool=callgrind` on the
+//! parent counts hookwire (and the client) but neither the hook server nor
+//! the collector. The exporter is on: spans are batched, encoded and sent
+//! to the collector, which drops them.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio_stream::StreamExt;
+
+use crate::hook::{self, Steady};
+
+struct Sink;
+
+#[tonic::async_trait]
+impl TraceService for Sink {
+    async fn export(
+        &self,
+        _: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+/// The child: the `steady` hook and a collector, each on port 0; prints
+/// `remote HOOK_ADDR OTLP_ADDR` and serves until stdin closes.
+pub async fn serve() {
+    let steady = hook::start(Steady::new("steady", true)).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let otlp = format!("http://{}", listener.local_addr().unwrap());
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(Sink))
+            .serve_with_incoming(incoming),
+    );
+    println!("remote {} {otlp}", steady.addr);
+    // Until the parent closes our stdin (it exits, or drops the child).
+    let _ = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+            line.clear();
+        }
+    })
+    .await;
+}
+
+/// The child process, with the addresses it serves on.
+pub struct Remote {
+    pub hook: String,
+    pub otlp: String,
+    _child: Child,
+}
+
+impl Remote {
+    pub async fn start() -> Remote {
+        let mut child = Command::new(std::env::current_exe().expect("own path"))
+            .args(["--serve-remote", "--no-telemetry"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the bench binary starts itself");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the remote child answers within 30 s")
+            .unwrap()
+            .expect("the remote child prints its addresses");
+        let mut parts = line.split_whitespace().skip(1);
+        let (hook, otlp) = (
+            parts.next().unwrap().to_string(),
+            parts.next().unwrap().to_string(),
+        );
+        Remote {
+            hook,
+            otlp,
+            _child: child,
+        }
+    }
+}

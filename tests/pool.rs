@@ -1,0 +1,350 @@
+//! Hook servers that cap concurrent HTTP/2 streams per connection (as
+//! proxies, grpcio and grpc-go do): every run holds one stream per hook, so
+//! hookwire spreads runs over more connections. Real tonic hook servers
+//! with `max_concurrent_streams` on port 0, a real hookwire server, and
+//! every run held in flight at once by the hook, so the streams really are
+//! concurrent.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookwire::hook_server::{self, Reply};
+use hookwire::pb;
+use pb::EventKind as K;
+use support::certs::{write_pem, Ca, Use};
+use support::python::PythonHook;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_stream::StreamExt;
+
+/// Holds every run_start verdict until released, so every run keeps its
+/// stream to the hook open at the same time.
+#[derive(Clone, Default)]
+struct Hold {
+    arrived: Arc<AtomicUsize>,
+    /// Signalled at every arrival.
+    arrival: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Hold {
+    fn hook(&self) -> FnHook {
+        let h = self.clone();
+        FnHook::new("limited", &[K::RunStart]).on_run_start(move |_, _| {
+            let h = h.clone();
+            async move {
+                let mut release = h.release.subscribe();
+                h.arrived.fetch_add(1, Ordering::SeqCst);
+                h.arrival.notify_waiters();
+                let _ = release.wait_for(|r| *r).await;
+                Reply::new(pb::RunStartVerdict {
+                    action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
+    }
+
+    async fn until_arrived(&self, n: usize) {
+        loop {
+            let next = self.arrival.notified();
+            if self.arrived.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            next.await;
+        }
+    }
+}
+
+/// A hook server that allows `limit` concurrent streams per connection
+/// (advertised in its SETTINGS, enforced with REFUSED_STREAM).
+async fn limited_server(hook: FnHook, limit: u32) -> (String, tokio::task::JoinHandle<()>) {
+    limited_server_with(hook, limit, None).await
+}
+
+/// `limited_server`, serving TLS with `identity` when given.
+async fn limited_server_with(
+    hook: FnHook,
+    limit: u32,
+    identity: Option<tonic::transport::Identity>,
+) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(identity) = identity {
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .unwrap();
+    }
+    let task = tokio::spawn(async move {
+        builder
+            .max_concurrent_streams(Some(limit))
+            .add_service(hook_server::service(hook))
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    (format!("127.0.0.1:{}", addr.port()), task)
+}
+
+fn gauge(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{hook=\"limited\"}} ")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} for hook limited in\n{metrics}"))
+}
+
+const HOOK_LINES: &str = "events: [run_start]\ntimeout: 120s\nconnections: {idle_timeout: 200ms}";
+
+/// `runs` concurrent runs through the hook at `hook_addr`, all held in
+/// flight at once. Returns the /metrics text taken while they were held and
+/// once idle connections closed after they all completed.
+async fn concurrent_runs(hook_addr: &str, runs: usize, hold: &Hold) -> (String, String) {
+    concurrent_runs_to(&format!("http://{hook_addr}"), HOOK_LINES, runs, hold).await
+}
+
+/// `concurrent_runs` to `endpoint`, the hook configured with `hook_lines`.
+async fn concurrent_runs_to(
+    endpoint: &str,
+    hook_lines: &str,
+    runs: usize,
+    hold: &Hold,
+) -> (String, String) {
+    let yaml = config(&[("limited", endpoint, hook_lines)], "event_budget: 120s");
+    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let client = server.client().await;
+    let mut sessions = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        sessions.push(session(&mut client.clone(), "a").await);
+    }
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .map(|s| {
+            let mut c = client.clone();
+            tokio::spawn(async move { invoke(&mut c, &s, "hello").await })
+        })
+        .collect();
+    // Runs that cannot open their stream never arrive: fail, do not hang.
+    if tokio::time::timeout(Duration::from_secs(90), hold.until_arrived(runs))
+        .await
+        .is_err()
+    {
+        panic!(
+            "only {} of {runs} runs reached the hook; /metrics:\n{}",
+            hold.arrived.load(Ordering::SeqCst),
+            http_get(admin, "/metrics").await
+        );
+    }
+    let during = http_get(admin, "/metrics").await;
+    hold.release.send_replace(true);
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::Completed,
+            "every run completes: {}",
+            r.reason
+        );
+    }
+    // Idle connections close after connections.idle_timeout (200 ms).
+    let mut after = String::new();
+    for _ in 0..400 {
+        after = http_get(admin, "/metrics").await;
+        if gauge(&after, "hookwire_hook_connections") == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    server.stop().await;
+    (during, after)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_runs_through_a_hook_server_limited_to_100_streams_all_complete() {
+    const RUNS: usize = 1000;
+    let hold = Hold::default();
+    let (addr, _hook_server) = limited_server(hold.hook(), 100).await;
+    let (during, after) = concurrent_runs(&addr, RUNS, &hold).await;
+    assert_eq!(
+        gauge(&during, "hookwire_hook_streams"),
+        RUNS as f64,
+        "one stream per run in flight:\n{during}"
+    );
+    // At least ten connections were needed; none was refused a stream,
+    // since each connection's limit was read from the server's SETTINGS
+    // before streams went on it.
+    assert!(
+        gauge(&during, "hookwire_hook_connections") >= 10.0,
+        "{during}"
+    );
+    assert_eq!(
+        gauge(&during, "hookwire_hook_streams_refused_total"),
+        0.0,
+        "{during}"
+    );
+    assert_eq!(gauge(&after, "hookwire_hook_streams"), 0.0, "{after}");
+    assert_eq!(
+        gauge(&after, "hookwire_hook_connections"),
+        1.0,
+        "idle surplus connections close:\n{after}"
+    );
+}
+
+/// Over TLS the limit is read from the SETTINGS above the TLS layer (TLS
+/// is hookwire's own connector, below the point where the limit is read),
+/// so a TLS hook server limited to 10 streams gets runs spread over
+/// connections of 10 before any stream is refused. Assumed at 100 instead,
+/// all 40 streams would go on one connection, h2 would queue the 30 beyond
+/// the server's 10, and those runs would never reach the hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_hook_servers_stream_limit_is_read_and_runs_spread_before_any_refusal() {
+    const RUNS: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("hooks CA");
+    let leaf = ca.leaf(Use::Server, &["localhost"], &[]);
+    let ca_file = write_pem(dir.path(), "ca.crt", &ca.pem());
+    let hold = Hold::default();
+    let identity = tonic::transport::Identity::from_pem(&leaf.cert, &leaf.key);
+    let (addr, _hook_server) = limited_server_with(hold.hook(), 10, Some(identity)).await;
+    let endpoint = format!("https://{}", addr.replace("127.0.0.1", "localhost"));
+    let lines = format!("{HOOK_LINES}\ntls: {{ca_file: {}}}", ca_file.display());
+    let (during, after) = concurrent_runs_to(&endpoint, &lines, RUNS, &hold).await;
+    assert_eq!(
+        gauge(&during, "hookwire_hook_streams"),
+        RUNS as f64,
+        "{during}"
+    );
+    assert!(
+        gauge(&during, "hookwire_hook_connections") >= 4.0,
+        "40 streams over connections of 10:\n{during}"
+    );
+    assert_eq!(
+        gauge(&during, "hookwire_hook_streams_refused_total"),
+        0.0,
+        "the limit was known before streams went on a connection:\n{during}"
+    );
+    assert_eq!(gauge(&after, "hookwire_hook_connections"), 1.0, "{after}");
+}
+
+/// A TCP proxy that hides the server's stream limit: the
+/// SETTINGS_MAX_CONCURRENT_STREAMS entry of its first frame is turned into
+/// an unknown setting (which HTTP/2 peers ignore), as a proxy that
+/// advertises more than its backend allows would. Streams beyond the limit
+/// are then refused by the server, not queued by the client.
+async fn hiding_proxy(upstream: String) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let server = TcpStream::connect(&upstream).await.unwrap();
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let mut header = [0u8; 9];
+                if sr.read_exact(&mut header).await.is_err() {
+                    return;
+                }
+                let len = usize::from(header[0]) << 16
+                    | usize::from(header[1]) << 8
+                    | usize::from(header[2]);
+                let mut payload = vec![0u8; len];
+                if sr.read_exact(&mut payload).await.is_err() {
+                    return;
+                }
+                assert_eq!(header[3], 0x4, "the server's first frame is SETTINGS");
+                for entry in payload.chunks_exact_mut(6) {
+                    if entry[..2] == [0, 3] {
+                        entry[..2].copy_from_slice(&[0xf0, 0x03]);
+                    }
+                }
+                if cw.write_all(&header).await.is_err() || cw.write_all(&payload).await.is_err() {
+                    return;
+                }
+                let _ = tokio::io::copy(&mut sr, &mut cw).await;
+            });
+        }
+    });
+    format!("127.0.0.1:{}", addr.port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_refused_by_a_server_that_hides_its_limit_are_opened_on_other_connections() {
+    const RUNS: usize = 40;
+    let hold = Hold::default();
+    let (addr, _hook_server) = limited_server(hold.hook(), 10).await;
+    let proxy = hiding_proxy(addr).await;
+    let (during, _) = concurrent_runs(&proxy, RUNS, &hold).await;
+    assert!(
+        gauge(&during, "hookwire_hook_streams_refused_total") > 0.0,
+        "the server refused streams, and none failed a run:\n{during}"
+    );
+    assert!(
+        gauge(&during, "hookwire_hook_connections") >= 4.0,
+        "{during}"
+    );
+}
+
+/// The case measured in issue 18 before the pool: the Python example with
+/// `grpc.max_concurrent_streams` 10 and 30 runs at once ended 20 runs
+/// `hook_failed` (refused streams and deadlines). Each of its decisions
+/// takes 500 ms here, so the runs overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_runs_through_the_python_example_capped_at_10_streams_all_complete() {
+    const RUNS: usize = 30;
+    let py = PythonHook::start(&[
+        "--features",
+        "redactor",
+        "--max-concurrent-streams",
+        "10",
+        "--simulate-latency-ms",
+        "500",
+    ])
+    .await;
+    let yaml = config(
+        &[("limited", &py.addr, "events: [run_start]\ntimeout: 60s")],
+        "event_budget: 60s",
+    );
+    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let client = server.client().await;
+    let mut sessions = Vec::new();
+    for _ in 0..RUNS {
+        sessions.push(session(&mut client.clone(), "a").await);
+    }
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .map(|s| {
+            let mut c = client.clone();
+            tokio::spawn(async move { invoke(&mut c, &s, "hello").await })
+        })
+        .collect();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    }
+    let metrics = http_get(admin, "/metrics").await;
+    assert!(
+        gauge(&metrics, "hookwire_hook_connections") >= 3.0,
+        "30 runs over connections of 10 streams:\n{metrics}"
+    );
+    server.stop().await;
+}
