@@ -36,7 +36,11 @@ if [ -z "${HOOKWIRE_BIN:-}" ]; then
     # crt-static links glibc into the binary. rustup cannot add a musl target
     # offline, and glibc >= 2.34 resolves names (files, dns) without loading
     # NSS modules, so a static glibc binary runs on an empty image.
-    RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+    # getrandom finds glibc's getrandom() with dlsym, which a static binary
+    # cannot do, and then falls back to /dev/urandom: absent where nothing
+    # mounts /dev (this script's chroot smoke test, minimal sandboxes), and
+    # the first session id panics. The cfg links getrandom() directly.
+    RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --cfg getrandom_backend=\"linux_getrandom\"" \
         cargo build --release --locked --target "$triple" --bin hookwire
     HOOKWIRE_BIN="${CARGO_TARGET_DIR:-target}/$triple/release/hookwire"
 fi
