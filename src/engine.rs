@@ -652,6 +652,17 @@ impl Engine {
         self.accepting.store(false, Ordering::SeqCst);
     }
 
+    /// The runs this replica executes now (a copy: the lock is not held
+    /// while they are acted on).
+    fn runs_in_flight(&self) -> Vec<Arc<Run>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     /// Waits for in-flight runs up to `grace`, then cancels the rest and
     /// waits for them to finish (they end promptly with outcome cancelled).
     pub async fn drain(&self, grace: Duration) {
@@ -659,13 +670,7 @@ impl Engine {
             .await
             .is_err()
         {
-            let runs: Vec<Arc<Run>> = self
-                .runs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .cloned()
-                .collect();
+            let runs = self.runs_in_flight();
             tracing::warn!(runs = runs.len(), "shutdown grace elapsed; cancelling runs");
             for r in runs {
                 r.cancel("server shutting down");
@@ -675,13 +680,7 @@ impl Engine {
             let _ = tokio::time::timeout(CANCEL_WIND_DOWN, self.until_idle()).await;
             // Runs that did not even end then are recorded as interrupted
             // now, so their sessions are free when this replica is gone.
-            let stuck: Vec<Arc<Run>> = self
-                .runs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .cloned()
-                .collect();
+            let stuck = self.runs_in_flight();
             for r in stuck {
                 let end = RunEnd {
                     outcome: RunOutcome::Interrupted,

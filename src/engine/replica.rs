@@ -147,13 +147,7 @@ impl Engine {
     }
 
     async fn renew_leases(&self) {
-        let runs: Vec<_> = self
-            .runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let runs = self.runs_in_flight();
         for r in runs {
             match self.store.renew(&r.ledger.lease).await {
                 Ok(()) => {}
