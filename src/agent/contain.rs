@@ -36,7 +36,11 @@ pub async fn drive_contained(
     transcript: Arc<Vec<Message>>,
     input: String,
 ) -> RunReport {
-    contain(run.clone(), drive(run, transcript, input)).await
+    // Boxed: the driver's future is large (every await of the run, hook
+    // calls included), and inline it made the spawned run task that size,
+    // which the compiler may then copy whole on spawn and on each poll of
+    // the task (callgrind: up to ~120k instructions of memcpy per run).
+    contain(run.clone(), Box::pin(drive(run, transcript, input))).await
 }
 
 /// Runs a run's driver; a panic in it becomes a `failed` report.

@@ -3,7 +3,8 @@
 //! Every constructor declares, at creation, the OTel name (`otel.name`), the
 //! kind (`otel.kind`) and every non-content attribute it will ever carry, the
 //! late ones as `Empty`: tracing only records declared fields, and
-//! tracing-opentelemetry fixes name and kind when the span starts.
+//! tracing-opentelemetry fixes name and kind when the span starts. (The
+//! per-hook-call span is the exception: see [`hook_call`].)
 //!
 //! Parents are contextual: a constructor called inside an entered span (or
 //! inside `parent.in_scope(|| ...)`, or in a future `.instrument(parent)`ed)
@@ -105,25 +106,24 @@ pub const HOOK_SPAN: &str = "hook";
 /// `traceparent`). Only blocking calls get one (observe deliveries are
 /// fire-and-forget), and a blocking hook can stop or rewrite the run, so its
 /// OpenInference kind is `GUARDRAIL`.
+///
+/// Its result attributes (verdict, outcome, latency) are set on the OTel
+/// span directly by [`record_hook_result`], not declared as fields: the log
+/// layer never formats this span, and a field record costs a pass through
+/// every layer plus an owned copy of a value that is a static string.
 pub fn hook_call(hook: &str, event: &str) -> Span {
-    // Named only when a subscriber takes the span: this runs at every hook
-    // call, and formatting the name is most of its cost otherwise.
-    let span = tracing::info_span!(
+    // The name is formatted only when a subscriber visits the field (this
+    // runs at every hook call), and in the same pass that creates the span
+    // rather than in a second record.
+    tracing::info_span!(
         HOOK_SPAN,
-        otel.name = Empty,
+        otel.name = %format_args!("hook {hook} {event}"),
         otel.kind = "client",
         { attrs::OPENINFERENCE_SPAN_KIND } = attrs::openinference_kind::GUARDRAIL,
         { attrs::HOOKWIRE_HOOK_NAME } = hook,
         { attrs::HOOKWIRE_HOOK_EVENT } = event,
-        { attrs::HOOKWIRE_HOOK_VERDICT } = Empty,
-        { attrs::HOOKWIRE_HOOK_OUTCOME } = Empty,
-        { attrs::HOOKWIRE_HOOK_LATENCY_MS } = Empty,
         { attrs::ERROR_TYPE } = Empty,
-    );
-    if !span.is_disabled() {
-        span.record("otel.name", format!("hook {hook} {event}").as_str());
-    }
-    span
+    )
 }
 
 /// Records how the run ended; with `error_type`, also `error.type` and an
@@ -183,12 +183,22 @@ pub fn record_chat_response(
 /// (`continue`, `rewrite_args`, ...; empty for observe events), the outcome
 /// (`ok`, `timeout`, a failure class, `failed_open`) and the wall time. For a
 /// failure also call [`record_error`] with the failure class.
-pub fn record_hook_result(span: &Span, verdict_kind: &str, outcome: &str, latency: Duration) {
-    if !verdict_kind.is_empty() {
-        span.record(attrs::HOOKWIRE_HOOK_VERDICT, verdict_kind);
+/// Each is set once per span, like a field record.
+pub fn record_hook_result(
+    span: &Span,
+    verdict_kind: &'static str,
+    outcome: &'static str,
+    latency: Duration,
+) {
+    if span.is_disabled() {
+        return;
     }
-    span.record(attrs::HOOKWIRE_HOOK_OUTCOME, outcome);
-    span.record(
+    // Static values: the OTel attribute borrows them, nothing is copied.
+    if !verdict_kind.is_empty() {
+        span.set_attribute(attrs::HOOKWIRE_HOOK_VERDICT, verdict_kind);
+    }
+    span.set_attribute(attrs::HOOKWIRE_HOOK_OUTCOME, outcome);
+    span.set_attribute(
         attrs::HOOKWIRE_HOOK_LATENCY_MS,
         latency.as_secs_f64() * 1000.0,
     );
