@@ -50,6 +50,7 @@ pub struct Server {
     pub addr: String,
     pub admin: std::net::SocketAddr,
     _config: tempfile::NamedTempFile,
+    _data: tempfile::TempDir,
 }
 
 /// `hookwire serve` on ports chosen by the OS, learnt from its JSON log.
@@ -67,9 +68,14 @@ pub async fn spawn_with(yaml: &str) -> Server {
     let yaml = format!("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{yaml}");
     let mut config = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
     std::io::Write::write_all(&mut config, yaml.as_bytes()).unwrap();
+    // The default store (SQLite, as a replica runs it), in a directory of
+    // its own: never the user's data directory, never another run's file.
+    let data = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_hookwire"))
         .args(["serve", "--log-format", "json", "--config"])
         .arg(config.path())
+        .env("HOOKWIRE_DATA_DIR", data.path())
+        .env_remove("HOOKWIRE_STORE")
         .env(
             "RUST_LOG",
             std::env::var("HOOKWIRE_BENCH_SERVE_LOG").unwrap_or_else(|_| "info".into()),
@@ -114,6 +120,7 @@ pub async fn spawn_with(yaml: &str) -> Server {
         addr: format!("http://{grpc}"),
         admin,
         _config: config,
+        _data: data,
     }
 }
 
