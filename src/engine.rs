@@ -5,6 +5,7 @@
 
 mod replica;
 
+use crate::lock::LockExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -166,11 +167,7 @@ impl Engine {
     }
 
     fn local_run(&self, run_id: &str) -> Option<Arc<Run>> {
-        self.runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-            .cloned()
+        self.runs.locked().get(run_id).cloned()
     }
 
     pub fn registry(&self) -> &Arc<HookRegistry> {
@@ -550,10 +547,7 @@ impl Engine {
             )
             .with_client_stall(self.config.server.client_stall_timeout),
         );
-        self.runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(run_id.clone(), run.clone());
+        self.runs.locked().insert(run_id.clone(), run.clone());
         let engine = self.clone();
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
@@ -578,7 +572,7 @@ impl Engine {
             drop(active);
             // drive recorded the run's end; only now does it leave this
             // replica (a drain waits for the record).
-            let mut runs = engine.runs.lock().unwrap_or_else(|e| e.into_inner());
+            let mut runs = engine.runs.locked();
             runs.remove(&report.run_id);
             if runs.is_empty() {
                 engine.idle.notify_waiters();
@@ -644,7 +638,7 @@ impl Engine {
     }
 
     pub fn active_runs(&self) -> usize {
-        self.runs.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.runs.locked().len()
     }
 
     /// Refuses new sessions and runs from now on.
@@ -655,12 +649,7 @@ impl Engine {
     /// The runs this replica executes now (a copy: the lock is not held
     /// while they are acted on).
     fn runs_in_flight(&self) -> Vec<Arc<Run>> {
-        self.runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.runs.locked().values().cloned().collect()
     }
 
     /// Waits for in-flight runs up to `grace`, then cancels the rest and
@@ -701,12 +690,7 @@ impl Engine {
     async fn until_idle(&self) {
         loop {
             let notified = self.idle.notified();
-            if self
-                .runs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
-            {
+            if self.runs.locked().is_empty() {
                 return;
             }
             notified.await;

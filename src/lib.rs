@@ -13,6 +13,7 @@ pub mod event;
 pub mod history;
 pub mod hook_server;
 pub mod hooks;
+pub mod lock;
 pub mod message;
 pub mod model;
 pub mod pb;

@@ -2,8 +2,9 @@
 //! their answers (ResolveApproval may reach any replica); this is the
 //! replica-local side: the runs of this replica waiting for an answer.
 
+use crate::lock::LockExt;
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -53,7 +54,7 @@ impl Drop for PendingApproval<'_> {
 impl Approvals {
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Entry>> {
         // Entries stay consistent under a panic elsewhere: keep serving them.
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+        self.pending.locked()
     }
 
     /// Registers a request; `stop` (the asking call's batch) withdraws it

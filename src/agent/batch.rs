@@ -140,6 +140,7 @@ fn decide(mut outcomes: Vec<Option<CallOutcome>>) -> Result<BatchDecision, Stop>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::LockExt;
     use std::sync::{Arc, Mutex};
     use tokio::sync::Notify;
 
@@ -196,7 +197,7 @@ mod tests {
         let out = run_batch(4, 1, none, move |i, _| {
             let r = r.clone();
             async move {
-                r.lock().unwrap().push(i);
+                r.locked().push(i);
                 if i == 1 {
                     term(i)
                 } else {
@@ -206,7 +207,7 @@ mod tests {
         })
         .await;
         assert_eq!(
-            *ran.lock().unwrap(),
+            *ran.locked(),
             [0, 1],
             "calls after the terminate never start"
         );
@@ -224,7 +225,7 @@ mod tests {
         let out = run_batch(6, 4, none, move |i, _| {
             let (s, f, g) = (s.clone(), f.clone(), g.clone());
             async move {
-                s.lock().unwrap().push(i);
+                s.locked().push(i);
                 let o = match i {
                     0 | 1 => {
                         let _p = g.acquire().await;
@@ -237,15 +238,15 @@ mod tests {
                     2 => term(i),
                     _ => res(i),
                 };
-                f.lock().unwrap().push(i);
+                f.locked().push(i);
                 o
             }
         })
         .await;
-        let mut started = started.lock().unwrap().clone();
+        let mut started = started.locked().clone();
         started.sort();
         assert_eq!(started, [0, 1, 2, 3], "calls 4 and 5 never start");
-        let finished = finished.lock().unwrap().clone();
+        let finished = finished.locked().clone();
         assert!(
             finished.contains(&0) && finished.contains(&1),
             "in-flight calls were drained: {finished:?}"
@@ -276,14 +277,14 @@ mod tests {
             move |i| {
                 let l = l1.clone();
                 async move {
-                    l.lock().unwrap().push(format!("screen {i}"));
+                    l.locked().push(format!("screen {i}"));
                     (i == 2).then(|| CallOutcome::Retry("fix call 2".into()))
                 }
             },
             move |i, _| {
                 let l = l2.clone();
                 async move {
-                    l.lock().unwrap().push(format!("start {i}"));
+                    l.locked().push(format!("start {i}"));
                     res(i)
                 }
             },
@@ -291,7 +292,7 @@ mod tests {
         .await;
         assert!(matches!(out, Ok(BatchDecision::Retry(f)) if f == "fix call 2"));
         assert_eq!(
-            *log.lock().unwrap(),
+            *log.locked(),
             ["screen 0", "screen 1", "screen 2"],
             "no call had a side effect the retry discards"
         );
@@ -308,14 +309,14 @@ mod tests {
             move |i, _| {
                 let s = s.clone();
                 async move {
-                    s.lock().unwrap().push(i);
+                    s.locked().push(i);
                     res(i)
                 }
             },
         )
         .await;
         assert!(matches!(out, Err(Stop::Terminate { reason, .. }) if reason == "stop at 1"));
-        assert!(started.lock().unwrap().is_empty());
+        assert!(started.locked().is_empty());
 
         // A call decided by screening (e.g. skipped) keeps its place.
         let out = run_batch(
@@ -353,7 +354,7 @@ mod tests {
             let out = run_batch(4, concurrency, none, move |i, stop| {
                 let (st, mid) = (st.clone(), mid.clone());
                 async move {
-                    let step = |what: &str| st.lock().unwrap().push(format!("{i} {what}"));
+                    let step = |what: &str| st.locked().push(format!("{i} {what}"));
                     match i {
                         0 => {
                             mid.notified().await;
@@ -389,7 +390,7 @@ mod tests {
                 "concurrency {concurrency}: {out:?}"
             );
             assert_eq!(
-                *steps.lock().unwrap(),
+                *steps.locked(),
                 ["1 first step", "0 terminates"],
                 "concurrency {concurrency}: nothing new after the stop"
             );

@@ -13,6 +13,7 @@
 //! - A reader that reads nothing while the runner waits for
 //!   `server.client_stall_timeout` is reported as stalled.
 
+use crate::lock::LockExt;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -69,7 +70,7 @@ impl ClientQueue {
 
     /// Queues `ev` without waiting (see the module docs).
     pub fn push(&self, ev: RunEvent) -> Result<(), Refused> {
-        let mut held = self.held.lock().unwrap();
+        let mut held = self.held.locked();
         if let (RunEvent::TextDelta { turn, text }, Some((t, merged))) = (&ev, held.as_mut()) {
             if turn == t {
                 merged.push_str(text);
@@ -103,7 +104,7 @@ impl ClientQueue {
     /// reserves them. Cancel-safe: dropping it gives the room back (a held
     /// delta being sent is then dropped, as the run is ending).
     pub async fn reserve(&self, n: usize) -> Result<PermitIterator<'_, RunEvent>, Unwritable> {
-        let held = self.held.lock().unwrap().take();
+        let held = self.held.locked().take();
         if let Some((turn, text)) = held {
             let mut p = self.reserve_raw(1).await?;
             if let Some(p) = p.next() {

@@ -2,6 +2,7 @@
 //! the run's cancellation and deadline, and streams events to the client.
 //! `Run` and `Invoke` share this one loop.
 
+use crate::lock::LockExt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -136,10 +137,7 @@ impl Run {
     }
 
     fn stop_from_outside(&self, stop: Stop) {
-        self.cancel_reason
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(stop);
+        self.cancel_reason.locked().get_or_insert(stop);
         self.cancel.cancel();
     }
 
@@ -205,10 +203,7 @@ impl Run {
     /// The notable verdicts so far (for a report built outside the drive
     /// loop, e.g. after a panic: a poisoned lock still yields its records).
     pub fn verdict_records(&self) -> Vec<VerdictRecord> {
-        self.records
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.records.locked().clone()
     }
 
     /// Waits until at least half of the client's event queue is free, so
@@ -221,7 +216,7 @@ impl Run {
 
     pub fn emit_records(&self, records: &[VerdictRecord]) {
         for r in records.iter().filter(|r| r.is_notable()) {
-            self.records.lock().unwrap().push(r.clone());
+            self.records.locked().push(r.clone());
             self.emit(RunEvent::HookVerdict(r.clone()));
         }
     }
@@ -333,8 +328,7 @@ impl Run {
             biased;
             _ = self.cancel.cancelled() => Err(self
                 .cancel_reason
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .locked()
                 .clone()
                 .unwrap_or_else(|| Stop::Cancelled("cancelled".into()))),
             _ = tokio::time::sleep_until(self.deadline) => Err(Stop::TimedOut),
@@ -522,7 +516,7 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                     .await;
                 // The answer is accepted (deltas held for turn_end go out
                 // now), or it never reaches the client.
-                let held = std::mem::take(&mut *run.held.lock().unwrap());
+                let held = std::mem::take(&mut *run.held.locked());
                 match &r {
                     Ok(_) => {
                         for text in held {
@@ -626,7 +620,7 @@ async fn call_model(
             Payload::TextDelta(chunk.to_string())
         });
         if hold {
-            held.lock().unwrap().push(chunk.to_string());
+            held.locked().push(chunk.to_string());
         } else {
             sent.store(true, std::sync::atomic::Ordering::Relaxed);
             run.emit(RunEvent::TextDelta {
@@ -679,7 +673,7 @@ async fn call_model(
     }
     let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
     if hold {
-        *run.held.lock().unwrap() = held.into_inner().unwrap();
+        *run.held.locked() = held.into_inner().unwrap();
     }
     (r, sent, span)
 }
@@ -701,7 +695,7 @@ async fn review_response(
         .hooks
         .chain::<ModelResponseChain>(turn, response, |r| Payload::ModelResponse(r.clone()))
         .await;
-    let held = std::mem::take(&mut *run.held.lock().unwrap());
+    let held = std::mem::take(&mut *run.held.locked());
     let mut out = out.map_err(Stop::HookFailed)?;
     run.emit_records(&out.records);
     if let Some(m) = out.payload.message.as_mut() {
@@ -719,7 +713,7 @@ async fn review_response(
             };
             let await_turn_end = review_final && !Machine::has_tool_calls(&out.payload.message());
             if await_turn_end && run.agent.config.stream_deltas == StreamDeltas::Hold {
-                *run.held.lock().unwrap() = release;
+                *run.held.locked() = release;
             } else {
                 let sent = !release.is_empty();
                 for text in release {
@@ -794,7 +788,7 @@ fn finish(run: &Run, mut ending: Ending) -> RunReport {
         usage: ending.usage,
         turns: ending.turns,
         messages: ending.messages,
-        hook_verdicts: run.records.lock().unwrap().clone(),
+        hook_verdicts: run.records.locked().clone(),
         finish_reason: ending.finish_reason,
     };
     run.emit(RunEvent::Finished(report.clone()));

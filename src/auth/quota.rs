@@ -7,6 +7,7 @@
 //! same moment can each take it once (the read and the record are not one
 //! transaction). Refusals name the limit.
 
+use crate::lock::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -86,7 +87,7 @@ impl QuotaLedger {
     }
 
     fn with<R>(&self, who: &str, f: impl FnOnce(&mut InProgress) -> R) -> R {
-        let mut g = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.usage.locked();
         let u = g.entry(who.to_string()).or_default();
         let r = f(u);
         if u.creating == 0 && u.starting == 0 {

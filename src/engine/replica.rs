@@ -10,6 +10,7 @@
 //!   results, and frees their sessions (tools are never replayed);
 //! - expires idle sessions (`server.session_ttl`).
 
+use crate::lock::LockExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -60,8 +61,7 @@ pub struct Background {
 impl Background {
     pub async fn stop(&self) {
         self.stop.cancel();
-        let tasks: Vec<JoinHandle<()>> =
-            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *self.tasks.locked());
         for t in tasks {
             let _ = t.await;
         }
@@ -78,11 +78,7 @@ impl Engine {
     pub fn start_background(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let stop = self.background.stop.clone();
-        let mut tasks = self
-            .background
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut tasks = self.background.tasks.locked();
         tasks.push(tokio::spawn(signal_loop(
             weak.clone(),
             stop.clone(),

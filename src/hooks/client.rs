@@ -2,6 +2,7 @@
 //! keepalive, `Describe` at start-up and after reconnects, the circuit
 //! breaker (with background probing while it is open), and `CallTool`.
 
+use crate::lock::LockExt;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -94,7 +95,7 @@ impl Permit<'_> {
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         if self.probe && !self.recorded {
-            self.client.breaker.lock().unwrap().abandon_probe();
+            self.client.breaker.locked().abandon_probe();
         }
     }
 }
@@ -373,7 +374,7 @@ impl HookClient {
                 };
                 *self.described.write().unwrap() = Some(desc.clone());
                 {
-                    let mut s = self.status.lock().unwrap();
+                    let mut s = self.status.locked();
                     s.state = ConnState::Connected;
                     s.last_error = None;
                 }
@@ -392,7 +393,7 @@ impl HookClient {
                 Ok(desc)
             }
             Err(f) => {
-                let mut s = self.status.lock().unwrap();
+                let mut s = self.status.locked();
                 s.state = ConnState::Unavailable;
                 s.last_error = Some(format!("{}: {}", f.class, f.detail));
                 Err(f)
@@ -454,7 +455,7 @@ impl HookClient {
                 return;
             }
             if self.describe(PROBE_TIMEOUT).await.is_ok() {
-                if self.breaker.lock().unwrap().recover() {
+                if self.breaker.locked().recover() {
                     self.publish_breaker(false);
                     tracing::info!(hook = %self.name(), "hook server answers again; circuit breaker closed");
                 }
@@ -488,7 +489,7 @@ impl HookClient {
             fault.class,
             FailureClass::Connect | FailureClass::Tls | FailureClass::StreamReset
         ) {
-            let mut s = self.status.lock().unwrap();
+            let mut s = self.status.locked();
             s.state = ConnState::Unavailable;
             s.last_error = Some(format!("{}: {}", fault.class, fault.detail));
             drop(s);
@@ -577,12 +578,7 @@ impl HookClient {
     /// Asks the breaker for leave to call the hook; `None` when it is open.
     /// Time is tokio's clock, so tests can pause it.
     pub fn admit(&self) -> Option<Permit<'_>> {
-        let probe = match self
-            .breaker
-            .lock()
-            .unwrap()
-            .admit(Instant::now().into_std())
-        {
+        let probe = match self.breaker.locked().admit(Instant::now().into_std()) {
             Admit::Reject => return None,
             Admit::Call => false,
             Admit::Probe => true,
@@ -597,7 +593,7 @@ impl HookClient {
     /// Records a call's result; the gauge is touched only when the breaker
     /// opens or closes, and an opening starts the background probe.
     fn record(&self, ok: bool) {
-        let mut b = self.breaker.lock().unwrap();
+        let mut b = self.breaker.locked();
         let was = b.is_open();
         b.record(Instant::now().into_std(), ok);
         let open = b.is_open();
@@ -614,13 +610,12 @@ impl HookClient {
     /// `n` failures of that class left unlogged since the last line).
     pub fn log_failure(&self, class: FailureClass) -> Option<u64> {
         self.failure_log
-            .lock()
-            .unwrap()
+            .locked()
             .admit(class, Instant::now().into_std())
     }
 
     pub fn breaker_open(&self) -> bool {
-        self.breaker.lock().unwrap().is_open()
+        self.breaker.locked().is_open()
     }
 
     pub fn open_stream(
@@ -668,7 +663,7 @@ impl HookClient {
     }
 
     pub fn snapshot(&self) -> HookSnapshot {
-        let s = self.status.lock().unwrap();
+        let s = self.status.locked();
         let state = if self.breaker_open() {
             "circuit_open"
         } else {

@@ -2,6 +2,7 @@
 //! meaning of the verdicts together is decided by `compose`; this module
 //! does the IO, the deadlines and the bookkeeping.
 
+use crate::lock::LockExt;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,7 +39,7 @@ struct RunHook {
 
 impl RunHook {
     fn failed(&self) -> Option<HookFailure> {
-        self.failed.lock().unwrap().clone()
+        self.failed.locked().clone()
     }
 }
 
@@ -112,14 +113,14 @@ impl RunHooks {
     }
 
     pub fn scratchpad(&self) -> BTreeMap<String, Vec<u8>> {
-        self.scratchpad.lock().unwrap().clone()
+        self.scratchpad.locked().clone()
     }
 
     /// Wire context for CallTool and events.
     pub fn wire_context(&self, turn: u32, remaining: Duration) -> pb::EventContext {
         let mut ctx = self.ctx.clone();
         ctx.turn = turn;
-        wire::context_to_wire(&ctx, &self.scratchpad.lock().unwrap(), remaining)
+        wire::context_to_wire(&ctx, &self.scratchpad.locked(), remaining)
     }
 
     /// Whether any hook of this run may steer `kind` (used to decide whether
@@ -170,7 +171,7 @@ impl RunHooks {
     /// broken by an already reported fault is replaced, so a hook that is
     /// still attached (fail-open without detach) gets a fresh stream.
     fn stream(&self, hook: &RunHook, trace: &(String, String)) -> Arc<RunStream> {
-        let mut g = hook.stream.lock().unwrap();
+        let mut g = hook.stream.locked();
         if g.as_ref().is_some_and(|(s, _)| s.is_spent()) {
             if let Some((old, _)) = g.take() {
                 self.retire(hook, &old);
@@ -208,8 +209,7 @@ impl RunHooks {
         trace: &(String, String),
     ) -> pb::HookEvent {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let mut context =
-            wire::context_to_wire(&self.ctx, &self.scratchpad.lock().unwrap(), remaining);
+        let mut context = wire::context_to_wire(&self.ctx, &self.scratchpad.locked(), remaining);
         context.turn = turn;
         context.traceparent.clone_from(&trace.0);
         context.tracestate.clone_from(&trace.1);
@@ -352,10 +352,7 @@ impl RunHooks {
                 event: kind,
                 fault,
             };
-            hook.failed
-                .lock()
-                .unwrap()
-                .get_or_insert_with(|| failure.clone());
+            hook.failed.locked().get_or_insert_with(|| failure.clone());
             return Err(failure);
         }
         if cfg.detach_on_failure {
@@ -387,7 +384,7 @@ impl RunHooks {
         if ops.is_empty() {
             return Ok(());
         }
-        let mut pad = self.scratchpad.lock().unwrap();
+        let mut pad = self.scratchpad.locked();
         let mut next = pad.clone();
         for op in ops {
             match op {
@@ -443,7 +440,7 @@ impl RunHooks {
                 let stream = if hook.failed().is_some() {
                     // A hook that failed closed gets no fresh stream; an
                     // intact one still carries run_end.
-                    match hook.stream.lock().unwrap().as_ref() {
+                    match hook.stream.locked().as_ref() {
                         Some((s, _)) if s.poisoned().is_none() => s.clone(),
                         _ => continue,
                     }
@@ -702,7 +699,7 @@ impl RunHooks {
     ) -> Result<(), HookFailure> {
         let mut failed = None;
         for hook in &self.hooks {
-            let stream = hook.stream.lock().unwrap().as_ref().map(|(s, _)| s.clone());
+            let stream = hook.stream.locked().as_ref().map(|(s, _)| s.clone());
             let Some(fault) = stream.and_then(|s| s.take_unreported()) else {
                 continue;
             };
@@ -720,13 +717,7 @@ impl RunHooks {
     pub fn late_verdicts(&self) -> u64 {
         self.hooks
             .iter()
-            .filter_map(|h| {
-                h.stream
-                    .lock()
-                    .unwrap()
-                    .as_ref()
-                    .map(|(s, _)| s.late_count())
-            })
+            .filter_map(|h| h.stream.locked().as_ref().map(|(s, _)| s.late_count()))
             .sum()
     }
 
@@ -734,11 +725,7 @@ impl RunHooks {
     pub fn close(&self) {
         for h in &self.hooks {
             // Also after a panic poisoned the lock: the stream must close.
-            let taken = h
-                .stream
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
+            let taken = h.stream.locked().take();
             if let Some((s, _active)) = taken {
                 self.retire(h, &s);
             }
@@ -833,8 +820,7 @@ mod tests {
         assert_eq!(calls().as_deref(), Some("1"));
         let broken = hooks.hooks[0]
             .stream
-            .lock()
-            .unwrap()
+            .locked()
             .as_ref()
             .map(|(s, _)| s.clone());
         let again = hooks
@@ -853,8 +839,7 @@ mod tests {
         });
         let now = hooks.hooks[0]
             .stream
-            .lock()
-            .unwrap()
+            .locked()
             .as_ref()
             .map(|(s, _)| s.clone());
         assert!(

@@ -229,15 +229,13 @@ impl<T: Write + Unpin> Write for Watched<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::LockExt;
     use std::sync::Mutex;
 
     fn preface() -> (Preface, Arc<Mutex<Vec<Advertised>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
-        (
-            Preface::new(Arc::new(move |l| s.lock().unwrap().push(l))),
-            seen,
-        )
+        (Preface::new(Arc::new(move |l| s.locked().push(l))), seen)
     }
 
     fn settings(entries: &[(u16, u32)]) -> Vec<u8> {
@@ -272,7 +270,7 @@ mod tests {
         }
         drop(p);
         assert_eq!(
-            *seen.lock().unwrap(),
+            *seen.locked(),
             vec![Advertised::Limit(100)],
             "reported once"
         );
@@ -290,10 +288,10 @@ mod tests {
         ));
         let (r, seen_r) = preface();
         drop((p, q, r));
-        assert_eq!(*seen.lock().unwrap(), vec![Advertised::NoLimit]);
-        assert_eq!(*seen_q.lock().unwrap(), vec![Advertised::Unreadable]);
+        assert_eq!(*seen.locked(), vec![Advertised::NoLimit]);
+        assert_eq!(*seen_q.locked(), vec![Advertised::Unreadable]);
         assert_eq!(
-            *seen_r.lock().unwrap(),
+            *seen_r.locked(),
             vec![Advertised::Unreadable],
             "closed before any frame"
         );

@@ -6,6 +6,7 @@
 //! refused by the server. The rules of where a stream goes are in
 //! [`placement`](crate::hooks::placement).
 
+use crate::lock::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -143,7 +144,7 @@ impl Pool {
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 let (conns, streams) = {
-                    let s = self.inner.state.lock().unwrap();
+                    let s = self.inner.state.locked();
                     (s.placement.connections(), s.placement.streams())
                 };
                 return Err(Fault::new(
@@ -157,7 +158,7 @@ impl Pool {
     }
 
     fn try_acquire(&self) -> Option<Lease> {
-        let mut s = self.inner.state.lock().unwrap();
+        let mut s = self.inner.state.locked();
         let choice = s.placement.place();
         let conn = match choice {
             Choice::Wait => return None,
@@ -192,7 +193,7 @@ impl Pool {
 
     /// Open connections and streams (for tests and diagnostics).
     pub fn load(&self) -> (usize, usize) {
-        let s = self.inner.state.lock().unwrap();
+        let s = self.inner.state.locked();
         (s.placement.connections(), s.placement.streams())
     }
 }
@@ -229,7 +230,7 @@ async fn sweep(pool: Weak<Inner>) {
         };
         tokio::time::sleep(period).await;
         let Some(p) = pool.upgrade() else { return };
-        let mut s = p.state.lock().unwrap();
+        let mut s = p.state.locked();
         let closed = s.placement.sweep(std::time::Instant::now());
         for id in &closed {
             // No lease holds it (it carried no stream): dropping the last

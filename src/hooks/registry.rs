@@ -1,5 +1,6 @@
 //! All configured hook servers, shared by every session and run.
 
+use crate::lock::LockExt;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -100,7 +101,7 @@ impl HookRegistry {
         if spec.parameters_json_schema.trim().is_empty() {
             return None;
         }
-        let mut cache = self.schemas.lock().unwrap();
+        let mut cache = self.schemas.locked();
         if let Some(v) = cache.by_text.get(&spec.parameters_json_schema) {
             return v.clone();
         }
@@ -125,7 +126,7 @@ impl HookRegistry {
 
     /// Compiled schemas held (for tests and diagnostics).
     pub fn cached_schemas(&self) -> usize {
-        self.schemas.lock().unwrap().by_text.len()
+        self.schemas.locked().by_text.len()
     }
 
     /// A tool declared by two servers is ambiguous: refuse rather than guess.

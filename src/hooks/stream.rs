@@ -4,9 +4,10 @@
 //! with the event it was seen after. Late verdicts are counted when they
 //! arrive, for as long as the connection lives (after the run too).
 
+use crate::lock::LockExt;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -122,11 +123,11 @@ impl RunStream {
                 let lease = match pool.acquire(Instant::now() + slot_wait).await {
                     Ok(l) => l,
                     Err(fault) => {
-                        r.lock().unwrap().poison(fault, None);
+                        r.locked().poison(fault, None);
                         return;
                     }
                 };
-                r.lock().unwrap().queued = false;
+                r.locked().queued = false;
                 let mut req = tonic::Request::new(outbound.body(lease.clone()));
                 for (k, v) in &metadata {
                     if let Ok(v) = v.parse() {
@@ -143,18 +144,18 @@ impl RunStream {
                         refusals += 1;
                         lease.refused();
                         outbound.rewind();
-                        r.lock().unwrap().queued = true;
+                        r.locked().queued = true;
                     }
                     Err(status) => {
                         lease.failed();
                         let fault = classify_status(&status, true);
-                        r.lock().unwrap().poison(fault, None);
+                        r.locked().poison(fault, None);
                         return;
                     }
                 }
             };
             loop {
-                let closing = r.lock().unwrap().closing;
+                let closing = r.locked().closing;
                 let next = if closing {
                     match tokio::time::timeout(CLOSE_GRACE, inbound.message()).await {
                         Ok(m) => m,
@@ -166,7 +167,7 @@ impl RunStream {
                 match next {
                     Ok(Some(v)) => route(&r, v, &owner),
                     Ok(None) => {
-                        let mut g = r.lock().unwrap();
+                        let mut g = r.locked();
                         if !g.closing || !g.waiting.is_empty() {
                             g.poison(
                                 Fault::new(
@@ -179,7 +180,7 @@ impl RunStream {
                         return;
                     }
                     Err(status) => {
-                        let mut g = r.lock().unwrap();
+                        let mut g = r.locked();
                         if !g.closing || !g.waiting.is_empty() {
                             g.poison(classify_status(&status, false), None);
                         }
@@ -196,7 +197,7 @@ impl RunStream {
     }
 
     fn sender(&self) -> Option<mpsc::Sender<pb::HookEvent>> {
-        self.tx.lock().unwrap().clone()
+        self.tx.locked().clone()
     }
 
     /// Sends a blocking event; waits (bounded by `deadline`) for room in the
@@ -208,7 +209,7 @@ impl RunStream {
     ) -> Result<Pending, Fault> {
         let (wtx, rx) = oneshot::channel();
         let seq = {
-            let mut g = self.routing.lock().unwrap();
+            let mut g = self.routing.locked();
             g.last_sent = event.kind;
             if let Some(f) = g.poisoned.clone() {
                 g.delivered = true;
@@ -244,7 +245,7 @@ impl RunStream {
     /// dropped because the bounded queue is full.
     pub fn send_observe(&self, mut event: pb::HookEvent) -> bool {
         {
-            let mut g = self.routing.lock().unwrap();
+            let mut g = self.routing.locked();
             g.last_sent = event.kind;
             if g.poisoned.is_some() {
                 return false;
@@ -267,7 +268,7 @@ impl RunStream {
         match tokio::time::timeout_at(deadline, pending.rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => {
-                self.routing.lock().unwrap().delivered = true;
+                self.routing.locked().delivered = true;
                 Err(self.fault_or(FailureClass::StreamReset, "stream ended"))
             }
             Err(_) => {
@@ -278,7 +279,7 @@ impl RunStream {
     }
 
     fn deadline_detail(&self) -> &'static str {
-        if self.routing.lock().unwrap().queued {
+        if self.routing.locked().queued {
             "no verdict before the deadline: the stream was still waiting for a free slot on the hook's connections (every one at the server's stream limit; see connections.max)"
         } else {
             "no verdict before the deadline"
@@ -286,7 +287,7 @@ impl RunStream {
     }
 
     fn expire(&self, seq: u64) {
-        let mut g = self.routing.lock().unwrap();
+        let mut g = self.routing.locked();
         if g.waiting.remove(&seq).is_some() {
             g.expired.insert(seq);
         }
@@ -294,8 +295,7 @@ impl RunStream {
 
     fn fault_or(&self, class: FailureClass, detail: &str) -> Fault {
         self.routing
-            .lock()
-            .unwrap()
+            .locked()
             .poisoned
             .clone()
             .unwrap_or_else(|| Fault::new(class, detail))
@@ -303,14 +303,14 @@ impl RunStream {
 
     /// The fault that broke this stream, if any.
     pub fn poisoned(&self) -> Option<Fault> {
-        self.routing.lock().unwrap().poisoned.clone()
+        self.routing.locked().poisoned.clone()
     }
 
     /// A fault that broke the stream between events (a duplicate or spurious
     /// verdict, a reset with nothing in flight) and has not failed any event
     /// yet. Taking it marks it reported.
     pub fn take_unreported(&self) -> Option<Fault> {
-        let mut g = self.routing.lock().unwrap();
+        let mut g = self.routing.locked();
         if g.delivered {
             return None;
         }
@@ -321,20 +321,20 @@ impl RunStream {
 
     /// Broken, and its fault already failed an event: replace it.
     pub fn is_spent(&self) -> bool {
-        let g = self.routing.lock().unwrap();
+        let g = self.routing.locked();
         g.poisoned.is_some() && g.delivered
     }
 
     /// Verdicts that arrived after their deadline and were discarded.
     pub fn late_count(&self) -> u64 {
-        self.routing.lock().unwrap().late
+        self.routing.locked().late
     }
 
     /// Half-closes the stream (after run_end); the reader lingers briefly for
     /// the hook to end its side.
     pub fn close(&self) {
-        self.routing.lock().unwrap().closing = true;
-        self.tx.lock().unwrap().take();
+        self.routing.locked().closing = true;
+        self.tx.locked().take();
     }
 }
 
@@ -384,19 +384,19 @@ impl Outbound {
     fn body(&self, lease: Lease) -> Body {
         Body {
             state: self.state.clone(),
-            attempt: self.state.lock().unwrap().attempt,
+            attempt: self.state.locked().attempt,
             _lease: lease,
         }
     }
 
     fn confirmed(&self) {
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.state.locked();
         s.accepted = true;
         s.taken = Vec::new();
     }
 
     fn rewind(&self) {
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.state.locked();
         s.attempt += 1;
         let mut replay: VecDeque<_> = std::mem::take(&mut s.taken).into();
         replay.append(&mut s.replay);
@@ -451,7 +451,7 @@ fn is_refused(status: &tonic::Status) -> bool {
 }
 
 fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {
-    let mut g = r.lock().unwrap();
+    let mut g = r.locked();
     let seq = v.seq;
     if let Some((w, kind)) = g.waiting.remove(&seq) {
         g.answered.insert(seq, kind);
@@ -500,8 +500,7 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {
         // every run twice must not flood the log).
         let admitted = owner
             .failure_log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .locked()
             .admit(first.class, Instant::now().into_std());
         if let Some(suppressed) = admitted {
             tracing::warn!(

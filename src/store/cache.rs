@@ -16,6 +16,7 @@
 //! builds ([`crate::history::History`]). It grows in place when no run holds
 //! it, else the next load copies it once.
 
+use crate::lock::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -54,7 +55,7 @@ impl TranscriptCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     /// The session's committed transcript: this replica's copy, completed

@@ -1,6 +1,7 @@
 //! The in-process engine (`store: memory`): the same rules as the SQL
 //! engines, nothing survives the process. For tests and throwaway runs.
 
+use crate::lock::LockExt;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -83,7 +84,7 @@ impl MemoryStore {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves consistent maps (every
         // operation checks before it mutates).
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 }
 

@@ -6,6 +6,7 @@
 //! row lock, so a claim by the reaper (which bumps the epoch) and a write
 //! by the old holder are serialized and exactly one of them wins.
 
+use crate::lock::LockExt;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -1029,12 +1030,7 @@ impl SessionStore for SqlStore {
     }
 
     async fn close(&self) {
-        if let Some(l) = self
-            .listener
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(l) = self.listener.locked().take() {
             l.abort();
         }
         with_pool!(self, p => p.close().await);

@@ -26,7 +26,8 @@
 //! a `chat` span's output lists the calls without their arguments, which
 //! appear on the `execute_tool` span and in later input messages.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use crate::lock::LockExt;
+use std::sync::{Mutex, MutexGuard};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -178,9 +179,7 @@ impl ContentView {
 
     fn redactions(&self) -> MutexGuard<'_, Redactions> {
         // Plain data, valid after any panic elsewhere: never propagate one.
-        self.redactions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.redactions.locked()
     }
 
     /// A `run_start`, `model_response` or `turn_end` hook redacted

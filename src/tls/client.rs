@@ -3,6 +3,7 @@
 //! for tonic's `Endpoint::connect_with_connector_lazy` that takes the
 //! current configuration for every new connection.
 
+use crate::lock::LockExt;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -132,10 +133,7 @@ impl HookTls {
     /// Why the server dropped the latest connection right after the
     /// handshake, if it did; cleared once a connection is answered.
     pub fn late_error(&self) -> Option<String> {
-        self.late_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.late_error.locked().clone()
     }
 
     /// The name the certificate is checked against (and sent as SNI).
@@ -166,7 +164,7 @@ pub struct TlsIo {
 
 impl TlsIo {
     fn note(&self, why: String) {
-        *self.late_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        *self.late_error.locked() = Some(why);
     }
 
     /// The connection ended (EOF, reset, broken pipe) before the server said
@@ -209,7 +207,7 @@ impl AsyncRead for TlsIo {
                 if !self.received_any {
                     // The server accepted us: an older refusal is history.
                     self.received_any = true;
-                    *self.late_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    *self.late_error.locked() = None;
                 }
                 false
             }

@@ -9,6 +9,7 @@
 //! counts `hookwire_reload_failures_total{what}`; it is retried at the next
 //! check. Open connections keep the configuration they were made with.
 
+use crate::lock::LockExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -97,7 +98,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
     /// The current value, re-reading the files first when `interval` has
     /// passed since the last check.
     pub fn current(&self) -> Arc<T> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.locked();
         if s.checked.elapsed() < self.interval {
             return s.value.clone();
         }

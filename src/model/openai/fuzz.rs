@@ -7,6 +7,7 @@
 //!
 //! `make test` runs a few dozen cases; `make fuzz` sets `PROPTEST_CASES`.
 
+use crate::lock::LockExt;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -162,7 +163,7 @@ fn run(
     Vec<String>,
 ) {
     let deltas = Mutex::new(Vec::new());
-    let sink = |t: &str| deltas.lock().unwrap().push(t.to_string());
+    let sink = |t: &str| deltas.locked().push(t.to_string());
     let limits = Limits {
         max_bytes,
         idle_timeout: Duration::from_secs(5),

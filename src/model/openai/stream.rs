@@ -376,6 +376,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::lock::LockExt;
     use serde_json::json;
 
     #[test]
@@ -429,7 +430,7 @@ mod tests {
         limits: Limits,
     ) -> (Result<Assembled, StreamFailure>, Vec<String>) {
         let deltas = Mutex::new(Vec::new());
-        let sink = |t: &str| deltas.lock().unwrap().push(t.to_string());
+        let sink = |t: &str| deltas.locked().push(t.to_string());
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
