@@ -25,7 +25,7 @@ use crate::hooks::wire;
 use crate::model::ModelRequest;
 use crate::pb;
 use crate::telemetry::metrics::ActiveGuard;
-use crate::telemetry::{propagation, spans, Instruments};
+use crate::telemetry::{propagation, HookSpan, Instruments};
 
 struct RunHook {
     client: Arc<HookClient>,
@@ -230,10 +230,10 @@ impl RunHooks {
         turn: u32,
         payload: &Payload,
         event_deadline: Instant,
-    ) -> (Result<Verdict, Fault>, Span) {
+    ) -> (Result<Verdict, Fault>, HookSpan) {
         let kind = payload.kind();
         let name = hook.client.name();
-        let span = spans::hook_call(name, kind.name());
+        let mut span = HookSpan::start(name, kind.name());
         let started = Instant::now();
         // The breaker's leave to call; only a call that reached the hook has
         // an outcome for the breaker (and a dropped one records nothing).
@@ -252,7 +252,7 @@ impl RunHooks {
                     "circuit breaker open after repeated failures",
                 )
             })?);
-            let trace = propagation::current_trace_context(&span);
+            let trace = span.trace_context();
             let stream = self.stream(hook, &trace);
             // A fault that broke the stream since the last check.
             if let Some(f) = stream.take_unreported() {
@@ -269,24 +269,19 @@ impl RunHooks {
         }
         .await
         .map_err(|f| hook.client.refine(f));
-        // Not `.instrument(span)`: that enters and exits the span at every
-        // poll of the call and again to drop it, through every layer
-        // (~5k instructions per event), for nothing that needs it current
-        // (its trace context is taken explicitly, and the log layer never
-        // formats it). One exit here gives it its end time (the exporter
-        // ends a span at its last exit), so it ends with the call even when
-        // it lives on for the failure policy or the merge.
-        span.in_scope(|| {});
+        // The span ends with the call even when it lives on for the failure
+        // policy or the merge.
+        span.end_now();
         let latency = started.elapsed();
         let m = &self.inst.metrics;
         match &result {
             Ok(v) => {
-                spans::record_hook_result(&span, v.action.kind_name(), "ok", latency);
+                span.record_result(v.action.kind_name(), "ok", latency);
                 m.hook_call(name, kind.name(), "ok", latency);
             }
             Err(f) => {
-                spans::record_hook_result(&span, "none", f.class.name(), latency);
-                spans::record_error(&span, f.class.name());
+                span.record_result("none", f.class.name(), latency);
+                span.record_error(f.class.name());
                 m.hook_call(name, kind.name(), f.class.name(), latency);
                 m.hook_failure(name, f.event(kind).name(), f.class.name());
                 hook.client.note_fault(f);
@@ -301,12 +296,13 @@ impl RunHooks {
     /// A failure found without calling the hook (it could not be described,
     /// or its Describe dropped the event): counted, with a `hook {hook}
     /// {event}` span of its own for the policy to mark.
-    fn not_called(&self, hook: &RunHook, kind: EventKind, fault: &Fault) -> Span {
+    fn not_called(&self, hook: &RunHook, kind: EventKind, fault: &Fault) -> HookSpan {
         let name = hook.client.name();
         let class = fault.class.name();
-        let span = spans::hook_call(name, kind.name());
-        spans::record_hook_result(&span, "none", class, Duration::ZERO);
-        spans::record_error(&span, class);
+        let mut span = HookSpan::start(name, kind.name());
+        span.record_result("none", class, Duration::ZERO);
+        span.record_error(class);
+        span.end_now();
         self.inst.metrics.hook_failure(name, kind.name(), class);
         span
     }
@@ -319,7 +315,7 @@ impl RunHooks {
         kind: EventKind,
         fault: Fault,
         records: &mut Vec<VerdictRecord>,
-        span: &Span,
+        span: &mut HookSpan,
     ) -> Result<(), HookFailure> {
         // A fault that broke the stream names the event it was seen after.
         let kind = fault.event(kind);
@@ -359,8 +355,7 @@ impl RunHooks {
             hook.detached.store(true, Ordering::Relaxed);
         }
         self.inst.metrics.hook_fail_open(&cfg.name, kind.name());
-        spans::add_event(
-            span,
+        span.add_event(
             "hook.failed_open",
             &[
                 (
@@ -511,21 +506,21 @@ impl RunHooks {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(f) => {
-                    let span = self.not_called(hook, kind, &f);
-                    self.policy(hook, kind, f, &mut records, &span)?;
+                    let mut span = self.not_called(hook, kind, &f);
+                    self.policy(hook, kind, f, &mut records, &mut span)?;
                     continue;
                 }
             }
             if let Some(f) = hook.failed() {
                 return Err(f);
             }
-            let (result, span) = self
+            let (result, mut span) = self
                 .call(hook, turn, &to_wire(&payload), event_deadline)
                 .await;
             let verdict = match result {
                 Ok(v) => v,
                 Err(f) => {
-                    self.policy(hook, kind, f, &mut records, &span)?;
+                    self.policy(hook, kind, f, &mut records, &mut span)?;
                     continue;
                 }
             };
@@ -533,7 +528,7 @@ impl RunHooks {
             let verdict_kind = verdict.action.kind();
             let Verdict { meta, action } = verdict;
             if let Err(f) = self.apply_scratchpad(meta.scratchpad) {
-                self.policy(hook, kind, f, &mut records, &span)?;
+                self.policy(hook, kind, f, &mut records, &mut span)?;
                 continue;
             }
             match E::apply(&mut payload, action) {
@@ -542,7 +537,7 @@ impl RunHooks {
                         FailureClass::WrongKind,
                         format!("answered a {wrong} verdict to a {kind} event"),
                     );
-                    self.policy(hook, kind, f, &mut records, &span)?;
+                    self.policy(hook, kind, f, &mut records, &mut span)?;
                 }
                 Ok(step) => {
                     if meta.telemetry_redaction.is_some() {
@@ -611,13 +606,13 @@ impl RunHooks {
         let mut actions = Vec::new();
         let mut redaction = None;
         for (hook, result) in self.hooks.iter().zip(results) {
-            let Some((result, span)) = result else {
+            let Some((result, mut span)) = result else {
                 continue;
             };
             let verdict = match result {
                 Ok(v) => v,
                 Err(f) => {
-                    self.policy(hook, kind, f, &mut failed_open, &span)?;
+                    self.policy(hook, kind, f, &mut failed_open, &mut span)?;
                     continue;
                 }
             };
@@ -626,7 +621,7 @@ impl RunHooks {
                 unreachable!("checked in call()")
             };
             if let Err(f) = self.apply_scratchpad(meta.scratchpad) {
-                self.policy(hook, kind, f, &mut failed_open, &span)?;
+                self.policy(hook, kind, f, &mut failed_open, &mut span)?;
                 continue;
             }
             if meta.telemetry_redaction.is_some() {
@@ -704,9 +699,9 @@ impl RunHooks {
                 continue;
             };
             let event = fault.event(fallback);
-            let span = self.not_called(hook, event, &fault);
+            let mut span = self.not_called(hook, event, &fault);
             hook.client.note_fault(&fault);
-            if let Err(f) = self.policy(hook, event, fault, records, &span) {
+            if let Err(f) = self.policy(hook, event, fault, records, &mut span) {
                 failed.get_or_insert(f);
             }
         }

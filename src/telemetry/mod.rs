@@ -5,13 +5,15 @@
 //! The engine uses it like this:
 //! - start-up: [`init`] once (keep the [`Telemetry`] guard), [`Metrics::new`],
 //!   [`admin::serve_admin`];
-//! - per run / model call / tool call / hook call: a constructor from
-//!   [`spans`], then its `record_*` helpers once each;
+//! - per run / model call / tool call: a constructor from [`spans`], then
+//!   its `record_*` helpers once each; per blocking hook call, a
+//!   [`HookSpan`] (built on the tracer directly, see [`hook_span`]);
 //! - content (prompts, answers, tool arguments and results): only through
 //!   the run's [`ContentView`] (GenAI message shapes, sticky redactions),
 //!   which records through [`ContentCapture::record`], once per key per
 //!   span, after the event's hooks ran;
-//! - to a hook server: [`propagation::current_trace_context`] into the event
+//! - to a hook server: [`HookSpan::trace_context`] (blocking calls) or
+//!   [`propagation::current_trace_context`] (observe events) into the event
 //!   context and [`propagation::inject_metadata`] on the `Process` call;
 //! - shutdown: [`Telemetry::shutdown`]`.await`.
 //!
@@ -21,6 +23,7 @@
 pub mod admin;
 pub mod attrs;
 pub mod content;
+pub mod hook_span;
 pub mod metrics;
 pub mod propagation;
 pub mod setup;
@@ -28,6 +31,7 @@ pub mod spans;
 
 pub use admin::serve_admin;
 pub use content::ContentView;
+pub use hook_span::HookSpan;
 pub use metrics::Metrics;
 pub use setup::{build, init, LogFormat, Sampling, Telemetry, TelemetryError, TelemetryOptions};
 pub use spans::ContentCapture;

@@ -27,13 +27,18 @@ pub fn current_trace_context(span: &Span) -> (String, String) {
     if span.is_disabled() {
         return Default::default();
     }
-    // What TraceContextPropagator writes, formatted directly: this runs at
-    // every hook call, and the propagator's carrier map cost more than the
-    // formatting itself (tests hold the two equal).
-    use opentelemetry::trace::{TraceContextExt as _, TraceFlags};
+    use opentelemetry::trace::TraceContextExt as _;
     let cx = span.context();
     let otel_span = cx.span();
-    let sc = otel_span.span_context();
+    trace_headers(otel_span.span_context())
+}
+
+/// `(traceparent, tracestate)` for `sc`; empty strings when it is not
+/// valid. What TraceContextPropagator writes, formatted directly: this runs
+/// at every hook call, and the propagator's carrier map cost more than the
+/// formatting itself (tests hold the two equal).
+pub fn trace_headers(sc: &opentelemetry::trace::SpanContext) -> (String, String) {
+    use opentelemetry::trace::TraceFlags;
     if !sc.is_valid() {
         return Default::default();
     }

@@ -27,14 +27,14 @@ use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
 };
 use tonic::transport::ClientTlsConfig;
-use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt, LevelFilter, Targets};
+use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::{SubscriberInitExt, TryInitError};
 use tracing_subscriber::{Layer, Registry};
 
 use crate::config::TelemetryConfig;
-use crate::telemetry::spans;
+use crate::telemetry::hook_span::HookTracer;
 
 /// Environment variables read by [`TelemetryOptions::from_env`].
 pub mod env {
@@ -440,16 +440,7 @@ fn assemble(
     // tracing-subscriber) rather than refusing to start over a RUST_LOG typo.
     let log_filter = EnvFilter::builder()
         .with_default_directive(LevelFilter::INFO.into())
-        .parse_lossy(&opts.log_filter)
-        // Log lines carry their span context, which the log layer formats
-        // when a span starts and again at every record. For the per-hook-call
-        // span that is most of the cost of a hook event (callgrind: ~20k
-        // instructions of ~105k), and its context is in the few log lines
-        // that happen under it anyway (hook failures name the hook and the
-        // event). Without an exporter, the span is then not created at all.
-        .and(filter_fn(|meta| {
-            !(meta.is_span() && meta.name() == spans::HOOK_SPAN)
-        }));
+        .parse_lossy(&opts.log_filter);
     let log_layer: BoxedLayer = match opts.format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(writer)
@@ -465,13 +456,10 @@ fn assemble(
     let mut layers = vec![log_layer];
 
     if let Some(provider) = &provider {
-        let scope = InstrumentationScope::builder("hookwire")
-            .with_version(env!("CARGO_PKG_VERSION"))
-            .build();
         let export_filter = Targets::new().with_target(EXPORTED_TARGET, LevelFilter::INFO);
         layers.push(
             tracing_opentelemetry::layer()
-                .with_tracer(provider.tracer_with_scope(scope))
+                .with_tracer(provider.tracer_with_scope(scope()))
                 // Every span comes from telemetry::spans, so source
                 // locations and targets would only repeat that.
                 .with_location(false)
@@ -492,6 +480,14 @@ fn assemble(
                 .with_filter(export_filter)
                 .boxed(),
         );
+        // The per-hook-call span is built on the tracer directly (see
+        // `hook_span`); it finds the tracer here. Before `ReleaseOffThread`,
+        // so dropped before it, for the reason given there.
+        layers.push(
+            HookTracer(provider.tracer_with_scope(scope()))
+                .with_filter(LevelFilter::OFF)
+                .boxed(),
+        );
         // Last in the list, so dropped after the export layer: see
         // `ReleaseOffThread`. Filtered to nothing, it sees no span or event
         // and leaves interest and the max level to the layers above.
@@ -503,6 +499,13 @@ fn assemble(
     }
 
     Ok((Registry::default().with(layers), Telemetry { provider }))
+}
+
+/// Every span's instrumentation scope.
+fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder("hookwire")
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
 }
 
 /// The subscriber's last handle on the tracer provider, released on a thread

@@ -4,7 +4,7 @@
 //! kind (`otel.kind`) and every non-content attribute it will ever carry, the
 //! late ones as `Empty`: tracing only records declared fields, and
 //! tracing-opentelemetry fixes name and kind when the span starts. (The
-//! per-hook-call span is the exception: see [`hook_call`].)
+//! per-hook-call span is not a tracing span: see [`super::hook_span`].)
 //!
 //! Parents are contextual: a constructor called inside an entered span (or
 //! inside `parent.in_scope(|| ...)`, or in a future `.instrument(parent)`ed)
@@ -16,11 +16,8 @@
 //! content goes through [`ContentCapture`] only, and never through a declared
 //! field (declared fields also reach the log lines; content must not).
 
-use std::borrow::Cow;
-use std::time::Duration;
-
 use opentelemetry::trace::Status;
-use opentelemetry::{Array, KeyValue, StringValue, Value};
+use opentelemetry::{Array, StringValue, Value};
 use tracing::field::Empty;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -88,42 +85,11 @@ pub fn execute_tool(tool: &str, call_id: &str) -> Span {
 }
 
 /// The OpenInference kind goes to the trace only: log lines already say
-/// what the span is through `gen_ai.operation.name`. (The hook span, which
-/// the log layer never formats, declares it as a field instead: cheaper on
-/// the per-event path.)
+/// what the span is through `gen_ai.operation.name`.
 fn set_openinference_kind(span: &Span, kind: &'static str) {
     if !span.is_disabled() {
         span.set_attribute(attrs::OPENINFERENCE_SPAN_KIND, kind);
     }
-}
-
-/// The tracing name of [`hook_call`] spans (the exported name is
-/// `hook {hook} {event}`).
-pub const HOOK_SPAN: &str = "hook";
-
-/// `hook {hook} {event}` (CLIENT: it is a call to a remote hook server, whose
-/// own spans join the trace as this span's children through the propagated
-/// `traceparent`). Only blocking calls get one (observe deliveries are
-/// fire-and-forget), and a blocking hook can stop or rewrite the run, so its
-/// OpenInference kind is `GUARDRAIL`.
-///
-/// Its result attributes (verdict, outcome, latency) are set on the OTel
-/// span directly by [`record_hook_result`], not declared as fields: the log
-/// layer never formats this span, and a field record costs a pass through
-/// every layer plus an owned copy of a value that is a static string.
-pub fn hook_call(hook: &str, event: &str) -> Span {
-    // The name is formatted only when a subscriber visits the field (this
-    // runs at every hook call), and in the same pass that creates the span
-    // rather than in a second record.
-    tracing::info_span!(
-        HOOK_SPAN,
-        otel.name = %format_args!("hook {hook} {event}"),
-        otel.kind = "client",
-        { attrs::OPENINFERENCE_SPAN_KIND } = attrs::openinference_kind::GUARDRAIL,
-        { attrs::HOOKWIRE_HOOK_NAME } = hook,
-        { attrs::HOOKWIRE_HOOK_EVENT } = event,
-        { attrs::ERROR_TYPE } = Empty,
-    )
 }
 
 /// Records how the run ended; with `error_type`, also `error.type` and an
@@ -177,42 +143,6 @@ pub fn record_chat_response(
     if let Some(n) = output_tokens {
         span.record(attrs::GEN_AI_USAGE_OUTPUT_TOKENS, saturating_i64(n));
     }
-}
-
-/// Records a hook call's result on a `hook` span: the verdict kind
-/// (`continue`, `rewrite_args`, ...; empty for observe events), the outcome
-/// (`ok`, `timeout`, a failure class, `failed_open`) and the wall time. For a
-/// failure also call [`record_error`] with the failure class.
-/// Each is set once per span, like a field record.
-pub fn record_hook_result(
-    span: &Span,
-    verdict_kind: &'static str,
-    outcome: &'static str,
-    latency: Duration,
-) {
-    if span.is_disabled() {
-        return;
-    }
-    // Static values: the OTel attribute borrows them, nothing is copied.
-    if !verdict_kind.is_empty() {
-        span.set_attribute(attrs::HOOKWIRE_HOOK_VERDICT, verdict_kind);
-    }
-    span.set_attribute(attrs::HOOKWIRE_HOOK_OUTCOME, outcome);
-    span.set_attribute(
-        attrs::HOOKWIRE_HOOK_LATENCY_MS,
-        latency.as_secs_f64() * 1000.0,
-    );
-}
-
-/// Adds a span event (e.g. `hook.failed_open` with hook, event and class, or
-/// a provenance record naming the hook that rewrote a field). Events go to
-/// the trace only, not to log lines. Never put content in `attrs`.
-pub fn add_event(span: &Span, name: impl Into<Cow<'static, str>>, attrs: &[(&'static str, &str)]) {
-    let attributes = attrs
-        .iter()
-        .map(|(k, v)| KeyValue::new(*k, v.to_string()))
-        .collect();
-    OpenTelemetrySpanExt::add_event(span, name, attributes);
 }
 
 fn saturating_i64(n: u64) -> i64 {
@@ -335,7 +265,6 @@ mod tests {
                 invoke_agent("a", "scripted", "s", "r"),
                 chat("m", "openai"),
                 execute_tool("t", "c"),
-                hook_call("h", "tool_call"),
             ] {
                 for field in declared_fields(&span) {
                     if field == "otel.name" || field == "otel.kind" {
