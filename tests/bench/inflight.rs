@@ -5,6 +5,13 @@
 //! answering after a delay as a real model would. All runs are started at
 //! once; while they wait on the model, probe runs (no delay) measure what a
 //! hook call adds under that load, against the floor of the same round.
+//!
+//! Two latency figures: over every probe (while the runs start, wait and
+//! end), and over the probes made while every run waits on the model (each
+//! had its hook calls before the model, none has ended): the load of ten
+//! thousand held streams without the burst of their start. With a short
+//! model delay there may be no such moment (starting them all takes longer
+//! than the delay); the probe count in the row says how many there were.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,6 +28,9 @@ use crate::Plan;
 
 const KIB: f64 = 1024.0;
 const EVENTS: &str = "[run_start, model_request, model_response, turn_end]";
+/// The share of a run's hook calls made before the model answers:
+/// `run_start` and `model_request`, two of [`EVENTS`]' four.
+const PRE_MODEL_SHARE: f64 = 0.5;
 /// What a run holds: figure 6's per-run target, for a run with one hook.
 const RSS_TARGET_KIB: f64 = 64.0;
 /// Connections are shared: descriptors must not grow with runs.
@@ -78,14 +88,19 @@ struct Round {
     added50: f64,
     added99: f64,
     probe_failures: f64,
+    steady50: f64,
+    steady99: f64,
+    steady_probes: usize,
+    idle50: f64,
+    idle99: f64,
     floor50: f64,
     floor99: f64,
     probes: usize,
 }
 
-async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
+async fn round(floor: &Floor, plan: &Plan, go: &GoHook, delay_ms: u64) -> Round {
     let rust = hook::start(Steady::new("rust", false)).await;
-    let delay = Duration::from_millis(plan.many_delay_ms);
+    let delay = Duration::from_millis(delay_ms);
     let server = memory::spawn_with(&yaml(&rust.addr, &go.addr, delay)).await;
     let pid = server.child.id().expect("child pid");
     let connections = plan.many_runs.div_ceil(500).clamp(1, 32);
@@ -117,6 +132,11 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
     let sessions = service::sessions(&c0, "many", plan.many_runs).await;
     let probe_hooked = service::sessions(&c0, "many", plan.many_probes).await;
     let probe_bare = service::sessions(&c0, "bare", plan.many_probes).await;
+    let idle_n = plan.many_probes.div_ceil(2);
+    let idle_sessions = (
+        service::sessions(&c0, "many", idle_n).await,
+        service::sessions(&c0, "bare", idle_n).await,
+    );
     let (rss0, fds0, tasks0) = (
         settled_rss(pid).await,
         fds(pid),
@@ -130,7 +150,20 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
         .map(micros)
         .collect();
     let (floor50, floor99) = (quantile(&mut rtt, 0.5), quantile(&mut rtt, 0.99));
+    // The same probes with nothing in flight: what the two hooks take
+    // themselves (the Go example does more per event than the floor's echo).
+    let (mut idle_hooked, mut idle_bare) = (Vec::new(), Vec::new());
+    for (h, b) in idle_sessions.0.iter().zip(&idle_sessions.1) {
+        let (th, rh) = service::invoke(&mut c0.clone(), h, "hi").await;
+        let (tb, rb) = service::invoke(&mut c0.clone(), b, "hi").await;
+        service::assert_completed(&rh, "idle probe");
+        service::assert_completed(&rb, "idle probe");
+        idle_hooked.push(micros(th));
+        idle_bare.push(micros(tb));
+    }
 
+    // Hook calls once every run has made those before the model.
+    let all_waiting = calls().await + plan.many_runs as f64 * calls_per_run * PRE_MODEL_SHARE;
     let finished = Arc::new(AtomicUsize::new(0));
     let runs: Vec<_> = sessions
         .into_iter()
@@ -160,17 +193,24 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
         assert!(Instant::now() < deadline, "runs never got in flight");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (rss1, fds1, tasks1) = (
+    // What the runs hold: taken again, if there is a quiet phase, once
+    // every run waits on the model with both hook streams open (at the
+    // peak above, the last runs may not have opened theirs yet).
+    let (mut rss1, mut fds1, mut tasks1) = (
         rss_bytes(pid),
         fds(pid),
         gauge(server.admin, "hookwire_runtime_alive_tasks").await,
     );
+    let mut held_measured = false;
     let per = |a: f64, b: f64| (b - a) / peak.max(1.0);
     // Probes while the runs are in flight (waiting on the model, then
     // finishing), hooked and bare in turn.
     // A probe that does not complete is counted (and its reason shown),
     // not fatal: the figure must still report what happened.
     let (mut hooked, mut bare) = (Vec::new(), Vec::new());
+    let (mut steady_hooked, mut steady_bare) = (Vec::new(), Vec::new());
+    // The probes' own hook calls, which the counter also sees.
+    let mut probe_calls = 0.0;
     let mut probe_failures = 0.0;
     let completed = |r: &hookwire::pb::RunResult| {
         matches!(
@@ -182,11 +222,27 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
         if finished.load(Ordering::SeqCst) >= plan.many_runs {
             break;
         }
+        let waiting =
+            finished.load(Ordering::SeqCst) == 0 && calls().await - probe_calls >= all_waiting;
+        if waiting && !held_measured {
+            held_measured = true;
+            (rss1, fds1, tasks1) = (
+                rss_bytes(pid),
+                fds(pid),
+                gauge(server.admin, "hookwire_runtime_alive_tasks").await,
+            );
+        }
         let (th, rh) = service::invoke(&mut c0.clone(), h, "hi").await;
         let (tb, rb) = service::invoke(&mut c0.clone(), b, "hi").await;
+        probe_calls += calls_per_run;
         if completed(&rh) && completed(&rb) {
             hooked.push(micros(th));
             bare.push(micros(tb));
+            // Still no run ended: the pair ran wholly in the quiet phase.
+            if waiting && finished.load(Ordering::SeqCst) == 0 {
+                steady_hooked.push(micros(th));
+                steady_bare.push(micros(tb));
+            }
         } else {
             if probe_failures == 0.0 {
                 eprintln!(
@@ -206,6 +262,11 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
     };
     let added50 = added(0.5, &mut hooked, &mut bare);
     let added99 = added(0.99, &mut hooked, &mut bare);
+    let steady_probes = steady_hooked.len();
+    let steady50 = added(0.5, &mut steady_hooked, &mut steady_bare);
+    let steady99 = added(0.99, &mut steady_hooked, &mut steady_bare);
+    let idle50 = added(0.5, &mut idle_hooked, &mut idle_bare);
+    let idle99 = added(0.99, &mut idle_hooked, &mut idle_bare);
     let mut done = 0.0;
     let mut first_failure = None;
     for r in runs {
@@ -226,7 +287,7 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
     let completed = done;
     if plan.verbose {
         eprintln!(
-            "  in-flight: peak {peak}, completed {completed}; RSS {:.1} -> {:.1} MiB, fds {fds0} -> {fds1}, tasks {tasks0} -> {tasks1}; {probes} probes ({calls_per_run} hook calls each), floor p50 {floor50:.1} p99 {floor99:.1} us",
+            "  in-flight: peak {peak}, completed {completed}; RSS {:.1} -> {:.1} MiB, fds {fds0} -> {fds1}, tasks {tasks0} -> {tasks1}; {probes} probes ({steady_probes} while all wait; {calls_per_run} hook calls each), floor p50 {floor50:.1} p99 {floor99:.1} us, idle probes p50 {idle50:.1} p99 {idle99:.1} us",
             rss0 / KIB / KIB,
             rss1 / KIB / KIB
         );
@@ -243,6 +304,11 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
         added50,
         added99,
         probe_failures,
+        steady50,
+        steady99,
+        steady_probes,
+        idle50,
+        idle99,
         floor50,
         floor99,
         probes,
@@ -252,15 +318,24 @@ async fn round(floor: &Floor, plan: &Plan, go: &GoHook) -> Round {
 /// The rows, or why the figure could not run.
 pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
     let go = GoHook::start().await?;
-    let mut rounds = Vec::new();
-    for _ in 0..plan.many_rounds {
-        rounds.push(round(floor, plan, &go).await);
+    let mut rows = Vec::new();
+    for &delay_ms in &plan.many_delays_ms {
+        let mut rounds = Vec::new();
+        for _ in 0..plan.many_rounds {
+            rounds.push(round(floor, plan, &go, delay_ms).await);
+        }
+        rows.extend(series(plan, delay_ms, &rounds));
     }
+    Ok(rows)
+}
+
+/// The rows of one model delay's rounds.
+fn series(plan: &Plan, delay_ms: u64, rounds: &[Round]) -> Vec<Row> {
     let col = |f: fn(&Round) -> f64| rounds.iter().map(f).collect::<Vec<f64>>();
     let n = plan.many_runs;
     let what = format!(
         "{n} in-flight runs (Rust + Go hook, model delay {} s)",
-        plan.many_delay_ms as f64 / 1000.0
+        delay_ms as f64 / 1000.0
     );
     let runs = Spread::of(&[n as f64]);
     let ratio = |v: &[f64], by: &[f64]| v.iter().zip(by).map(|(a, b)| a / b).collect::<Vec<_>>();
@@ -277,7 +352,7 @@ pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
         col(|r| r.floor99),
     );
     let probes = rounds.iter().map(|r| r.probes).min().unwrap_or(0);
-    Ok(vec![
+    let mut rows = vec![
         Row::new(
             9,
             format!("{what}: runs completed"),
@@ -341,5 +416,69 @@ pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
         )
         .against("floor p99", Spread::of(&f99), &ratio(&a99, &f99))
         .target(Target::ratio_at_most(1.5)),
-    ])
+    ];
+    // Only the rounds that had a quiet phase; how many probes it held.
+    let quiet: Vec<&Round> = rounds.iter().filter(|r| r.steady_probes > 0).collect();
+    let least = quiet.iter().map(|r| r.steady_probes).min().unwrap_or(0);
+    rows.push(Row::new(
+        9,
+        format!("{what}: probe runs made while every run waits on the model"),
+        "runs",
+        Spread::of(&col(|r| r.steady_probes as f64)),
+    ));
+    if !quiet.is_empty() {
+        let qcol = |f: fn(&Round) -> f64| quiet.iter().map(|r| f(r)).collect::<Vec<f64>>();
+        let (s50, s99, q50, q99) = (
+            qcol(|r| r.steady50),
+            qcol(|r| r.steady99),
+            qcol(|r| r.floor50),
+            qcol(|r| r.floor99),
+        );
+        rows.push(
+            Row::new(
+                9,
+                format!(
+                    "{what}: added latency p50 per hook call while all wait ({least}+ probes, {} of {} rounds)",
+                    quiet.len(),
+                    rounds.len()
+                ),
+                "us",
+                Spread::of(&s50),
+            )
+            .against("floor p50", Spread::of(&q50), &ratio(&s50, &q50))
+            .target(Target::ratio_at_most(1.25)),
+        );
+        rows.push(
+            Row::new(
+                9,
+                format!("{what}: added latency p99 per hook call while all wait"),
+                "us",
+                Spread::of(&s99),
+            )
+            .against("floor p99", Spread::of(&q99), &ratio(&s99, &q99))
+            .target(Target::ratio_at_most(1.5)),
+        );
+        // What the load itself adds: the same probes, same hooks, same
+        // round, with nothing in flight.
+        let (i50, i99) = (qcol(|r| r.idle50), qcol(|r| r.idle99));
+        rows.push(
+            Row::new(
+                9,
+                format!("{what}: added latency p50 per hook call while all wait, against nothing in flight"),
+                "us",
+                Spread::of(&s50),
+            )
+            .against("idle probes p50", Spread::of(&i50), &ratio(&s50, &i50)),
+        );
+        rows.push(
+            Row::new(
+                9,
+                format!("{what}: added latency p99 per hook call while all wait, against nothing in flight"),
+                "us",
+                Spread::of(&s99),
+            )
+            .against("idle probes p99", Spread::of(&i99), &ratio(&s99, &i99)),
+        );
+    }
+    rows
 }

@@ -25,18 +25,21 @@ fn variant(name: &str) -> Option<Variant> {
     })
 }
 
-/// `remote_hook`: the `steady` hook's address in another process
-/// (`--remote`).
-pub async fn run(what: &str, count: usize, remote_hook: Option<&str>) {
+/// `remote`: the `steady` hook's and the floor echo server's addresses in
+/// another process (`--remote`).
+pub async fn run(what: &str, count: usize, remote: Option<(&str, &str)>) {
     // The lean rig (no Python, no fan-out hooks) keeps start-up out of
     // process-wide counters such as `perf stat` or `time`.
     let lean = std::env::args().any(|a| a == "--lean");
-    let mut rig = match remote_hook {
-        Some(addr) => Rig::start_remote(addr).await,
+    let mut rig = match remote {
+        Some((hook, _)) => Rig::start_remote(hook).await,
         None => Rig::start(if lean { Extent::Lean } else { Extent::Full }).await,
     };
     if what.starts_with("floor") {
-        let floor = Floor::start(rig.typical_event.clone()).await;
+        let floor = match remote {
+            Some((_, echo)) => Floor::connect(echo.to_string(), rig.typical_event.clone()),
+            None => Floor::start(rig.typical_event.clone()).await,
+        };
         match what {
             "floor-open" => floor.open_streams(count).await,
             "floor-64" => floor.concurrent_pings(64, count).await,

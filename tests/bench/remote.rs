@@ -34,10 +34,12 @@ impl TraceService for Sink {
     }
 }
 
-/// The child: the `steady` hook and a collector, each on port 0; prints
-/// `remote HOOK_ADDR OTLP_ADDR` and serves until stdin closes.
+/// The child: the `steady` hook, a collector and the floor's echo server,
+/// each on port 0; prints `remote HOOK_ADDR OTLP_ADDR FLOOR_ADDR` and
+/// serves until stdin closes.
 pub async fn serve() {
     let steady = hook::start(Steady::new("steady", true)).await;
+    let (floor, _stop_floor) = crate::floor::serve_echo().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let otlp = format!("http://{}", listener.local_addr().unwrap());
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
@@ -51,7 +53,7 @@ pub async fn serve() {
             .add_service(TraceServiceServer::new(Sink))
             .serve_with_incoming(incoming),
     );
-    println!("remote {} {otlp}", steady.addr);
+    println!("remote {} {otlp} {floor}", steady.addr);
     // Until the parent closes our stdin (it exits, or drops the child).
     let _ = tokio::task::spawn_blocking(|| {
         let mut line = String::new();
@@ -66,6 +68,7 @@ pub async fn serve() {
 pub struct Remote {
     pub hook: String,
     pub otlp: String,
+    pub floor: String,
     _child: Child,
 }
 
@@ -85,13 +88,15 @@ impl Remote {
             .unwrap()
             .expect("the remote child prints its addresses");
         let mut parts = line.split_whitespace().skip(1);
-        let (hook, otlp) = (
+        let (hook, otlp, floor) = (
+            parts.next().unwrap().to_string(),
             parts.next().unwrap().to_string(),
             parts.next().unwrap().to_string(),
         );
         Remote {
             hook,
             otlp,
+            floor,
             _child: child,
         }
     }

@@ -1,0 +1,140 @@
+//! Figure 10: instructions per hook event on hookwire's side, against
+//! tonic's client-side cost of one round trip, both counted by callgrind in
+//! this run (instruction counts repeat where wall time does not).
+//!
+//! Each count is this binary under `valgrind --tool=callgrind` running a
+//! fixed workload twice, with `short` and `long` units of it; the
+//! difference divided by the difference in units cancels start-up. With
+//! `--remote` the hook server, the floor's echo server and an OTLP
+//! collector run in a child process (not traced by valgrind), so what is
+//! counted is hookwire, its exporter (on: spans are batched, encoded and
+//! sent) and the client:
+//!
+//! - per hook event: (hooked chat runs − bare chat runs) / runs / events
+//!   per run, so the client's calls and the runs' own work cancel;
+//! - the baseline: floor round trips on one stream (client side only).
+//!
+//! Without valgrind the figure is skipped with the command that installs it.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::report::{Row, Target};
+use crate::rig::{self, Rig};
+use crate::stats::Spread;
+use crate::Plan;
+
+/// hookwire's own instructions per event may be at most this many times a
+/// tonic client round trip (issue 18, item 3).
+const TARGET_RATIO: f64 = 2.0;
+
+/// Total instructions of one callgrind run of `--profile what count`.
+fn instructions(exe: &Path, what: &str, count: usize, dir: &Path) -> Result<f64, String> {
+    let out = dir.join(format!("{what}.{count}.callgrind"));
+    let status = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(exe)
+        .args(["--profile", what, &count.to_string(), "--remote"])
+        .output()
+        .map_err(|e| format!("valgrind did not start: {e}"))?;
+    if !status.status.success() {
+        return Err(format!(
+            "valgrind --profile {what} {count} failed: {}",
+            String::from_utf8_lossy(&status.stderr)
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ));
+    }
+    let text = std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    // callgrind writes `summary:` (and `totals:`) with the event counts.
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{}: no instruction total", out.display()))
+}
+
+/// Instructions per unit of `what`: the difference of two lengths.
+fn per_unit(exe: &Path, what: &str, short: usize, long: usize, dir: &Path) -> Result<f64, String> {
+    let a = instructions(exe, what, short, dir)?;
+    let b = instructions(exe, what, long, dir)?;
+    Ok((b - a) / (long - short) as f64)
+}
+
+struct Round {
+    per_event: f64,
+    per_bare_run: f64,
+    round_trip: f64,
+}
+
+fn round(exe: &Path, plan: &Plan, events_per_run: f64, dir: &Path) -> Result<Round, String> {
+    let (short, long) = plan.instruction_runs;
+    let hooked = per_unit(exe, "hooked-chat", short, long, dir)?;
+    let bare = per_unit(exe, "bare-chat", short, long, dir)?;
+    let (p0, p1) = plan.instruction_pings;
+    let round_trip = per_unit(exe, "floor", p0, p1, dir)?;
+    Ok(Round {
+        per_event: (hooked - bare) / events_per_run,
+        per_bare_run: bare,
+        round_trip,
+    })
+}
+
+/// The rows, or why the figure could not run.
+pub async fn measure(rig: &mut Rig, plan: &Plan) -> Result<Vec<Row>, String> {
+    let found = Command::new("valgrind").arg("--version").output();
+    if !found.is_ok_and(|o| o.status.success()) {
+        return Err("valgrind is not installed (deploy/deps.sh installs it)".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
+    // Blocking hook events per chat run, counted by hookwire itself (the
+    // profiles run the same agents against a hook in the child process).
+    let events = rig.events_per_run(rig::HOOKED_CHAT, "steady", 4).await;
+    if events <= 0.0 {
+        return Err("the hooked chat run made no hook calls".into());
+    }
+    let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let mut rounds = Vec::new();
+    for _ in 0..plan.instruction_rounds {
+        let (exe, dir) = (exe.clone(), dir.path().to_path_buf());
+        let plan = plan.clone();
+        // Minutes of child processes: off the runtime's workers.
+        let r = tokio::task::spawn_blocking(move || round(&exe, &plan, events, &dir))
+            .await
+            .map_err(|e| format!("profile task: {e}"))??;
+        rounds.push(r);
+    }
+    let col = |f: fn(&Round) -> f64| rounds.iter().map(f).collect::<Vec<f64>>();
+    let (ev, rt, bare) = (
+        col(|r| r.per_event),
+        col(|r| r.round_trip),
+        col(|r| r.per_bare_run),
+    );
+    let ratio: Vec<f64> = ev.iter().zip(&rt).map(|(e, t)| e / t).collect();
+    let k = |v: Vec<f64>| v.into_iter().map(|x| x / 1000.0).collect::<Vec<f64>>();
+    Ok(vec![
+        Row::new(
+            10,
+            format!(
+                "instructions per hook event, hookwire's side, exporter on (chat runs, {events:.0} events each)"
+            ),
+            "k",
+            Spread::of(&k(ev)),
+        )
+        .against("tonic client round trip", Spread::of(&k(rt)), &ratio)
+        .target(Target::ratio_at_most(TARGET_RATIO)),
+        Row::new(
+            10,
+            "instructions per bare chat run, hookwire and its client (no hook)",
+            "k",
+            Spread::of(&k(bare)),
+        ),
+    ])
+}
