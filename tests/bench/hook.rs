@@ -29,6 +29,8 @@ pub struct Steady {
     owns_tool: bool,
     /// Time taken to decide each event.
     thinking: Duration,
+    /// Whether that time is kept exactly (see [`Steady::thinking_exactly`]).
+    exact: bool,
     answered: Arc<AtomicU64>,
     /// One event of each kind seen, kept for the floor's message.
     pub sample: Arc<std::sync::Mutex<Vec<pb::HookEvent>>>,
@@ -40,19 +42,35 @@ impl Steady {
             name: name.into(),
             owns_tool,
             thinking: Duration::ZERO,
+            exact: false,
             answered: Arc::default(),
             sample: Arc::default(),
         }
     }
 
-    /// Takes `d` to decide each event.
+    /// Takes `d` to decide each event, on tokio's timer: that rounds a
+    /// sleep up to its next millisecond tick (and the worker's epoll
+    /// timeout again), so 1 ms takes 1.3–2 ms, and hooks started a few µs
+    /// apart may end a tick apart.
     pub fn thinking(mut self, d: Duration) -> Steady {
         self.thinking = d;
         self
     }
 
+    /// Takes `d` to decide each event, ending within tens of µs of it (a
+    /// blocking thread's nanosleep), as a lookup that takes 1 ms does; the
+    /// hand-off to that thread and back adds its own wake-ups.
+    pub fn thinking_exactly(mut self, d: Duration) -> Steady {
+        self.thinking = d;
+        self.exact = true;
+        self
+    }
+
     async fn decide(&self, ctx: &Ctx, kind: pb::EventKind, payload: pb::hook_event::Payload) {
-        if !self.thinking.is_zero() {
+        if self.exact {
+            let d = self.thinking;
+            let _ = tokio::task::spawn_blocking(move || std::thread::sleep(d)).await;
+        } else if !self.thinking.is_zero() {
             tokio::time::sleep(self.thinking).await;
         }
         // Samples come from the first (calibration) run; after that, only

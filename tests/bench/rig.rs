@@ -79,6 +79,15 @@ pub fn merged_slow(k: usize) -> Variant {
     }
 }
 
+/// `k` (1 or 8) merged `model_request` hooks that each take exactly
+/// [`SLOW`] (`Steady::thinking_exactly`).
+pub fn merged_exact(k: usize) -> Variant {
+    Variant {
+        agent: if k == 1 { "mre1" } else { "mre8" },
+        input: input::TOOLS,
+    }
+}
+
 /// How long a slow hook thinks: a lookup (issue 18 asks for 1 ms hooks).
 pub const SLOW: std::time::Duration = std::time::Duration::from_millis(1);
 
@@ -125,6 +134,13 @@ impl Rig {
             let slow = hook::start(Steady::new(&format!("slow{i}"), false).thinking(SLOW)).await;
             yaml.hook(&format!("mrs_{i}"), &slow.addr, &["model_request"]);
             hooks.push(slow);
+            let exact =
+                hook::start(Steady::new(&format!("exact{i}"), false).thinking_exactly(SLOW)).await;
+            yaml.hook(&format!("mre_{i}"), &exact.addr, &["model_request"]);
+            hooks.push(exact);
+        }
+        for k in [1, 8] {
+            yaml.agent(merged_exact(k).agent, &names("mre_", k), 8);
         }
         for k in FAN {
             yaml.agent(merged(k).agent, &names("mr_", k), 8);
