@@ -10,8 +10,9 @@
 //! counted is hookwire, its exporter (on: spans are batched, encoded and
 //! sent) and the client:
 //!
-//! - per hook event: (hooked chat runs − bare chat runs) / runs / events
-//!   per run, so the client's calls and the runs' own work cancel;
+//! - per hook event: (hooked runs − bare runs) / runs / events per run,
+//!   so the client's calls and the runs' own work cancel; chat runs (a
+//!   stream open shared by four events) and tools runs (by twelve);
 //! - the baseline: floor round trips on one stream (client side only).
 //!
 //! Without valgrind the figure is skipped with the command that installs it.
@@ -70,18 +71,40 @@ fn per_unit(exe: &Path, what: &str, short: usize, long: usize, dir: &Path) -> Re
 
 struct Round {
     per_event: f64,
+    per_event_tools: f64,
     per_bare_run: f64,
     round_trip: f64,
 }
 
-fn round(exe: &Path, plan: &Plan, events_per_run: f64, dir: &Path) -> Result<Round, String> {
+/// Events per chat run and per tools run.
+#[derive(Clone, Copy)]
+struct Events {
+    chat: f64,
+    tools: f64,
+}
+
+/// Per hook event of `hooked` runs net of `bare` ones, and per bare run.
+fn per_event(
+    exe: &Path,
+    plan: &Plan,
+    (hooked, bare): (&str, &str),
+    events: f64,
+    dir: &Path,
+) -> Result<(f64, f64), String> {
     let (short, long) = plan.instruction_runs;
-    let hooked = per_unit(exe, "hooked-chat", short, long, dir)?;
-    let bare = per_unit(exe, "bare-chat", short, long, dir)?;
+    let h = per_unit(exe, hooked, short, long, dir)?;
+    let b = per_unit(exe, bare, short, long, dir)?;
+    Ok(((h - b) / events, b))
+}
+
+fn round(exe: &Path, plan: &Plan, events: Events, dir: &Path) -> Result<Round, String> {
+    let (chat, bare) = per_event(exe, plan, ("hooked-chat", "bare-chat"), events.chat, dir)?;
+    let (tools, _) = per_event(exe, plan, ("hooked-tools", "bare-tools"), events.tools, dir)?;
     let (p0, p1) = plan.instruction_pings;
     let round_trip = per_unit(exe, "floor", p0, p1, dir)?;
     Ok(Round {
-        per_event: (hooked - bare) / events_per_run,
+        per_event: chat,
+        per_event_tools: tools,
         per_bare_run: bare,
         round_trip,
     })
@@ -96,9 +119,12 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Result<Vec<Row>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
     // Blocking hook events per chat run, counted by hookwire itself (the
     // profiles run the same agents against a hook in the child process).
-    let events = rig.events_per_run(rig::HOOKED_CHAT, "steady", 4).await;
-    if events <= 0.0 {
-        return Err("the hooked chat run made no hook calls".into());
+    let events = Events {
+        chat: rig.events_per_run(rig::HOOKED_CHAT, "steady", 4).await,
+        tools: rig.events_per_run(rig::HOOKED_TOOLS, "steady", 4).await,
+    };
+    if events.chat <= 0.0 || events.tools <= 0.0 {
+        return Err("a hooked run made no hook calls".into());
     }
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let mut rounds = Vec::new();
@@ -112,23 +138,38 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Result<Vec<Row>, String> {
         rounds.push(r);
     }
     let col = |f: fn(&Round) -> f64| rounds.iter().map(f).collect::<Vec<f64>>();
-    let (ev, rt, bare) = (
+    let (ev, tools, rt, bare) = (
         col(|r| r.per_event),
+        col(|r| r.per_event_tools),
         col(|r| r.round_trip),
         col(|r| r.per_bare_run),
     );
-    let ratio: Vec<f64> = ev.iter().zip(&rt).map(|(e, t)| e / t).collect();
+    let ratio = |v: &[f64]| -> Vec<f64> { v.iter().zip(&rt).map(|(e, t)| e / t).collect() };
+    let (chat_ratio, tools_ratio) = (ratio(&ev), ratio(&tools));
     let k = |v: Vec<f64>| v.into_iter().map(|x| x / 1000.0).collect::<Vec<f64>>();
     Ok(vec![
         Row::new(
             10,
             format!(
-                "instructions per hook event, hookwire's side, exporter on (chat runs, {events:.0} events each)"
+                "instructions per hook event, hookwire's side, exporter on (chat runs, {:.0} events each)",
+                events.chat
             ),
             "k",
             Spread::of(&k(ev)),
         )
-        .against("tonic client round trip", Spread::of(&k(rt)), &ratio)
+        .against("tonic client round trip", Spread::of(&k(rt.clone())), &chat_ratio)
+        .target(Target::ratio_at_most(TARGET_RATIO)),
+        // The run's one stream open per hook, shared by more events.
+        Row::new(
+            10,
+            format!(
+                "instructions per hook event, hookwire's side, exporter on (tools runs, {:.0} events each)",
+                events.tools
+            ),
+            "k",
+            Spread::of(&k(tools)),
+        )
+        .against("tonic client round trip", Spread::of(&k(rt)), &tools_ratio)
         .target(Target::ratio_at_most(TARGET_RATIO)),
         Row::new(
             10,
