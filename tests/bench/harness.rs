@@ -215,7 +215,7 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let what = args.get(i + 1).map(String::as_str).unwrap_or("");
         let count = args.get(i + 2).and_then(|n| n.parse().ok()).unwrap_or(100);
-        let hook = remote.as_ref().map(|r| (r.hook.as_str(), r.floor.as_str()));
+        let hook = remote.as_ref();
         if args.iter().any(|a| a == "--current-thread") {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -13,7 +13,10 @@
 //! - per hook event: (hooked runs − bare runs) / runs / events per run,
 //!   so the client's calls and the runs' own work cancel; chat runs (a
 //!   stream open shared by four events) and tools runs (by twelve);
-//! - the baseline: floor round trips on one stream (client side only).
+//! - per extra merged hook: tools runs with 8 merged `model_request`
+//!   hooks against 1, per model request and per hook beyond the first;
+//! - the baseline: floor round trips on one stream (client side only),
+//!   with the same event as the other figures' floor.
 //!
 //! Without valgrind the figure is skipped with the command that installs it.
 
@@ -73,6 +76,7 @@ struct Round {
     per_event: f64,
     per_event_tools: f64,
     per_bare_run: f64,
+    per_extra_hook: f64,
     round_trip: f64,
 }
 
@@ -81,6 +85,8 @@ struct Round {
 struct Events {
     chat: f64,
     tools: f64,
+    /// `model_request` events per tools run (the merged hooks' event).
+    model_requests: f64,
 }
 
 /// Per hook event of `hooked` runs net of `bare` ones, and per bare run.
@@ -100,12 +106,18 @@ fn per_event(
 fn round(exe: &Path, plan: &Plan, events: Events, dir: &Path) -> Result<Round, String> {
     let (chat, bare) = per_event(exe, plan, ("hooked-chat", "bare-chat"), events.chat, dir)?;
     let (tools, _) = per_event(exe, plan, ("hooked-tools", "bare-tools"), events.tools, dir)?;
+    // Eight merged hooks against one, per extra hook and event.
+    let (short, long) = plan.instruction_runs;
+    let one = per_unit(exe, "mr1", short, long, dir)?;
+    let eight = per_unit(exe, "mr8", short, long, dir)?;
+    let per_extra_hook = (eight - one) / 7.0 / events.model_requests;
     let (p0, p1) = plan.instruction_pings;
     let round_trip = per_unit(exe, "floor", p0, p1, dir)?;
     Ok(Round {
         per_event: chat,
         per_event_tools: tools,
         per_bare_run: bare,
+        per_extra_hook,
         round_trip,
     })
 }
@@ -122,8 +134,9 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Result<Vec<Row>, String> {
     let events = Events {
         chat: rig.events_per_run(rig::HOOKED_CHAT, "steady", 4).await,
         tools: rig.events_per_run(rig::HOOKED_TOOLS, "steady", 4).await,
+        model_requests: rig.events_per_run(rig::merged(1), "mr_1", 2).await,
     };
-    if events.chat <= 0.0 || events.tools <= 0.0 {
+    if events.chat <= 0.0 || events.tools <= 0.0 || events.model_requests <= 0.0 {
         return Err("a hooked run made no hook calls".into());
     }
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
@@ -138,11 +151,12 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Result<Vec<Row>, String> {
         rounds.push(r);
     }
     let col = |f: fn(&Round) -> f64| rounds.iter().map(f).collect::<Vec<f64>>();
-    let (ev, tools, rt, bare) = (
+    let (ev, tools, rt, bare, extra) = (
         col(|r| r.per_event),
         col(|r| r.per_event_tools),
         col(|r| r.round_trip),
         col(|r| r.per_bare_run),
+        col(|r| r.per_extra_hook),
     );
     let ratio = |v: &[f64]| -> Vec<f64> { v.iter().zip(&rt).map(|(e, t)| e / t).collect() };
     let (chat_ratio, tools_ratio) = (ratio(&ev), ratio(&tools));
@@ -171,6 +185,18 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Result<Vec<Row>, String> {
         )
         .against("tonic client round trip", Spread::of(&k(rt)), &tools_ratio)
         .target(Target::ratio_at_most(TARGET_RATIO)),
+        // Issue 18, item 5: what each hook beyond the first costs hookwire
+        // on a merged event (its own stream open, span, event, verdict and
+        // the merge).
+        Row::new(
+            10,
+            format!(
+                "instructions per extra merged hook, hookwire's side (8 vs 1 on model_request, {:.0} per tools run)",
+                events.model_requests
+            ),
+            "k",
+            Spread::of(&k(extra)),
+        ),
         Row::new(
             10,
             "instructions per bare chat run, hookwire and its client (no hook)",

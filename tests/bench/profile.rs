@@ -8,6 +8,7 @@
 //! ```
 
 use crate::floor::Floor;
+use crate::remote::Remote;
 use crate::rig::{self, Extent, Rig, Variant};
 use crate::service;
 
@@ -25,19 +26,18 @@ fn variant(name: &str) -> Option<Variant> {
     })
 }
 
-/// `remote`: the `steady` hook's and the floor echo server's addresses in
-/// another process (`--remote`).
-pub async fn run(what: &str, count: usize, remote: Option<(&str, &str)>) {
+/// `remote`: the child process of `--remote` (remote.rs).
+pub async fn run(what: &str, count: usize, remote: Option<&Remote>) {
     // The lean rig (no Python, no fan-out hooks) keeps start-up out of
     // process-wide counters such as `perf stat` or `time`.
     let lean = std::env::args().any(|a| a == "--lean");
-    let mut rig = match remote {
-        Some((hook, _)) => Rig::start_remote(hook).await,
-        None => Rig::start(if lean { Extent::Lean } else { Extent::Full }).await,
-    };
     if what.starts_with("floor") {
+        // The lean rig (in this process) only for the floor's message: a
+        // real event of the in-process hook's samples, the same as the
+        // other figures' floor; its start-up cancels in a difference.
+        let rig = Rig::start(Extent::Lean).await;
         let floor = match remote {
-            Some((_, echo)) => Floor::connect(echo.to_string(), rig.typical_event.clone()),
+            Some(r) => Floor::connect(r.floor.clone(), rig.typical_event.clone()),
             None => Floor::start(rig.typical_event.clone()).await,
         };
         match what {
@@ -49,6 +49,10 @@ pub async fn run(what: &str, count: usize, remote: Option<(&str, &str)>) {
         }
         return;
     }
+    let mut rig = match remote {
+        Some(r) => Rig::start_remote(&r.hook, &r.fan).await,
+        None => Rig::start(if lean { Extent::Lean } else { Extent::Full }).await,
+    };
     // 64 clients at once, `count` runs in all.
     if let Some(v) = what.strip_prefix("concurrent-").and_then(variant) {
         let sessions = service::sessions(&rig.client, v.agent, count).await;

@@ -34,11 +34,13 @@ impl TraceService for Sink {
     }
 }
 
-/// The child: the `steady` hook, a collector and the floor's echo server,
-/// each on port 0; prints `remote HOOK_ADDR OTLP_ADDR FLOOR_ADDR` and
-/// serves until stdin closes.
+/// The child: the `steady` hook, a collector, the floor's echo server and
+/// a hook that owns no tool (for merged hooks), each on port 0; prints
+/// `remote HOOK_ADDR OTLP_ADDR FLOOR_ADDR FAN_ADDR` and serves until stdin
+/// closes.
 pub async fn serve() {
     let steady = hook::start(Steady::new("steady", true)).await;
+    let fan = hook::start(Steady::new("fan", false)).await;
     let (floor, _stop_floor) = crate::floor::serve_echo().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let otlp = format!("http://{}", listener.local_addr().unwrap());
@@ -53,7 +55,7 @@ pub async fn serve() {
             .add_service(TraceServiceServer::new(Sink))
             .serve_with_incoming(incoming),
     );
-    println!("remote {} {otlp} {floor}", steady.addr);
+    println!("remote {} {otlp} {floor} {}", steady.addr, fan.addr);
     // Until the parent closes our stdin (it exits, or drops the child).
     let _ = tokio::task::spawn_blocking(|| {
         let mut line = String::new();
@@ -69,6 +71,7 @@ pub struct Remote {
     pub hook: String,
     pub otlp: String,
     pub floor: String,
+    pub fan: String,
     _child: Child,
 }
 
@@ -88,15 +91,13 @@ impl Remote {
             .unwrap()
             .expect("the remote child prints its addresses");
         let mut parts = line.split_whitespace().skip(1);
-        let (hook, otlp, floor) = (
-            parts.next().unwrap().to_string(),
-            parts.next().unwrap().to_string(),
-            parts.next().unwrap().to_string(),
-        );
+        let mut next = || parts.next().unwrap().to_string();
+        let (hook, otlp, floor, fan) = (next(), next(), next(), next());
         Remote {
             hook,
             otlp,
             floor,
+            fan,
             _child: child,
         }
     }

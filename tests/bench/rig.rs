@@ -162,11 +162,20 @@ impl Rig {
     }
 
     /// The lean rig with `steady` served elsewhere (another process).
-    pub async fn start_remote(hook_addr: &str) -> Rig {
+    pub async fn start_remote(hook_addr: &str, fan_addr: &str) -> Rig {
         let mut yaml = Yaml::new();
         yaml.hook("steady", hook_addr, &RUN_EVENTS);
         yaml.agent("bare", &[], 8)
             .agent("hooked", &["steady".into()], 8);
+        // Eight merged `model_request` hooks: one remote server that owns
+        // no tool under eight names, so eight connections and streams as
+        // with eight servers (hookwire pools per hook).
+        for i in 1..=8 {
+            yaml.hook(&format!("mr_{i}"), fan_addr, &["model_request"]);
+        }
+        for k in [1, 8] {
+            yaml.agent(merged(k).agent, &names("mr_", k), 8);
+        }
         Rig::finish(yaml, None, Vec::new(), None, Some("remote rig".into())).await
     }
 
