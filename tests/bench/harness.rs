@@ -75,6 +75,9 @@ pub struct Plan {
     pub instruction_rounds: usize,
     pub instruction_runs: (usize, usize),
     pub instruction_pings: (usize, usize),
+    /// Also tools runs and merged hooks (each workload is a valgrind run
+    /// of seconds in a release build, tens of seconds in a debug one).
+    pub instruction_all: bool,
 }
 
 impl Plan {
@@ -106,6 +109,7 @@ impl Plan {
             instruction_rounds: 3,
             instruction_runs: (20, 60),
             instruction_pings: (200, 1000),
+            instruction_all: true,
         }
     }
 
@@ -134,6 +138,7 @@ impl Plan {
             instruction_rounds: 1,
             instruction_runs: (2, 4),
             instruction_pings: (20, 40),
+            instruction_all: false,
         }
     }
 }

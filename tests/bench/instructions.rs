@@ -74,10 +74,15 @@ fn per_unit(exe: &Path, what: &str, short: usize, long: usize, dir: &Path) -> Re
 
 struct Round {
     per_event: f64,
-    per_event_tools: f64,
     per_bare_run: f64,
-    per_extra_hook: f64,
     round_trip: f64,
+    /// Tools runs and merged hooks, when the plan measures them.
+    more: Option<More>,
+}
+
+struct More {
+    per_event_tools: f64,
+    per_extra_hook: f64,
 }
 
 /// Events per chat run and per tools run.
@@ -105,20 +110,26 @@ fn per_event(
 
 fn round(exe: &Path, plan: &Plan, events: Events, dir: &Path) -> Result<Round, String> {
     let (chat, bare) = per_event(exe, plan, ("hooked-chat", "bare-chat"), events.chat, dir)?;
-    let (tools, _) = per_event(exe, plan, ("hooked-tools", "bare-tools"), events.tools, dir)?;
-    // Eight merged hooks against one, per extra hook and event.
-    let (short, long) = plan.instruction_runs;
-    let one = per_unit(exe, "mr1", short, long, dir)?;
-    let eight = per_unit(exe, "mr8", short, long, dir)?;
-    let per_extra_hook = (eight - one) / 7.0 / events.model_requests;
+    let more = if plan.instruction_all {
+        let (tools, _) = per_event(exe, plan, ("hooked-tools", "bare-tools"), events.tools, dir)?;
+        // Eight merged hooks against one, per extra hook and event.
+        let (short, long) = plan.instruction_runs;
+        let one = per_unit(exe, "mr1", short, long, dir)?;
+        let eight = per_unit(exe, "mr8", short, long, dir)?;
+        Some(More {
+            per_event_tools: tools,
+            per_extra_hook: (eight - one) / 7.0 / events.model_requests,
+        })
+    } else {
+        None
+    };
     let (p0, p1) = plan.instruction_pings;
     let round_trip = per_unit(exe, "floor", p0, p1, dir)?;
     Ok(Round {
         per_event: chat,
-        per_event_tools: tools,
         per_bare_run: bare,
-        per_extra_hook,
         round_trip,
+        more,
     })
 }
 
@@ -151,57 +162,55 @@ pub async fn measure(rig: &mut Rig, plan: &Plan) -> Result<Vec<Row>, String> {
         rounds.push(r);
     }
     let col = |f: fn(&Round) -> f64| rounds.iter().map(f).collect::<Vec<f64>>();
-    let (ev, tools, rt, bare, extra) = (
+    let (ev, rt, bare) = (
         col(|r| r.per_event),
-        col(|r| r.per_event_tools),
         col(|r| r.round_trip),
         col(|r| r.per_bare_run),
-        col(|r| r.per_extra_hook),
     );
     let ratio = |v: &[f64]| -> Vec<f64> { v.iter().zip(&rt).map(|(e, t)| e / t).collect() };
-    let (chat_ratio, tools_ratio) = (ratio(&ev), ratio(&tools));
-    let k = |v: Vec<f64>| v.into_iter().map(|x| x / 1000.0).collect::<Vec<f64>>();
-    Ok(vec![
-        Row::new(
-            10,
-            format!(
-                "instructions per hook event, hookwire's side, exporter on (chat runs, {:.0} events each)",
-                events.chat
-            ),
-            "k",
-            Spread::of(&k(ev)),
-        )
-        .against("tonic client round trip", Spread::of(&k(rt.clone())), &chat_ratio)
-        .target(Target::ratio_at_most(TARGET_RATIO)),
+    let k = |v: &[f64]| v.iter().map(|x| x / 1000.0).collect::<Vec<f64>>();
+    let per_event_row = |what: String, v: &[f64]| {
+        Row::new(10, what, "k", Spread::of(&k(v)))
+            .against("tonic client round trip", Spread::of(&k(&rt)), &ratio(v))
+            .target(Target::ratio_at_most(TARGET_RATIO))
+    };
+    let mut rows = vec![per_event_row(
+        format!(
+            "instructions per hook event, hookwire's side, exporter on (chat runs, {:.0} events each)",
+            events.chat
+        ),
+        &ev,
+    )];
+    let more: Vec<&More> = rounds.iter().filter_map(|r| r.more.as_ref()).collect();
+    if !more.is_empty() {
+        let tools: Vec<f64> = more.iter().map(|m| m.per_event_tools).collect();
+        let extra: Vec<f64> = more.iter().map(|m| m.per_extra_hook).collect();
         // The run's one stream open per hook, shared by more events.
-        Row::new(
-            10,
+        rows.push(per_event_row(
             format!(
                 "instructions per hook event, hookwire's side, exporter on (tools runs, {:.0} events each)",
                 events.tools
             ),
-            "k",
-            Spread::of(&k(tools)),
-        )
-        .against("tonic client round trip", Spread::of(&k(rt)), &tools_ratio)
-        .target(Target::ratio_at_most(TARGET_RATIO)),
+            &tools,
+        ));
         // Issue 18, item 5: what each hook beyond the first costs hookwire
         // on a merged event (its own stream open, span, event, verdict and
         // the merge).
-        Row::new(
+        rows.push(Row::new(
             10,
             format!(
                 "instructions per extra merged hook, hookwire's side (8 vs 1 on model_request, {:.0} per tools run)",
                 events.model_requests
             ),
             "k",
-            Spread::of(&k(extra)),
-        ),
-        Row::new(
-            10,
-            "instructions per bare chat run, hookwire and its client (no hook)",
-            "k",
-            Spread::of(&k(bare)),
-        ),
-    ])
+            Spread::of(&k(&extra)),
+        ));
+    }
+    rows.push(Row::new(
+        10,
+        "instructions per bare chat run, hookwire and its client (no hook)",
+        "k",
+        Spread::of(&k(&bare)),
+    ));
+    Ok(rows)
 }
