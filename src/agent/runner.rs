@@ -673,7 +673,11 @@ async fn call_model(
     }
     let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
     if hold {
-        *run.held.locked() = held.into_inner().unwrap();
+        // Poison-tolerant like every other lock (crate::lock): the deltas a
+        // panicking holder left are still whole strings.
+        *run.held.locked() = held
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
     }
     (r, sent, span)
 }

@@ -30,14 +30,16 @@ fn verdict_name(v: i32) -> String {
         .unwrap_or_else(|_| v.to_string())
 }
 
-fn outcome_name(v: i32) -> String {
+/// `completed`, `hook_failed`, ...; a value this build does not know as
+/// `unknown(N)` (a newer server).
+pub(crate) fn outcome_name(v: i32) -> String {
     pb::RunOutcome::try_from(v)
         .map(|k| {
             k.as_str_name()
                 .trim_start_matches("RUN_OUTCOME_")
                 .to_lowercase()
         })
-        .unwrap_or_else(|_| v.to_string())
+        .unwrap_or_else(|_| format!("unknown({v})"))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::cli::client::outcome_name;
 use crate::cli::connection::{self, Client, ServerOpts};
 use crate::pb;
 
@@ -126,16 +127,6 @@ impl Report {
         }
         out
     }
-}
-
-fn outcome_name(v: i32) -> String {
-    pb::RunOutcome::try_from(v)
-        .map(|k| {
-            k.as_str_name()
-                .trim_start_matches("RUN_OUTCOME_")
-                .to_lowercase()
-        })
-        .unwrap_or_else(|_| format!("unknown({v})"))
 }
 
 /// What a worker saw, and the first error's text.
