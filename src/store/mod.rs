@@ -17,6 +17,8 @@ mod error;
 mod memory;
 mod migrations;
 mod sql;
+mod sqlite_conn;
+mod waits;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

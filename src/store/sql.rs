@@ -13,10 +13,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::Connection as _;
 use tokio::sync::broadcast;
+
+use super::sqlite_conn::SqliteConn;
+use super::waits::Waits;
 
 use super::{
     migrations, page_token, parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease,
@@ -35,17 +37,37 @@ const WAKE_CHANNEL: &str = "hookwire_wake";
 const CONNECT_PATIENCE: Duration = Duration::from_secs(20);
 
 enum Pool {
-    Sqlite(SqlitePool),
+    /// Boxed: it holds the connect options (to reopen), a pool is a handle.
+    Sqlite(Box<SqliteConn>),
     Postgres(PgPool),
 }
 
-/// Runs `$body` with `$p` bound to whichever pool this store has; the body
-/// is compiled once per engine.
+/// Runs `$body` with `$p` bound to a connection of whichever engine this
+/// store has (`&mut SqliteConnection` or `&mut PgConnection`); the body is
+/// compiled once per engine. A `return` or `?` in the body returns from
+/// the calling function, as if the body were written there.
 macro_rules! with_pool {
     ($self:ident, $p:ident => $body:expr) => {
         match &$self.pool {
-            Pool::Sqlite($p) => $body,
-            Pool::Postgres($p) => $body,
+            Pool::Sqlite(one) => {
+                let asked = std::time::Instant::now();
+                let mut held = one.lock().await?;
+                $self.waits.record("sqlite", asked.elapsed());
+                let done: Result<_, StoreError> = async {
+                    let $p = held.conn();
+                    Ok($body)
+                }
+                .await;
+                held.settle(&done);
+                done?
+            }
+            Pool::Postgres(pool) => {
+                let asked = std::time::Instant::now();
+                let mut conn = pool.acquire().await?;
+                $self.waits.record("postgres", asked.elapsed());
+                let $p = &mut *conn;
+                $body
+            }
         }
     };
 }
@@ -59,6 +81,8 @@ pub struct SqlStore {
     skip_locked: &'static str,
     wake: broadcast::Sender<String>,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Slow waits for a connection, reported in summary.
+    waits: Waits,
 }
 
 const SESSION_COLS: &str =
@@ -168,7 +192,7 @@ impl SqlStore {
     /// crash of the process; an OS crash or power loss may lose the last
     /// commits, never corrupt the file. One connection: SQLite serializes
     /// writers anyway, and this way no transaction ever waits on a lock
-    /// upgrade.
+    /// upgrade (see `sqlite_conn` for why it is not a pool).
     pub async fn sqlite(path: &Path, options: StoreOptions) -> Result<SqlStore, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
@@ -185,9 +209,7 @@ impl SqlStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(connect)
+        let mut conn = sqlx::SqliteConnection::connect_with(&connect)
             .await
             .map_err(|e| {
                 StoreError::Unavailable(format!("cannot open SQLite file {}: {e}", path.display()))
@@ -195,18 +217,19 @@ impl SqlStore {
         migrations::sqlite()
             .await
             .map_err(|e| StoreError::Backend(format!("loading migrations: {e}")))?
-            .run(&pool)
+            .run_direct(&mut conn)
             .await
             .map_err(|e| {
                 StoreError::Backend(format!("migrating SQLite file {}: {e}", path.display()))
             })?;
         Ok(SqlStore {
-            pool: Pool::Sqlite(pool),
+            pool: Pool::Sqlite(Box::new(SqliteConn::new(conn, connect))),
             options,
             now: "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
             skip_locked: "",
             wake: broadcast::channel(256).0,
             listener: Mutex::new(None),
+            waits: Waits::default(),
         })
     }
 
@@ -225,6 +248,9 @@ impl SqlStore {
             match PgPoolOptions::new()
                 .max_connections(max_connections.max(2))
                 .acquire_timeout(Duration::from_secs(10))
+                // Slow acquires are reported in summary by `waits`, not
+                // once per waiting call.
+                .acquire_slow_threshold(Duration::MAX)
                 .connect_with(connect.clone())
                 .await
             {
@@ -267,6 +293,7 @@ impl SqlStore {
             skip_locked: "FOR UPDATE SKIP LOCKED",
             wake,
             listener: Mutex::new(Some(listener)),
+            waits: Waits::default(),
         })
     }
 
@@ -899,7 +926,7 @@ impl SessionStore for SqlStore {
                  WHERE replica = $1 AND ended_ms IS NULL AND cancel_reason IS NOT NULL",
             )
             .bind(replica)
-            .fetch_all(p)
+            .fetch_all(&mut *p)
             .await?;
             let a = sqlx::query_as(
                 "SELECT a.run_id, a.call_id, a.state, a.note FROM approvals a
@@ -1033,6 +1060,9 @@ impl SessionStore for SqlStore {
         if let Some(l) = self.listener.locked().take() {
             l.abort();
         }
-        with_pool!(self, p => p.close().await);
+        match &self.pool {
+            Pool::Sqlite(one) => one.close().await,
+            Pool::Postgres(pool) => pool.close().await,
+        }
     }
 }
