@@ -14,12 +14,18 @@
 //!   rollback on the worker, ahead of the next caller's commands.
 //! - After an error that may mean the connection is gone (I/O, a crashed
 //!   worker), the next call opens a new one, as the pool would have.
+//! - A call that cannot get the connection within [`ACQUIRE_TIMEOUT`]
+//!   (sqlx's default) fails `Unavailable` rather than wait behind a stuck
+//!   statement forever.
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::Connection as _;
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 use super::StoreError;
+
+/// How long a call waits for the connection before it gives up.
+pub const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub(super) struct SqliteConn {
     /// `None` once closed.
@@ -51,7 +57,14 @@ impl SqliteConn {
     /// Waits for the connection (callers queue in order), reopening it if
     /// an earlier call broke it.
     pub async fn lock(&self) -> Result<Held<'_>, StoreError> {
-        let slot = self.slot.lock().await;
+        let slot = tokio::time::timeout(ACQUIRE_TIMEOUT, self.slot.lock())
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "no SQLite connection within {}s: every store call waits for the one before it, and one is stuck or the queue is too long",
+                    ACQUIRE_TIMEOUT.as_secs()
+                ))
+            })?;
         let mut entry = MutexGuard::try_map(slot, Option::as_mut)
             .map_err(|_| StoreError::from(sqlx::Error::PoolClosed))?;
         if entry.broken {
@@ -173,6 +186,28 @@ mod tests {
             .settle::<()>(&Err(StoreError::Unavailable("disk I/O error".into())));
         assert_eq!(marks(&one).await, 0, "a new connection");
         assert_eq!(count(&one).await, 0, "on the same file");
+    }
+
+    #[tokio::test]
+    async fn a_call_that_cannot_get_the_connection_in_time_is_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = open(&dir).await;
+        let _stuck = one.lock().await.unwrap();
+        tokio::time::pause();
+        let started = tokio::time::Instant::now();
+        let err = tokio::time::timeout(ACQUIRE_TIMEOUT * 2, one.lock())
+            .await
+            .expect("the call gives up by itself")
+            .err();
+        assert!(
+            matches!(&err, Some(StoreError::Unavailable(m)) if m.contains("30s")),
+            "{err:?}"
+        );
+        let waited = started.elapsed();
+        assert!(
+            waited >= ACQUIRE_TIMEOUT && waited < ACQUIRE_TIMEOUT * 2,
+            "{waited:?}"
+        );
     }
 
     #[tokio::test]
