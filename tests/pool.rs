@@ -62,13 +62,14 @@ impl Hold {
 /// A hook server that allows `limit` concurrent streams per connection
 /// (advertised in its SETTINGS, enforced with REFUSED_STREAM).
 async fn limited_server(hook: FnHook, limit: u32) -> (String, tokio::task::JoinHandle<()>) {
-    limited_server_with(hook, limit, None).await
+    limited_server_with(hook, Some(limit), None).await
 }
 
-/// `limited_server`, serving TLS with `identity` when given.
+/// `limited_server` (no limit when `None`), serving TLS with `identity`
+/// when given.
 async fn limited_server_with(
     hook: FnHook,
-    limit: u32,
+    limit: Option<u32>,
     identity: Option<tonic::transport::Identity>,
 ) -> (String, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -87,7 +88,7 @@ async fn limited_server_with(
     }
     let task = tokio::spawn(async move {
         builder
-            .max_concurrent_streams(Some(limit))
+            .max_concurrent_streams(limit)
             .add_service(hook_server::service(hook))
             .serve_with_incoming(incoming)
             .await
@@ -201,6 +202,29 @@ async fn a_thousand_runs_through_a_hook_server_limited_to_100_streams_all_comple
     );
 }
 
+/// A server that sets no stream limit (tonic's default) still gets at most
+/// 1 000 streams per connection: an h2 server closes a connection whose
+/// unread small DATA frames pass half its connection window (GOAWAY
+/// ENHANCE_YOUR_CALM, "too_many_data_frames"), which a burst of ~10 000
+/// run starts on one connection did, failing every run on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_beyond_a_thousand_on_a_hook_server_without_a_limit_go_on_another_connection() {
+    const RUNS: usize = 1100;
+    let hold = Hold::default();
+    let (addr, _hook_server) = limited_server_with(hold.hook(), None, None).await;
+    let (during, _) = concurrent_runs(&addr, RUNS, &hold).await;
+    assert_eq!(
+        gauge(&during, "hookwire_hook_streams"),
+        RUNS as f64,
+        "{during}"
+    );
+    assert_eq!(
+        gauge(&during, "hookwire_hook_connections"),
+        2.0,
+        "1 000 streams on the first connection, 100 on a second:\n{during}"
+    );
+}
+
 /// Over TLS the limit is read from the SETTINGS above the TLS layer (TLS
 /// is hookwire's own connector, below the point where the limit is read),
 /// so a TLS hook server limited to 10 streams gets runs spread over
@@ -216,7 +240,7 @@ async fn a_tls_hook_servers_stream_limit_is_read_and_runs_spread_before_any_refu
     let ca_file = write_pem(dir.path(), "ca.crt", &ca.pem());
     let hold = Hold::default();
     let identity = tonic::transport::Identity::from_pem(&leaf.cert, &leaf.key);
-    let (addr, _hook_server) = limited_server_with(hold.hook(), 10, Some(identity)).await;
+    let (addr, _hook_server) = limited_server_with(hold.hook(), Some(10), Some(identity)).await;
     let endpoint = format!("https://{}", addr.replace("127.0.0.1", "localhost"));
     let lines = format!("{HOOK_LINES}\ntls: {{ca_file: {}}}", ca_file.display());
     let (during, after) = concurrent_runs_to(&endpoint, &lines, RUNS, &hold).await;

@@ -252,7 +252,7 @@ impl Config {
                     format!("must be 1..={MAX_HOOK_CONNECTIONS}"),
                 ));
             }
-            if c.max_streams_per_connection == Some(0) {
+            if c.max_streams_per_connection == 0 {
                 errs.push((
                     format!("{p}.connections.max_streams_per_connection"),
                     "must be at least 1 (or left out: the server's advertised limit)".into(),
@@ -509,8 +509,12 @@ mod tests {
             c.hooks[0].connections,
             super::super::ConnectionsConfig::default()
         );
+        assert_eq!(
+            c.hooks[0].connections.max_streams_per_connection,
+            super::super::DEFAULT_MAX_STREAMS_PER_CONNECTION
+        );
         let g = &c.hooks[1].connections;
-        assert_eq!((g.max, g.max_streams_per_connection), (8, Some(100)));
+        assert_eq!((g.max, g.max_streams_per_connection), (8, 100));
         assert_eq!(g.idle_timeout, std::time::Duration::from_secs(5));
         for (bad, path) in [
             ("{max: 0}", "hooks[0].connections.max"),

@@ -170,6 +170,15 @@ pub struct HookConfig {
 }
 
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// Streams per connection at most, whatever the server advertises. An
+/// h2-based server (tonic, hyper: Rust hook servers) closes a connection
+/// with GOAWAY ENHANCE_YOUR_CALM once the small DATA frames it holds
+/// unread cost more than half its connection window (512 KiB by default):
+/// a burst of ~10 000 run starts on one connection did that (BENCHMARKS.md,
+/// figure 9) and every run on it failed. 1 000 streams with an unread event
+/// each stay under half that budget, and 64 connections still carry 64 000
+/// runs per hook.
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: usize = 1000;
 pub const DEFAULT_CONNECTION_IDLE: Duration = Duration::from_secs(60);
 
 /// Every run holds one `Process` stream per hook for its whole life, and a
@@ -185,9 +194,10 @@ pub struct ConnectionsConfig {
     #[serde(default = "default_max_connections")]
     pub max: usize,
     /// Streams per connection at most, below what the server advertises
-    /// (SETTINGS_MAX_CONCURRENT_STREAMS); unset: the server's limit alone.
-    #[serde(default)]
-    pub max_streams_per_connection: Option<usize>,
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS); see
+    /// [`DEFAULT_MAX_STREAMS_PER_CONNECTION`] for why there is a default.
+    #[serde(default = "default_max_streams_per_connection")]
+    pub max_streams_per_connection: usize,
     /// How long a surplus connection may carry no stream before it closes.
     #[serde(default = "default_connection_idle", with = "humantime_serde")]
     pub idle_timeout: Duration,
@@ -197,7 +207,7 @@ impl Default for ConnectionsConfig {
     fn default() -> Self {
         ConnectionsConfig {
             max: DEFAULT_MAX_CONNECTIONS,
-            max_streams_per_connection: None,
+            max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
             idle_timeout: DEFAULT_CONNECTION_IDLE,
         }
     }
@@ -205,6 +215,9 @@ impl Default for ConnectionsConfig {
 
 fn default_max_connections() -> usize {
     DEFAULT_MAX_CONNECTIONS
+}
+fn default_max_streams_per_connection() -> usize {
+    DEFAULT_MAX_STREAMS_PER_CONNECTION
 }
 fn default_connection_idle() -> Duration {
     DEFAULT_CONNECTION_IDLE

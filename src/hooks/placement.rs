@@ -7,7 +7,8 @@
 //!   behind a load balancer).
 //! - A connection's limit is what the server advertised in its SETTINGS
 //!   (or learned from a refused stream), capped by the configured
-//!   `max_streams_per_connection`. Until the server has said it, only the
+//!   `max_streams_per_connection` (1 000 by default, also when the server
+//!   sets no limit). Until the server has said it, only the
 //!   stream that opens the connection goes on it: nothing is queued or
 //!   refused beyond a limit nobody knows yet.
 //! - Another connection is opened only when every connection is full (at
@@ -68,23 +69,23 @@ pub struct Placement {
     next_id: ConnId,
     max_conns: usize,
     /// The configured `max_streams_per_connection`.
-    cap: Option<usize>,
+    cap: usize,
     idle: Duration,
 }
 
 impl Placement {
-    pub fn new(max_conns: usize, cap: Option<usize>, idle: Duration) -> Placement {
+    pub fn new(max_conns: usize, cap: usize, idle: Duration) -> Placement {
         Placement {
             conns: Vec::new(),
             next_id: 1,
             max_conns: max_conns.max(1),
-            cap,
+            cap: cap.max(1),
             idle,
         }
     }
 
     fn capacity(&self, c: &Conn) -> usize {
-        let cap = self.cap.unwrap_or(usize::MAX);
+        let cap = self.cap;
         match c.limit {
             // The stream that opens the connection.
             Limit::Unknown => 1,
@@ -252,7 +253,7 @@ mod tests {
 
     #[test]
     fn a_connection_takes_one_stream_until_its_limit_is_known() {
-        let mut p = Placement::new(8, None, IDLE);
+        let mut p = Placement::new(8, usize::MAX, IDLE);
         let first = p.place();
         assert!(matches!(first, Choice::Open(_)));
         assert_eq!(p.place(), Choice::Wait, "others wait for the limit");
@@ -269,7 +270,7 @@ mod tests {
 
     #[test]
     fn streams_spread_over_connections_and_never_exceed_the_smaller_limit() {
-        let mut p = Placement::new(8, Some(3), IDLE);
+        let mut p = Placement::new(8, 3, IDLE);
         let a = id(p.place());
         p.learned(a, Advertised::Limit(100));
         p.place();
@@ -287,7 +288,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_limit_is_taken_as_100() {
-        let mut p = Placement::new(8, None, IDLE);
+        let mut p = Placement::new(8, usize::MAX, IDLE);
         let a = id(p.place());
         p.learned(a, Advertised::Unreadable);
         for _ in 1..ASSUMED_LIMIT {
@@ -298,7 +299,7 @@ mod tests {
 
     #[test]
     fn the_pool_is_bounded_and_then_streams_wait() {
-        let mut p = Placement::new(2, None, IDLE);
+        let mut p = Placement::new(2, usize::MAX, IDLE);
         let a = id(p.place());
         p.learned(a, Advertised::Limit(1));
         let b = id(p.place());
@@ -311,7 +312,7 @@ mod tests {
     #[test]
     fn a_draining_connection_is_reused_before_another_opens() {
         let t0 = Instant::now();
-        let mut p = Placement::new(8, Some(2), IDLE);
+        let mut p = Placement::new(8, 2, IDLE);
         let a = id(p.place());
         p.learned(a, Advertised::NoLimit);
         p.place();
@@ -328,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_refusal_lowers_the_limit_below_what_was_open() {
-        let mut p = Placement::new(8, None, IDLE);
+        let mut p = Placement::new(8, usize::MAX, IDLE);
         let a = id(p.place());
         p.opened(a);
         for _ in 0..9 {
@@ -344,7 +345,7 @@ mod tests {
     #[test]
     fn surplus_connections_drain_and_close_after_the_idle_timeout() {
         let t0 = Instant::now();
-        let mut p = Placement::new(8, None, IDLE);
+        let mut p = Placement::new(8, usize::MAX, IDLE);
         let a = id(p.place());
         p.learned(a, Advertised::Limit(2));
         p.place();
