@@ -474,10 +474,7 @@ impl Engine {
         // From here the store counts the run (or it did not start).
         drop(starting);
         let lease = lease?;
-        let ledger = Ledger {
-            store: self.store.clone(),
-            lease,
-        };
+        let ledger = Ledger::new(self.store.clone(), lease);
         // Only the messages committed since this replica last read the
         // session are read; the transcript is shared with the run, not
         // copied, and nothing of it is rewritten.

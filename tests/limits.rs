@@ -212,7 +212,7 @@ async fn the_run_waits_for_room_before_a_step_until_the_client_reads() {
         deadline,
         tx,
         inst,
-        Ledger { store, lease },
+        Ledger::new(store, lease),
     );
     for turn in 0..9 {
         run.emit(RunEvent::TurnStarted { turn });

@@ -223,7 +223,7 @@ mod tests {
             deadline,
             tx,
             inst,
-            Ledger { store, lease },
+            Ledger::new(store, lease),
         );
         (Arc::new(run), rx)
     }

@@ -1,6 +1,7 @@
 //! A run's handle on the store: everything it records goes through its
 //! lease, so a replica that lost the lease cannot write.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::agent::approvals::Decision;
@@ -12,9 +13,26 @@ use crate::store::{RunEnd, RunLease, SessionStore, StoreError};
 pub struct Ledger {
     pub store: Arc<dyn SessionStore>,
     pub lease: RunLease,
+    /// Set when the run starts recording its end. A renewal of the lease
+    /// refused after that is the end winning the race (the store refuses
+    /// to renew an ended run), not another replica taking the run over.
+    ending: Arc<AtomicBool>,
 }
 
 impl Ledger {
+    pub fn new(store: Arc<dyn SessionStore>, lease: RunLease) -> Ledger {
+        Ledger {
+            store,
+            lease,
+            ending: Arc::default(),
+        }
+    }
+
+    /// Whether the run has started recording its end.
+    pub fn is_ending(&self) -> bool {
+        self.ending.load(Ordering::SeqCst)
+    }
+
     pub async fn append(&self, messages: &[Message]) -> Result<(), Stop> {
         self.store
             .append(&self.lease, messages)
@@ -48,6 +66,9 @@ impl Ledger {
     }
 
     pub async fn end(&self, messages: &[Message], end: &RunEnd) -> Result<(), StoreError> {
+        // Before the write: a renewal that reaches the store after it sees
+        // an ended run.
+        self.ending.store(true, Ordering::SeqCst);
         self.store.end_run(&self.lease, messages, end).await
     }
 }

@@ -145,8 +145,16 @@ impl Engine {
     async fn renew_leases(&self) {
         let runs = self.runs_in_flight();
         for r in runs {
+            if r.ledger.is_ending() {
+                continue;
+            }
             match self.store.renew(&r.ledger.lease).await {
                 Ok(()) => {}
+                // The run recorded its end while this renewal waited for
+                // the store (under load: seconds, behind other calls).
+                Err(StoreError::LeaseLost(_)) if r.ledger.is_ending() => {
+                    tracing::debug!(run = %r.run_id, "the run ended while its lease was renewed");
+                }
                 Err(StoreError::LeaseLost(_)) => {
                     tracing::warn!(run = %r.run_id, "lost the run's lease; stopping it");
                     r.interrupt(
