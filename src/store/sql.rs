@@ -247,7 +247,7 @@ impl SqlStore {
         let pool = loop {
             match PgPoolOptions::new()
                 .max_connections(max_connections.max(2))
-                .acquire_timeout(Duration::from_secs(10))
+                .acquire_timeout(Duration::from_secs(30))
                 // Slow acquires are reported in summary by `waits`, not
                 // once per waiting call.
                 .acquire_slow_threshold(Duration::MAX)

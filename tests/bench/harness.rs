@@ -69,6 +69,9 @@ pub struct Plan {
     pub many_rounds: usize,
     pub many_runs: usize,
     pub many_delays_ms: Vec<u64>,
+    /// A series on a throwaway PostgreSQL (the replicas' store) with this
+    /// model delay; `None`: none.
+    pub many_postgres_delay_ms: Option<u64>,
     pub many_probes: usize,
     /// Figure 10: rounds, and the two lengths of each callgrind workload
     /// (chat runs; floor round trips).
@@ -105,6 +108,7 @@ impl Plan {
             // (its hook calls before the model) is over while all of them
             // still wait: the in-flight load without the start-up burst.
             many_delays_ms: vec![2000, 20_000],
+            many_postgres_delay_ms: Some(2000),
             many_probes: 300,
             instruction_rounds: 3,
             instruction_runs: (20, 60),
@@ -134,6 +138,7 @@ impl Plan {
             many_rounds: 1,
             many_runs: 20,
             many_delays_ms: vec![300],
+            many_postgres_delay_ms: Some(300),
             many_probes: 3,
             instruction_rounds: 1,
             instruction_runs: (2, 4),
@@ -161,7 +166,8 @@ impl Plan {
         {
             plan.many_runs = n;
         }
-        // `--many-delay-ms MS`: figure 9 with only that model delay.
+        // `--many-delay-ms MS`: figure 9 with only that model delay (on
+        // the default store).
         if let Some(ms) = args
             .iter()
             .position(|a| a == "--many-delay-ms")
@@ -169,6 +175,7 @@ impl Plan {
             .and_then(|n| n.parse().ok())
         {
             plan.many_delays_ms = vec![ms];
+            plan.many_postgres_delay_ms = None;
         }
         if let Some(i) = args.iter().position(|a| a == "--only") {
             plan.only = args

@@ -12,6 +12,10 @@
 //! thousand held streams without the burst of their start. With a short
 //! model delay there may be no such moment (starting them all takes longer
 //! than the delay); the probe count in the row says how many there were.
+//!
+//! Series: the default store (SQLite, one connection) with a 2 s and a 20 s
+//! model, and a throwaway PostgreSQL (the replicas' store, a pool of
+//! connections) with a 2 s model.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -98,10 +102,21 @@ struct Round {
     probes: usize,
 }
 
-async fn round(floor: &Floor, plan: &Plan, go: &GoHook, delay_ms: u64) -> Round {
+/// `store`: a store URL, else the default (SQLite in a fresh directory).
+async fn round(
+    floor: &Floor,
+    plan: &Plan,
+    go: &GoHook,
+    delay_ms: u64,
+    store: Option<&str>,
+) -> Round {
     let rust = hook::start(Steady::new("rust", false)).await;
     let delay = Duration::from_millis(delay_ms);
-    let server = memory::spawn_with(&yaml(&rust.addr, &go.addr, delay)).await;
+    let mut config = yaml(&rust.addr, &go.addr, delay);
+    if let Some(url) = store {
+        config = format!("store: {url}\n{config}");
+    }
+    let server = memory::spawn_with(&config).await;
     let pid = server.child.id().expect("child pid");
     let connections = plan.many_runs.div_ceil(500).clamp(1, 32);
     let mut clients = Vec::new();
@@ -322,19 +337,30 @@ pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
     for &delay_ms in &plan.many_delays_ms {
         let mut rounds = Vec::new();
         for _ in 0..plan.many_rounds {
-            rounds.push(round(floor, plan, &go, delay_ms).await);
+            rounds.push(round(floor, plan, &go, delay_ms, None).await);
         }
-        rows.extend(series(plan, delay_ms, &rounds));
+        rows.extend(series(plan, delay_ms, "", &rounds));
+    }
+    // The replicas' store: its pool of connections, not SQLite's one, is
+    // what a burst of starts queues on (a fresh database per round).
+    if let Some(delay_ms) = plan.many_postgres_delay_ms {
+        let mut rounds = Vec::new();
+        for _ in 0..plan.many_rounds {
+            let url = crate::store::postgres::database();
+            rounds.push(round(floor, plan, &go, delay_ms, Some(&url)).await);
+        }
+        rows.extend(series(plan, delay_ms, ", Postgres store", &rounds));
     }
     Ok(rows)
 }
 
-/// The rows of one model delay's rounds.
-fn series(plan: &Plan, delay_ms: u64, rounds: &[Round]) -> Vec<Row> {
+/// The rows of one series' rounds; `store` names a store other than the
+/// default (", Postgres store").
+fn series(plan: &Plan, delay_ms: u64, store: &str, rounds: &[Round]) -> Vec<Row> {
     let col = |f: fn(&Round) -> f64| rounds.iter().map(f).collect::<Vec<f64>>();
     let n = plan.many_runs;
     let what = format!(
-        "{n} in-flight runs (Rust + Go hook, model delay {} s)",
+        "{n} in-flight runs (Rust + Go hook, model delay {} s{store})",
         delay_ms as f64 / 1000.0
     );
     let runs = Spread::of(&[n as f64]);

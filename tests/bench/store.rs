@@ -36,7 +36,7 @@ use crate::Plan;
 
 #[path = "../support/postgres.rs"]
 #[allow(dead_code)]
-mod postgres;
+pub mod postgres;
 
 const CONFIG: &str = r#"
 models:
