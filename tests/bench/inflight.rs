@@ -354,6 +354,22 @@ pub async fn measure(floor: &Floor, plan: &Plan) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
+/// Hook-call latency rows against the floor of the same rounds: p50
+/// (target 1.25×) and p99 (1.5×); `[added p50, floor p50, added p99,
+/// floor p99]`, one value per round.
+fn against_floor(p50: String, p99: String, v: [&[f64]; 4]) -> [Row; 2] {
+    let ratio = |a: &[f64], by: &[f64]| a.iter().zip(by).map(|(a, b)| a / b).collect::<Vec<_>>();
+    let [a50, f50, a99, f99] = v;
+    [
+        Row::new(9, p50, "us", Spread::of(a50))
+            .against("floor p50", Spread::of(f50), &ratio(a50, f50))
+            .target(Target::ratio_at_most(1.25)),
+        Row::new(9, p99, "us", Spread::of(a99))
+            .against("floor p99", Spread::of(f99), &ratio(a99, f99))
+            .target(Target::ratio_at_most(1.5)),
+    ]
+}
+
 /// The rows of one series' rounds; `store` names a store other than the
 /// default (", Postgres store").
 fn series(plan: &Plan, delay_ms: u64, store: &str, rounds: &[Round]) -> Vec<Row> {
@@ -426,23 +442,12 @@ fn series(plan: &Plan, delay_ms: u64, store: &str, rounds: &[Round]) -> Vec<Row>
             "tasks",
             Spread::of(&tasks),
         ),
-        Row::new(
-            9,
-            format!("{what}: added latency p50 per hook call ({probes}+ probe runs)"),
-            "us",
-            Spread::of(&a50),
-        )
-        .against("floor p50", Spread::of(&f50), &ratio(&a50, &f50))
-        .target(Target::ratio_at_most(1.25)),
-        Row::new(
-            9,
-            format!("{what}: added latency p99 per hook call"),
-            "us",
-            Spread::of(&a99),
-        )
-        .against("floor p99", Spread::of(&f99), &ratio(&a99, &f99))
-        .target(Target::ratio_at_most(1.5)),
     ];
+    rows.extend(against_floor(
+        format!("{what}: added latency p50 per hook call ({probes}+ probe runs)"),
+        format!("{what}: added latency p99 per hook call"),
+        [&a50, &f50, &a99, &f99],
+    ));
     // Only the rounds that had a quiet phase; how many probes it held.
     let quiet: Vec<&Round> = rounds.iter().filter(|r| r.steady_probes > 0).collect();
     let least = quiet.iter().map(|r| r.steady_probes).min().unwrap_or(0);
@@ -460,30 +465,15 @@ fn series(plan: &Plan, delay_ms: u64, store: &str, rounds: &[Round]) -> Vec<Row>
             qcol(|r| r.floor50),
             qcol(|r| r.floor99),
         );
-        rows.push(
-            Row::new(
-                9,
-                format!(
-                    "{what}: added latency p50 per hook call while all wait ({least}+ probes, {} of {} rounds)",
-                    quiet.len(),
-                    rounds.len()
-                ),
-                "us",
-                Spread::of(&s50),
-            )
-            .against("floor p50", Spread::of(&q50), &ratio(&s50, &q50))
-            .target(Target::ratio_at_most(1.25)),
-        );
-        rows.push(
-            Row::new(
-                9,
-                format!("{what}: added latency p99 per hook call while all wait"),
-                "us",
-                Spread::of(&s99),
-            )
-            .against("floor p99", Spread::of(&q99), &ratio(&s99, &q99))
-            .target(Target::ratio_at_most(1.5)),
-        );
+        rows.extend(against_floor(
+            format!(
+                "{what}: added latency p50 per hook call while all wait ({least}+ probes, {} of {} rounds)",
+                quiet.len(),
+                rounds.len()
+            ),
+            format!("{what}: added latency p99 per hook call while all wait"),
+            [&s50, &q50, &s99, &q99],
+        ));
         // What the load itself adds: the same probes, same hooks, same
         // round, with nothing in flight.
         let (i50, i99) = (qcol(|r| r.idle50), qcol(|r| r.idle99));
