@@ -158,11 +158,16 @@ async fn concurrent_runs_to(
             r.reason
         );
     }
-    // Idle connections close after connections.idle_timeout (200 ms).
+    // Idle connections close after connections.idle_timeout (200 ms). A
+    // run's hook stream is released a moment after the run's answer (when
+    // its reader task sees the server's end of stream), so the last
+    // connection can be alone while it still carries one: wait for both.
     let mut after = String::new();
     for _ in 0..400 {
         after = http_get(admin, "/metrics").await;
-        if gauge(&after, "hookwire_hook_connections") == 1.0 {
+        if gauge(&after, "hookwire_hook_connections") == 1.0
+            && gauge(&after, "hookwire_hook_streams") == 0.0
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
