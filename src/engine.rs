@@ -474,7 +474,8 @@ impl Engine {
         // From here the store counts the run (or it did not start).
         drop(starting);
         let lease = lease?;
-        let ledger = Ledger::new(self.store.clone(), lease);
+        let ledger =
+            Ledger::new(self.store.clone(), lease).retrying_end_for(self.config.server.run_lease);
         // Only the messages committed since this replica last read the
         // session are read; the transcript is shared with the run, not
         // copied, and nothing of it is rewritten.
@@ -493,7 +494,7 @@ impl Engine {
                     usage: Default::default(),
                     turns: 0,
                 };
-                if let Err(w) = ledger.end(&[], &end).await {
+                if let Err(w) = ledger.end_once(&[], &end).await {
                     tracing::warn!(run = %run_id, error = %w, "cannot record a run that could not start");
                 }
                 return Err(e);
@@ -674,7 +675,7 @@ impl Engine {
                     usage: Default::default(),
                     turns: 0,
                 };
-                if let Err(e) = r.ledger.end(&[], &end).await {
+                if let Err(e) = r.ledger.end_once(&[], &end).await {
                     tracing::warn!(run = %r.run_id, error = %e, "cannot record the run's end at shutdown");
                 }
             }

@@ -256,6 +256,37 @@ async fn a_claimed_run_fences_out_its_old_holder(engine: &str) {
     s.close().await;
 }
 
+/// A run's end recorded twice under its lease is one end (the first call
+/// may have committed while its answer was lost with the connection), and
+/// a different end of the ended run is refused.
+async fn the_same_end_twice_is_one_end(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let lease = s.begin_run("s", "r", "A").await.unwrap();
+    let done = end(RunOutcome::Completed);
+    let answer = [Message::user("go"), Message::assistant_text("done")];
+    s.end_run(&lease, &answer, &done).await.unwrap();
+    s.end_run(&lease, &answer, &done)
+        .await
+        .expect("the same end again is the end already recorded");
+    assert_eq!(
+        texts(&s.transcript("s").await.unwrap()),
+        ["go", "done"],
+        "appended once"
+    );
+    let other = RunEnd {
+        reason: "the replica shut down before the run ended".into(),
+        ..end(RunOutcome::Interrupted)
+    };
+    assert_eq!(
+        s.end_run(&lease, &[], &other).await.unwrap_err(),
+        StoreError::LeaseLost("r".into()),
+        "another end of an ended run"
+    );
+    assert_eq!(s.get_session("s").await.unwrap().active_run, None);
+    s.close().await;
+}
+
 async fn a_settled_batch_is_no_longer_staged(engine: &str) {
     let s = open(engine, opts(SHORT_LEASE, 1 << 20)).await;
     s.create_session(&new_session("s", "a", "o")).await.unwrap();
@@ -531,6 +562,26 @@ struct Recording {
     inner: Arc<dyn SessionStore>,
     reads: std::sync::Mutex<Vec<(u64, usize)>>,
     renewal: Option<Arc<RenewalGate>>,
+    ends: Option<Arc<EndFaults>>,
+}
+
+/// Makes the run's own end (its first lease; a reaper's end goes through)
+/// fail UNAVAILABLE: `refuse` times before the store sees it, then, with
+/// `lose_answer`, once after the store recorded it, as when the connection
+/// drops between the commit and its answer.
+#[derive(Default)]
+struct EndFaults {
+    refuse: std::sync::atomic::AtomicUsize,
+    lose_answer: std::sync::atomic::AtomicBool,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl EndFaults {
+    fn refusing(times: usize) -> Arc<EndFaults> {
+        let f = EndFaults::default();
+        f.refuse.store(times, std::sync::atomic::Ordering::SeqCst);
+        Arc::new(f)
+    }
 }
 
 /// Holds the first renewal until opened, and keeps what the store answered.
@@ -611,7 +662,24 @@ impl SessionStore for Recording {
         m: &[Message],
         e: &RunEnd,
     ) -> Result<(), StoreError> {
-        self.inner.end_run(l, m, e).await
+        use std::sync::atomic::Ordering::SeqCst;
+        let Some(f) = self.ends.as_ref().filter(|_| l.epoch == 1) else {
+            return self.inner.end_run(l, m, e).await;
+        };
+        f.calls.fetch_add(1, SeqCst);
+        if f.refuse
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(StoreError::Unavailable("no connection (test)".into()));
+        }
+        let answer = self.inner.end_run(l, m, e).await;
+        if answer.is_ok() && f.lose_answer.swap(false, SeqCst) {
+            return Err(StoreError::Unavailable(
+                "connection lost after the commit (test)".into(),
+            ));
+        }
+        answer
     }
     async fn request_approval(&self, l: &store::RunLease, c: &str) -> Result<(), StoreError> {
         self.inner.request_approval(l, c).await
@@ -657,6 +725,7 @@ async fn the_transcript_cache_reads_only_what_follows_its_copy(engine: &str) {
         inner: open(engine, StoreOptions::default()).await,
         reads: Default::default(),
         renewal: None,
+        ends: None,
     };
     s.create_session(&new_session("s", "a", "o")).await.unwrap();
     let cache = TranscriptCache::default();
@@ -798,6 +867,7 @@ contract!(
     sessions_are_created_read_listed_by_page_and_deleted,
     one_active_run_per_session_and_transcript_in_order,
     a_claimed_run_fences_out_its_old_holder,
+    the_same_end_twice_is_one_end,
     a_settled_batch_is_no_longer_staged,
     approvals_first_answer_wins_and_cancel_denies,
     transcript_size_is_limited,
@@ -843,6 +913,7 @@ async fn a_renewal_refused_because_the_run_ended_meanwhile_is_not_a_lost_lease()
         inner: open("memory", StoreOptions::default()).await,
         reads: Default::default(),
         renewal: Some(gate.clone()),
+        ends: None,
     });
     // Renewals every third of the lease (333 ms); the run takes 600 ms, so
     // the first renewal finds it in flight.
@@ -882,5 +953,135 @@ async fn a_renewal_refused_because_the_run_ended_meanwhile_is_not_a_lost_lease()
         "{}",
         logs.contents()
     );
+    engine.stop_background().await;
+}
+
+/// An engine on `store` whose one agent `a` answers "done" after `delay`,
+/// with runs leased for `lease`.
+fn engine_on(
+    store: Arc<dyn SessionStore>,
+    delay: &str,
+    lease: &str,
+) -> Arc<hookwire::engine::Engine> {
+    let yaml = format!("models:\n  - name: m\n    provider: scripted\n    delay: {delay}\n    rules:\n      - text: done\nagents:\n  - name: a\n    model: m\nserver:\n  run_lease: {lease}\n");
+    let config = hookwire::config::Config::parse(&yaml, "test").unwrap();
+    let models = hookwire::server::build_models(&config).unwrap();
+    let inst = hookwire::telemetry::Instruments::new(&config.telemetry);
+    let engine = Arc::new(hookwire::engine::Engine::new(config, models, inst, store).unwrap());
+    engine.start_background();
+    engine
+}
+
+/// One run of "hello" on a new session of `engine`: its report and session.
+async fn one_run(
+    engine: &Arc<hookwire::engine::Engine>,
+) -> (hookwire::agent::events::RunReport, String) {
+    let me = hookwire::auth::Principal::anonymous();
+    let s = engine
+        .create_session(&me, "a", vec![], Default::default())
+        .await
+        .unwrap();
+    let run = engine
+        .start_run(&me, &s.id, "hello".into(), false, Default::default())
+        .await
+        .unwrap();
+    (run.task.await.unwrap(), s.id)
+}
+
+/// `engine`'s store, leasing runs for `lease` (as the engine's
+/// `server.run_lease` configures it), whose run ends fail as `ends` says.
+fn faulty(
+    engine: &str,
+    ends: &Arc<EndFaults>,
+    lease: Duration,
+) -> impl std::future::Future<Output = Arc<dyn SessionStore>> {
+    let (engine, ends) = (engine.to_string(), ends.clone());
+    async move {
+        Arc::new(Recording {
+            inner: open(&engine, opts(lease, 1 << 20)).await,
+            reads: Default::default(),
+            renewal: None,
+            ends: Some(ends),
+        }) as Arc<dyn SessionStore>
+    }
+}
+
+/// A store that cannot take the run's end for a moment (no connection
+/// within its wait, a failover) does not cost the run its answer: the end
+/// is written again until it is recorded. Without the retry the client got
+/// "done" while the transcript never would.
+#[tokio::test]
+async fn a_run_whose_end_the_store_refused_for_a_moment_is_recorded_by_a_retry() {
+    let ends = EndFaults::refusing(2);
+    let store = faulty("sqlite", &ends, Duration::from_secs(30)).await;
+    let engine = engine_on(store.clone(), "0ms", "30s");
+    let (report, session) = one_run(&engine).await;
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    assert_eq!(report.final_text, "done");
+    assert_eq!(ends.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(
+        texts(&store.transcript(&session).await.unwrap()),
+        ["hello", "done"]
+    );
+    assert_eq!(store.get_session(&session).await.unwrap().active_run, None);
+    engine.stop_background().await;
+}
+
+/// The end's first write committed, but its answer was lost with the
+/// connection: the retry finds its own end recorded, and the run completes
+/// with its answer in the transcript once.
+#[tokio::test]
+async fn a_run_whose_end_committed_but_whose_answer_was_lost_completes_once() {
+    let ends = EndFaults::refusing(0);
+    ends.lose_answer
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let store = faulty("sqlite", &ends, Duration::from_secs(30)).await;
+    let engine = engine_on(store.clone(), "0ms", "30s");
+    let (report, session) = one_run(&engine).await;
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    assert_eq!(ends.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(
+        texts(&store.transcript(&session).await.unwrap()),
+        ["hello", "done"]
+    );
+    engine.stop_background().await;
+}
+
+/// A store that never takes the run's end: after retrying for the lease,
+/// the client is told the run was interrupted, without the answer, which
+/// is what its session records once a reaper ends it after the lease. It
+/// used to be told "completed: done" while the transcript lacked "done".
+#[tokio::test]
+async fn a_run_whose_end_cannot_be_recorded_is_reported_interrupted_as_its_session_will_be() {
+    let ends = EndFaults::refusing(usize::MAX);
+    let store = faulty("memory", &ends, Duration::from_secs(1)).await;
+    let engine = engine_on(store.clone(), "0ms", "1s");
+    let (report, session) = one_run(&engine).await;
+    assert_eq!(report.outcome, RunOutcome::Interrupted, "{}", report.reason);
+    assert!(
+        report.reason.contains("could not be recorded"),
+        "{}",
+        report.reason
+    );
+    assert_eq!(report.final_text, "", "no answer the transcript lacks");
+    assert!(
+        ends.calls.load(std::sync::atomic::Ordering::SeqCst) > 1,
+        "retried before giving up"
+    );
+    // The reaper ends the run once its lease expired and frees the session.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while store
+            .get_session(&session)
+            .await
+            .unwrap()
+            .active_run
+            .is_some()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the reaper frees the session");
+    assert_eq!(texts(&store.transcript(&session).await.unwrap()), ["hello"]);
     engine.stop_background().await;
 }

@@ -3,9 +3,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::agent::approvals::Decision;
 use crate::agent::machine::Stop;
+use crate::config::DEFAULT_RUN_LEASE;
 use crate::message::Message;
 use crate::store::{RunEnd, RunLease, SessionStore, StoreError};
 
@@ -17,15 +21,31 @@ pub struct Ledger {
     /// refused after that is the end winning the race (the store refuses
     /// to renew an ended run), not another replica taking the run over.
     ending: Arc<AtomicBool>,
+    /// How long [`Ledger::end`] retries a store that is unavailable.
+    end_retry: Duration,
 }
 
+/// The first pause before the end is written again, doubled up to
+/// [`END_RETRY_MAX_PAUSE`].
+const END_RETRY_FIRST_PAUSE: Duration = Duration::from_millis(100);
+const END_RETRY_MAX_PAUSE: Duration = Duration::from_secs(2);
+
 impl Ledger {
+    /// A ledger whose end is retried for [`DEFAULT_RUN_LEASE`]; the engine
+    /// sets the configured lease with [`Ledger::retrying_end_for`].
     pub fn new(store: Arc<dyn SessionStore>, lease: RunLease) -> Ledger {
         Ledger {
             store,
             lease,
             ending: Arc::default(),
+            end_retry: DEFAULT_RUN_LEASE,
         }
+    }
+
+    /// Retry an unavailable store for `window` when recording the end.
+    pub fn retrying_end_for(mut self, window: Duration) -> Ledger {
+        self.end_retry = window;
+        self
     }
 
     /// Whether the run has started recording its end.
@@ -65,7 +85,34 @@ impl Ledger {
         }
     }
 
+    /// Records the run's end, retrying while the store is unavailable (no
+    /// connection within its wait, a connection lost mid-write) for up to a
+    /// run lease. The answer the client is about to get is only in the
+    /// transcript once this succeeds, and the lease is the time the run
+    /// has anyway before a reaper may end it `interrupted`. A retry is
+    /// safe: the store takes the same end twice as one (its first attempt
+    /// may have committed), and refuses it once a reaper ended the run.
     pub async fn end(&self, messages: &[Message], end: &RunEnd) -> Result<(), StoreError> {
+        let give_up = Instant::now() + self.end_retry;
+        let mut pause = END_RETRY_FIRST_PAUSE;
+        loop {
+            match self.end_once(messages, end).await {
+                Err(StoreError::Unavailable(e)) if Instant::now() + pause < give_up => {
+                    // Per run, at debug: a store that is down for everyone
+                    // is reported by its connection waits and by the warning
+                    // of each run that gives up.
+                    tracing::debug!(run = %self.lease.run_id, error = %e, retry_in = ?pause, "cannot record the run's end yet; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(END_RETRY_MAX_PAUSE);
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// [`Ledger::end`] without retries (at shutdown, where every stuck run
+    /// gets one attempt within the pod's grace period).
+    pub async fn end_once(&self, messages: &[Message], end: &RunEnd) -> Result<(), StoreError> {
         // Before the write: a renewal that reaches the store after it sees
         // an ended run.
         self.ending.store(true, Ordering::SeqCst);

@@ -558,9 +558,13 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     finish(&run, ending)
 }
 
-/// Records the run's end with its last commit. A replica that lost the
-/// lease records nothing: the run is reported `interrupted`, with only
-/// what was recorded before.
+/// Records the run's end with its last commit (the ledger retries a store
+/// that is unavailable for up to a lease). When it cannot be recorded, the
+/// client hears what the session will hold: the run `interrupted`, with
+/// only what was recorded before — a replica that lost the lease records
+/// nothing more, and a run whose end was never written is ended
+/// `interrupted` by a reaper once its lease expires. The client is never
+/// given an answer its transcript lacks.
 async fn record_end(run: &Run, machine: &mut Machine, mut ending: Ending) -> Ending {
     let tail = machine.take_committed().to_vec();
     let end = crate::store::RunEnd {
@@ -571,13 +575,16 @@ async fn record_end(run: &Run, machine: &mut Machine, mut ending: Ending) -> End
     };
     if let Err(e) = run.ledger.end(&tail, &end).await {
         tracing::warn!(run = %run.run_id, error = %e, "cannot record the run's end");
-        if let Stop::Interrupted(reason) = crate::agent::ledger::stop_for(&e) {
-            let keep = ending.messages.len().saturating_sub(tail.len());
-            ending.messages.truncate(keep);
-            ending.outcome = RunOutcome::Interrupted;
-            ending.reason = reason;
-            ending.final_text.clear();
-        }
+        let keep = ending.messages.len().saturating_sub(tail.len());
+        ending.messages.truncate(keep);
+        ending.outcome = RunOutcome::Interrupted;
+        ending.reason = match crate::agent::ledger::stop_for(&e) {
+            Stop::Interrupted(reason) => reason,
+            _ => format!(
+                "the run's end could not be recorded ({e}); the session records it interrupted once its lease expires"
+            ),
+        };
+        ending.final_text.clear();
     }
     ending
 }

@@ -14,6 +14,7 @@ use super::{
     SessionFilter, SessionPage, SessionStore, Signal, StoreError, StoreOptions,
 };
 use crate::agent::approvals::Decision;
+use crate::agent::outcome::RunOutcome;
 use crate::message::Message;
 use crate::session::Session;
 
@@ -33,6 +34,9 @@ struct MemRun {
     epoch: i64,
     lease_expires: Instant,
     ended: bool,
+    /// The outcome and reason it ended with under `epoch`: the same end
+    /// again is that end, repeated (see `SessionStore::end_run`).
+    end: Option<(RunOutcome, String)>,
     cancel_reason: Option<String>,
     pending_turn: Option<Message>,
 }
@@ -290,6 +294,7 @@ impl SessionStore for MemoryStore {
                 epoch: 1,
                 lease_expires: Instant::now() + self.options.lease,
                 ended: false,
+                end: None,
                 cancel_reason: None,
                 pending_turn: None,
             },
@@ -355,12 +360,18 @@ impl SessionStore for MemoryStore {
         &self,
         lease: &RunLease,
         messages: &[Message],
-        _end: &RunEnd,
+        end: &RunEnd,
     ) -> Result<(), StoreError> {
         let adding = size(messages)?;
         let mut g = self.lock();
+        if g.runs.get(&lease.run_id).is_some_and(|r| {
+            r.epoch == lease.epoch && r.end.as_ref() == Some(&(end.outcome, end.reason.clone()))
+        }) {
+            return Ok(());
+        }
         let r = g.fenced(lease)?;
         r.ended = true;
+        r.end = Some((end.outcome, end.reason.clone()));
         r.pending_turn = None;
         for ((run, _), (state, _)) in g.approvals.iter_mut() {
             if run == &lease.run_id && *state == Approval::Pending {

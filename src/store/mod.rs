@@ -227,6 +227,9 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn stage_turn(&self, lease: &RunLease, turn: Option<&Message>) -> Result<(), StoreError>;
     /// Ends the run: appends `messages` (the last committed ones), records
     /// the outcome, denies approvals still pending and frees the session.
+    /// The same end again under the same lease (outcome and reason equal)
+    /// is `Ok` and changes nothing, so a call whose answer was lost can be
+    /// repeated; any other end of an ended run is [`StoreError::LeaseLost`].
     async fn end_run(
         &self,
         lease: &RunLease,

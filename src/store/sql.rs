@@ -748,6 +748,21 @@ impl SessionStore for SqlStore {
                 .await?
                 .rows_affected();
             if n == 0 {
+                // The same end under the same epoch already recorded is
+                // this end: a retry whose first attempt committed but
+                // whose answer was lost with its connection.
+                let done: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+                    "SELECT outcome, reason FROM runs WHERE id = $1 AND epoch = $2 AND ended_ms IS NOT NULL",
+                )
+                .bind(&lease.run_id)
+                .bind(lease.epoch)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if done.is_some_and(|(o, r)| {
+                    o.as_deref() == Some(end.outcome.name()) && r.as_deref() == Some(end.reason.as_str())
+                }) {
+                    return Ok(());
+                }
                 return Err(StoreError::LeaseLost(lease.run_id.clone()));
             }
             sqlx::query("UPDATE approvals SET state = 'expired' WHERE run_id = $1 AND state = 'pending'")
