@@ -906,7 +906,6 @@ async fn postgres_two_stores_migrating_at_once_migrate_once() {
 /// of 10 000 runs on SQLite logged ~1 000 false "lost the run's lease".)
 #[tokio::test]
 async fn a_renewal_refused_because_the_run_ended_meanwhile_is_not_a_lost_lease() {
-    use hookwire::auth::Principal;
     let (logs, _guard) = support::logwatch::LogWatch::install("hookwire=debug");
     let gate = Arc::new(RenewalGate::default());
     let store = Arc::new(Recording {
@@ -917,21 +916,8 @@ async fn a_renewal_refused_because_the_run_ended_meanwhile_is_not_a_lost_lease()
     });
     // Renewals every third of the lease (333 ms); the run takes 600 ms, so
     // the first renewal finds it in flight.
-    let yaml = "models:\n  - name: m\n    provider: scripted\n    delay: 600ms\n    rules:\n      - text: done\nagents:\n  - name: a\n    model: m\nserver:\n  run_lease: 1s\n";
-    let config = hookwire::config::Config::parse(yaml, "test").unwrap();
-    let models = hookwire::server::build_models(&config).unwrap();
-    let inst = hookwire::telemetry::Instruments::new(&config.telemetry);
-    let engine = Arc::new(hookwire::engine::Engine::new(config, models, inst, store).unwrap());
-    engine.start_background();
-    let me = Principal::anonymous();
-    let s = engine
-        .create_session(&me, "a", vec![], Default::default())
-        .await
-        .unwrap();
-    let run = engine
-        .start_run(&me, &s.id, "hello".into(), false, Default::default())
-        .await
-        .unwrap();
+    let engine = engine_on(store, "600ms", "1s");
+    let (run, _) = start_one(&engine).await;
     tokio::time::timeout(Duration::from_secs(10), gate.entered.notified())
         .await
         .expect("a renewal while the run is in flight");
@@ -972,10 +958,10 @@ fn engine_on(
     engine
 }
 
-/// One run of "hello" on a new session of `engine`: its report and session.
-async fn one_run(
+/// A run of "hello" on a new session of `engine`: its handle and session.
+async fn start_one(
     engine: &Arc<hookwire::engine::Engine>,
-) -> (hookwire::agent::events::RunReport, String) {
+) -> (hookwire::engine::RunHandle, String) {
     let me = hookwire::auth::Principal::anonymous();
     let s = engine
         .create_session(&me, "a", vec![], Default::default())
@@ -985,25 +971,26 @@ async fn one_run(
         .start_run(&me, &s.id, "hello".into(), false, Default::default())
         .await
         .unwrap();
-    (run.task.await.unwrap(), s.id)
+    (run, s.id)
+}
+
+/// [`start_one`], run to its end: its report and session.
+async fn one_run(
+    engine: &Arc<hookwire::engine::Engine>,
+) -> (hookwire::agent::events::RunReport, String) {
+    let (run, session) = start_one(engine).await;
+    (run.task.await.unwrap(), session)
 }
 
 /// `engine`'s store, leasing runs for `lease` (as the engine's
 /// `server.run_lease` configures it), whose run ends fail as `ends` says.
-fn faulty(
-    engine: &str,
-    ends: &Arc<EndFaults>,
-    lease: Duration,
-) -> impl std::future::Future<Output = Arc<dyn SessionStore>> {
-    let (engine, ends) = (engine.to_string(), ends.clone());
-    async move {
-        Arc::new(Recording {
-            inner: open(&engine, opts(lease, 1 << 20)).await,
-            reads: Default::default(),
-            renewal: None,
-            ends: Some(ends),
-        }) as Arc<dyn SessionStore>
-    }
+async fn faulty(engine: &str, ends: &Arc<EndFaults>, lease: Duration) -> Arc<dyn SessionStore> {
+    Arc::new(Recording {
+        inner: open(engine, opts(lease, 1 << 20)).await,
+        reads: Default::default(),
+        renewal: None,
+        ends: Some(ends.clone()),
+    })
 }
 
 /// A store that cannot take the run's end for a moment (no connection
