@@ -569,11 +569,17 @@ struct Recording {
 /// fail UNAVAILABLE: `refuse` times before the store sees it, then, with
 /// `lose_answer`, once after the store recorded it, as when the connection
 /// drops between the commit and its answer.
+///
+/// With `stall`, the first refusal comes after that long (a call that
+/// waited for a connection in vain); with `no_claims`, no reaper claims an
+/// expired run (a single replica whose reaper waits on the same store).
 #[derive(Default)]
 struct EndFaults {
     refuse: std::sync::atomic::AtomicUsize,
     lose_answer: std::sync::atomic::AtomicBool,
     calls: std::sync::atomic::AtomicUsize,
+    stall: std::sync::Mutex<Option<Duration>>,
+    no_claims: bool,
 }
 
 impl EndFaults {
@@ -671,6 +677,10 @@ impl SessionStore for Recording {
             .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
+            let stall = f.stall.lock().unwrap().take();
+            if let Some(d) = stall {
+                tokio::time::sleep(d).await;
+            }
             return Err(StoreError::Unavailable("no connection (test)".into()));
         }
         let answer = self.inner.end_run(l, m, e).await;
@@ -701,6 +711,9 @@ impl SessionStore for Recording {
         self.inner.signals(rep).await
     }
     async fn claim_expired(&self, rep: &str, n: u32) -> Result<Vec<store::ClaimedRun>, StoreError> {
+        if self.ends.as_ref().is_some_and(|f| f.no_claims) {
+            return Ok(Vec::new());
+        }
         self.inner.claim_expired(rep, n).await
     }
     async fn expire_sessions(
@@ -1011,6 +1024,30 @@ async fn a_run_whose_end_the_store_refused_for_a_moment_is_recorded_by_a_retry()
         ["hello", "done"]
     );
     assert_eq!(store.get_session(&session).await.unwrap().active_run, None);
+    engine.stop_background().await;
+}
+
+/// The end's first write waited longer than a lease for a connection and
+/// failed: it is still written again (the window runs from the first
+/// failure), and lands while no other replica took the run over. Counted
+/// from the first attempt, the window was spent before any retry.
+#[tokio::test]
+async fn a_run_whose_first_end_write_waited_longer_than_a_lease_is_still_retried() {
+    let ends = Arc::new(EndFaults {
+        stall: std::sync::Mutex::new(Some(Duration::from_millis(1200))),
+        no_claims: true,
+        ..Default::default()
+    });
+    ends.refuse.store(1, std::sync::atomic::Ordering::SeqCst);
+    let store = faulty("memory", &ends, Duration::from_secs(1)).await;
+    let engine = engine_on(store.clone(), "0ms", "1s");
+    let (report, session) = one_run(&engine).await;
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    assert_eq!(ends.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(
+        texts(&store.transcript(&session).await.unwrap()),
+        ["hello", "done"]
+    );
     engine.stop_background().await;
 }
 

@@ -87,16 +87,23 @@ impl Ledger {
 
     /// Records the run's end, retrying while the store is unavailable (no
     /// connection within its wait, a connection lost mid-write) for up to a
-    /// run lease. The answer the client is about to get is only in the
-    /// transcript once this succeeds, and the lease is the time the run
-    /// has anyway before a reaper may end it `interrupted`. A retry is
-    /// safe: the store takes the same end twice as one (its first attempt
-    /// may have committed), and refuses it once a reaper ended the run.
+    /// run lease after the first failure. The answer the client is about to
+    /// get is only in the transcript once this succeeds, and the lease is
+    /// about the time the run has before a reaper may end it `interrupted`.
+    /// Counted from the first failure, not the first attempt: one attempt
+    /// may wait as long as a lease for a connection (30 s each), and a
+    /// window from the start would then leave no second one. A retry is
+    /// safe at any time: the store takes the same end twice as one (its
+    /// first attempt may have committed), and refuses it once a reaper
+    /// ended the run.
     pub async fn end(&self, messages: &[Message], end: &RunEnd) -> Result<(), StoreError> {
-        let give_up = Instant::now() + self.end_retry;
+        // Set when the first attempt has answered.
+        let mut window: Option<Instant> = None;
         let mut pause = END_RETRY_FIRST_PAUSE;
         loop {
-            match self.end_once(messages, end).await {
+            let answer = self.end_once(messages, end).await;
+            let give_up = *window.get_or_insert_with(|| Instant::now() + self.end_retry);
+            match answer {
                 Err(StoreError::Unavailable(e)) if Instant::now() + pause < give_up => {
                     // Per run, at debug: a store that is down for everyone
                     // is reported by its connection waits and by the warning
