@@ -1013,12 +1013,24 @@ async fn faulty(engine: &str, ends: &Arc<EndFaults>, lease: Duration) -> Arc<dyn
 #[tokio::test]
 async fn a_run_whose_end_the_store_refused_for_a_moment_is_recorded_by_a_retry() {
     let ends = EndFaults::refusing(2);
-    let store = faulty("sqlite", &ends, Duration::from_secs(30)).await;
-    let engine = engine_on(store.clone(), "0ms", "30s");
+    completes_with_its_answer(&ends, "sqlite", 30, 3).await;
+}
+
+/// One run on `engine`'s store failing as `ends` says, with runs leased
+/// for `lease_s` seconds: it completes, after `calls` attempts to record its end,
+/// with "done" told to the client and in the transcript, once.
+async fn completes_with_its_answer(
+    ends: &Arc<EndFaults>,
+    engine: &str,
+    lease_s: u64,
+    calls: usize,
+) {
+    let store = faulty(engine, ends, Duration::from_secs(lease_s)).await;
+    let engine = engine_on(store.clone(), "0ms", &format!("{lease_s}s"));
     let (report, session) = one_run(&engine).await;
     assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
     assert_eq!(report.final_text, "done");
-    assert_eq!(ends.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(ends.calls.load(std::sync::atomic::Ordering::SeqCst), calls);
     assert_eq!(
         texts(&store.transcript(&session).await.unwrap()),
         ["hello", "done"]
@@ -1039,16 +1051,7 @@ async fn a_run_whose_first_end_write_waited_longer_than_a_lease_is_still_retried
         ..Default::default()
     });
     ends.refuse.store(1, std::sync::atomic::Ordering::SeqCst);
-    let store = faulty("memory", &ends, Duration::from_secs(1)).await;
-    let engine = engine_on(store.clone(), "0ms", "1s");
-    let (report, session) = one_run(&engine).await;
-    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
-    assert_eq!(ends.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
-    assert_eq!(
-        texts(&store.transcript(&session).await.unwrap()),
-        ["hello", "done"]
-    );
-    engine.stop_background().await;
+    completes_with_its_answer(&ends, "memory", 1, 2).await;
 }
 
 /// The end's first write committed, but its answer was lost with the
@@ -1059,16 +1062,7 @@ async fn a_run_whose_end_committed_but_whose_answer_was_lost_completes_once() {
     let ends = EndFaults::refusing(0);
     ends.lose_answer
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let store = faulty("sqlite", &ends, Duration::from_secs(30)).await;
-    let engine = engine_on(store.clone(), "0ms", "30s");
-    let (report, session) = one_run(&engine).await;
-    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
-    assert_eq!(ends.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
-    assert_eq!(
-        texts(&store.transcript(&session).await.unwrap()),
-        ["hello", "done"]
-    );
-    engine.stop_background().await;
+    completes_with_its_answer(&ends, "sqlite", 30, 2).await;
 }
 
 /// A store that never takes the run's end: after retrying for the lease,
