@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::contain::drive_contained;
 use crate::agent::events::{RunEvent, RunReport};
-use crate::agent::ledger::Ledger;
+use crate::agent::ledger::{Ledger, StoreWarnings};
 use crate::agent::outcome::RunOutcome;
 use crate::agent::runner::{AgentRuntime, Run};
 use crate::auth::access::{self, Action, Denied, SessionGrant};
@@ -99,6 +99,9 @@ pub struct Engine {
     inst: Instruments,
     background: replica::Background,
     quotas: Arc<QuotaLedger>,
+    /// Failed store writes of all runs, warned of once per kind and
+    /// interval.
+    store_warnings: StoreWarnings,
 }
 
 /// The caller's identity as hooks see it in EventContext.
@@ -154,6 +157,7 @@ impl Engine {
             idle: Notify::new(),
             inst,
             background: replica::Background::default(),
+            store_warnings: StoreWarnings::default(),
         })
     }
 
@@ -397,9 +401,11 @@ impl Engine {
             // Wherever it runs, its replica is told to stop it.
             match self.store.request_cancel(run, "session deleted").await {
                 Ok(()) | Err(StoreError::RunNotFound(_)) => {}
-                Err(e) => {
-                    tracing::warn!(run = %run, error = %e, "cannot record the cancel of a deleted session's run")
-                }
+                Err(e) => self.store_warnings.warn(
+                    "cannot record the cancel of a deleted session's run",
+                    run,
+                    &e,
+                ),
             }
             if let Some(r) = self.local_run(run) {
                 r.cancel("session deleted");
@@ -474,8 +480,9 @@ impl Engine {
         // From here the store counts the run (or it did not start).
         drop(starting);
         let lease = lease?;
-        let ledger =
-            Ledger::new(self.store.clone(), lease).retrying_end_for(self.config.server.run_lease);
+        let ledger = Ledger::new(self.store.clone(), lease)
+            .retrying_end_for(self.config.server.run_lease)
+            .warning_through(self.store_warnings.clone());
         // Only the messages committed since this replica last read the
         // session are read; the transcript is shared with the run, not
         // copied, and nothing of it is rewritten.
@@ -495,7 +502,7 @@ impl Engine {
                     turns: 0,
                 };
                 if let Err(w) = ledger.end_once(&[], &end).await {
-                    tracing::warn!(run = %run_id, error = %w, "cannot record a run that could not start");
+                    ledger.warn("cannot record a run that could not start", &w);
                 }
                 return Err(e);
             }
@@ -676,7 +683,7 @@ impl Engine {
                     turns: 0,
                 };
                 if let Err(e) = r.ledger.end_once(&[], &end).await {
-                    tracing::warn!(run = %r.run_id, error = %e, "cannot record the run's end at shutdown");
+                    r.ledger.warn("cannot record the run's end at shutdown", &e);
                 }
             }
         }

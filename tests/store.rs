@@ -1103,3 +1103,31 @@ async fn a_run_whose_end_cannot_be_recorded_is_reported_interrupted_as_its_sessi
     assert_eq!(texts(&store.transcript(&session).await.unwrap()), ["hello"]);
     engine.stop_background().await;
 }
+
+/// A store that takes no run's end warns once for all the runs, not once
+/// per run: in a database outage every run fails the same way (measured
+/// before: a line per run, as sqlx's per-call warning was). The others are
+/// logged at debug and counted in the next warning.
+#[tokio::test]
+async fn runs_whose_end_cannot_be_recorded_are_warned_of_once_not_per_run() {
+    const RUNS: usize = 20;
+    let (logs, _guard) = support::logwatch::LogWatch::install("hookwire=debug");
+    let ends = EndFaults::refusing(usize::MAX);
+    let store = faulty("memory", &ends, Duration::from_secs(1)).await;
+    let engine = engine_on(store.clone(), "0ms", "1s");
+    let mut runs = Vec::new();
+    for _ in 0..RUNS {
+        runs.push(start_one(&engine).await.0);
+    }
+    for run in runs {
+        let report = run.task.await.unwrap();
+        assert_eq!(report.outcome, RunOutcome::Interrupted, "{}", report.reason);
+    }
+    // The message, then its fields (not the retries' "… end yet; retrying").
+    let what = "cannot record the run's end run=";
+    let warned = logs.lines_with(&["WARN", what]);
+    assert_eq!(warned.len(), 1, "{warned:#?}");
+    assert!(warned[0].contains("left_out=0"), "{}", warned[0]);
+    assert_eq!(logs.lines_with(&["DEBUG", what]).len(), RUNS - 1);
+    engine.stop_background().await;
+}

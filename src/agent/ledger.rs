@@ -2,7 +2,7 @@
 //! lease, so a replica that lost the lease cannot write.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -10,6 +10,8 @@ use tokio::time::Instant;
 use crate::agent::approvals::Decision;
 use crate::agent::machine::Stop;
 use crate::config::DEFAULT_RUN_LEASE;
+use crate::hooks::failure_log::FailureLog;
+use crate::lock::LockExt;
 use crate::message::Message;
 use crate::store::{RunEnd, RunLease, SessionStore, StoreError};
 
@@ -23,6 +25,40 @@ pub struct Ledger {
     ending: Arc<AtomicBool>,
     /// How long [`Ledger::end`] retries a store that is unavailable.
     end_retry: Duration,
+    warnings: StoreWarnings,
+}
+
+/// Warnings about store writes that failed, thinned across an engine's
+/// runs. In a database outage every run fails the same way, and a line per
+/// run (a renewal every 10 s each, an end each) would flood the log, as
+/// sqlx's per-call warning did. The first failure of a kind is logged at
+/// once; the others within [`LOG_INTERVAL`](crate::hooks::failure_log::LOG_INTERVAL)
+/// only at debug, and the next warning of that kind says how many it left
+/// out.
+#[derive(Clone, Default)]
+pub struct StoreWarnings(Arc<Mutex<FailureLog<&'static str>>>);
+
+impl StoreWarnings {
+    /// `what` failed for `run` with `error`.
+    pub fn warn(&self, what: &'static str, run: &str, error: &StoreError) {
+        match self.admit(what) {
+            Some(left_out) => tracing::warn!(run, error = %error, left_out, "{what}"),
+            None => tracing::debug!(run, error = %error, "{what}"),
+        }
+    }
+
+    /// `what`, a replica's own periodic work (every 0.5 s for some), failed
+    /// with `error`.
+    pub fn warn_replica(&self, what: &'static str, error: &StoreError) {
+        match self.admit(what) {
+            Some(left_out) => tracing::warn!(error = %error, left_out, "{what}"),
+            None => tracing::debug!(error = %error, "{what}"),
+        }
+    }
+
+    fn admit(&self, what: &'static str) -> Option<u64> {
+        self.0.locked().admit(what, std::time::Instant::now())
+    }
 }
 
 /// The first pause before the end is written again, doubled up to
@@ -39,7 +75,21 @@ impl Ledger {
             lease,
             ending: Arc::default(),
             end_retry: DEFAULT_RUN_LEASE,
+            warnings: StoreWarnings::default(),
         }
+    }
+
+    /// Warn of failed writes through `warnings` (the engine's, shared by
+    /// all its runs) rather than a log of the run's own.
+    pub fn warning_through(mut self, warnings: StoreWarnings) -> Ledger {
+        self.warnings = warnings;
+        self
+    }
+
+    /// `what` failed for this run with `error` (thinned, see
+    /// [`StoreWarnings`]).
+    pub fn warn(&self, what: &'static str, error: &StoreError) {
+        self.warnings.warn(what, &self.lease.run_id, error);
     }
 
     /// Retry an unavailable store for `window` when recording the end.
@@ -79,7 +129,7 @@ impl Ledger {
         match self.store.expire_approval(&self.lease, call_id).await {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(run = %self.lease.run_id, error = %e, "cannot record an approval timeout");
+                self.warn("cannot record an approval timeout", &e);
                 None
             }
         }

@@ -574,7 +574,7 @@ async fn record_end(run: &Run, machine: &mut Machine, mut ending: Ending) -> End
         turns: ending.turns,
     };
     if let Err(e) = run.ledger.end(&tail, &end).await {
-        tracing::warn!(run = %run.run_id, error = %e, "cannot record the run's end");
+        run.ledger.warn("cannot record the run's end", &e);
         let keep = ending.messages.len().saturating_sub(tail.len());
         ending.messages.truncate(keep);
         ending.outcome = RunOutcome::Interrupted;

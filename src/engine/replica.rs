@@ -120,7 +120,8 @@ impl Engine {
         let signals = match self.store.signals(&self.replica).await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read signals from the store");
+                self.store_warnings
+                    .warn_replica("cannot read signals from the store", &e);
                 return;
             }
         };
@@ -161,9 +162,7 @@ impl Engine {
                         "this replica lost the run's lease (another replica took the run over)",
                     );
                 }
-                Err(e) => {
-                    tracing::warn!(run = %r.run_id, error = %e, "cannot renew the run's lease")
-                }
+                Err(e) => r.ledger.warn("cannot renew the run's lease", &e),
             }
         }
     }
@@ -173,7 +172,8 @@ impl Engine {
         let claimed = match self.store.claim_expired(&self.replica, REAP_BATCH).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot look for expired runs");
+                self.store_warnings
+                    .warn_replica("cannot look for expired runs", &e);
                 return;
             }
         };
@@ -200,7 +200,8 @@ impl Engine {
             turns: 0,
         };
         if let Err(e) = self.store.end_run(&c.lease, &messages, &end).await {
-            tracing::warn!(run = %c.lease.run_id, error = %e, "cannot end a lost replica's run");
+            self.store_warnings
+                .warn("cannot end a lost replica's run", &c.lease.run_id, &e);
             return;
         }
         tracing::warn!(
@@ -248,7 +249,9 @@ impl Engine {
                     self.session_end(&s, "expired", None);
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "cannot expire idle sessions"),
+            Err(e) => self
+                .store_warnings
+                .warn_replica("cannot expire idle sessions", &e),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! Pure: callers pass the clock in.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 use crate::hooks::failure::FailureClass;
@@ -21,17 +22,27 @@ struct Entry {
 }
 
 /// One hook's failure-log state: at most one entry per failure class, so it
-/// stays small whatever the failure rate.
-#[derive(Debug, Default)]
-pub struct FailureLog {
-    last: HashMap<FailureClass, Entry>,
+/// stays small whatever the failure rate. Keyed by anything else (`K`), the
+/// same thinning serves other repeated warnings (the store's, per kind of
+/// write that failed).
+#[derive(Debug)]
+pub struct FailureLog<K = FailureClass> {
+    last: HashMap<K, Entry>,
 }
 
-impl FailureLog {
+impl<K> Default for FailureLog<K> {
+    fn default() -> Self {
+        FailureLog {
+            last: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq> FailureLog<K> {
     /// Whether a failure of `class` seen at `now` gets a log line: `Some(n)`
     /// with `n` failures of that class left unlogged since the previous line,
     /// or `None` to count it silently.
-    pub fn admit(&mut self, class: FailureClass, now: Instant) -> Option<u64> {
+    pub fn admit(&mut self, class: K, now: Instant) -> Option<u64> {
         match self.last.get_mut(&class) {
             Some(e) if now.saturating_duration_since(e.logged_at) < LOG_INTERVAL => {
                 e.suppressed = e.suppressed.saturating_add(1);
