@@ -2,16 +2,15 @@
 //! lease, so a replica that lost the lease cannot write.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::agent::approvals::Decision;
 use crate::agent::machine::Stop;
+use crate::agent::store_warnings::StoreWarnings;
 use crate::config::DEFAULT_RUN_LEASE;
-use crate::hooks::failure_log::FailureLog;
-use crate::lock::LockExt;
 use crate::message::Message;
 use crate::store::{RunEnd, RunLease, SessionStore, StoreError};
 
@@ -26,39 +25,6 @@ pub struct Ledger {
     /// How long [`Ledger::end`] retries a store that is unavailable.
     end_retry: Duration,
     warnings: StoreWarnings,
-}
-
-/// Warnings about store writes that failed, thinned across an engine's
-/// runs. In a database outage every run fails the same way, and a line per
-/// run (a renewal every 10 s each, an end each) would flood the log, as
-/// sqlx's per-call warning did. The first failure of a kind is logged at
-/// once; the others within [`LOG_INTERVAL`](crate::hooks::failure_log::LOG_INTERVAL)
-/// only at debug, and the next warning of that kind says how many it left
-/// out.
-#[derive(Clone, Default)]
-pub struct StoreWarnings(Arc<Mutex<FailureLog<&'static str>>>);
-
-impl StoreWarnings {
-    /// `what` failed for `run` with `error`.
-    pub fn warn(&self, what: &'static str, run: &str, error: &StoreError) {
-        match self.admit(what) {
-            Some(left_out) => tracing::warn!(run, error = %error, left_out, "{what}"),
-            None => tracing::debug!(run, error = %error, "{what}"),
-        }
-    }
-
-    /// `what`, a replica's own periodic work (every 0.5 s for some), failed
-    /// with `error`.
-    pub fn warn_replica(&self, what: &'static str, error: &StoreError) {
-        match self.admit(what) {
-            Some(left_out) => tracing::warn!(error = %error, left_out, "{what}"),
-            None => tracing::debug!(error = %error, "{what}"),
-        }
-    }
-
-    fn admit(&self, what: &'static str) -> Option<u64> {
-        self.0.locked().admit(what, std::time::Instant::now())
-    }
 }
 
 /// The first pause before the end is written again, doubled up to
@@ -156,8 +122,8 @@ impl Ledger {
             match answer {
                 Err(StoreError::Unavailable(e)) if Instant::now() + pause < give_up => {
                     // Per run, at debug: a store that is down for everyone
-                    // is reported by its connection waits and by the warning
-                    // of each run that gives up.
+                    // is reported by its connection waits and by the
+                    // (thinned) warning of the runs that give up.
                     tracing::debug!(run = %self.lease.run_id, error = %e, retry_in = ?pause, "cannot record the run's end yet; retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(END_RETRY_MAX_PAUSE);

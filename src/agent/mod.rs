@@ -11,4 +11,5 @@ pub mod ledger;
 pub mod machine;
 pub mod outcome;
 pub mod runner;
+pub mod store_warnings;
 pub mod tools;

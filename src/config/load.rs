@@ -255,7 +255,7 @@ impl Config {
             if c.max_streams_per_connection == 0 {
                 errs.push((
                     format!("{p}.connections.max_streams_per_connection"),
-                    "must be at least 1 (or left out: the server's advertised limit)".into(),
+                    "must be at least 1 (or left out: 1000, or the server's advertised limit if lower)".into(),
                 ));
             }
             if c.idle_timeout.is_zero() {

@@ -85,12 +85,11 @@ impl Placement {
     }
 
     fn capacity(&self, c: &Conn) -> usize {
-        let cap = self.cap;
         match c.limit {
             // The stream that opens the connection.
             Limit::Unknown => 1,
-            Limit::Advertised(n) => n.min(cap),
-            Limit::Unlimited => cap,
+            Limit::Advertised(n) => n.min(self.cap),
+            Limit::Unlimited => self.cap,
         }
     }
 

@@ -365,7 +365,10 @@ impl SessionStore for MemoryStore {
         let adding = size(messages)?;
         let mut g = self.lock();
         if g.runs.get(&lease.run_id).is_some_and(|r| {
-            r.epoch == lease.epoch && r.end.as_ref() == Some(&(end.outcome, end.reason.clone()))
+            r.epoch == lease.epoch
+                && r.end
+                    .as_ref()
+                    .is_some_and(|(o, why)| *o == end.outcome && *why == end.reason)
         }) {
             return Ok(());
         }

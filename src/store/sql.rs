@@ -44,8 +44,11 @@ enum Pool {
 
 /// Runs `$body` with `$p` bound to a connection of whichever engine this
 /// store has (`&mut SqliteConnection` or `&mut PgConnection`); the body is
-/// compiled once per engine. A `return` or `?` in the body returns from
-/// the calling function, as if the body were written there.
+/// compiled once per engine. A `?` or `return Err(..)` in the body returns
+/// the error from the calling function, as if the body were written there;
+/// a `return Ok(v)` ends the body with `v` (on SQLite the body is an async
+/// block, so the lock is settled first), and the function goes on after
+/// the macro.
 macro_rules! with_pool {
     ($self:ident, $p:ident => $body:expr) => {
         match &$self.pool {
@@ -761,6 +764,8 @@ impl SessionStore for SqlStore {
                 if done.is_some_and(|(o, r)| {
                     o.as_deref() == Some(end.outcome.name()) && r.as_deref() == Some(end.reason.as_str())
                 }) {
+                    // Ends the body (rolling back nothing written); the
+                    // function then answers Ok.
                     return Ok(());
                 }
                 return Err(StoreError::LeaseLost(lease.run_id.clone()));
