@@ -3,6 +3,7 @@
 
 pub mod breaker;
 pub mod client;
+pub mod codec;
 pub mod compose;
 pub mod connector;
 pub mod credentials;

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::event::EventKind;
-use crate::hooks::client::client_on;
+use crate::hooks::client::open_process;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::failure_log::FailureLog;
 use crate::hooks::pool::{Lease, Pool};
@@ -134,17 +134,19 @@ impl RunStream {
                     }
                 };
                 r.locked().queued = false;
-                let mut req = tonic::Request::new(outbound.body(lease.clone()));
-                for (k, v) in &metadata {
-                    if let Ok(v) = v.parse() {
-                        req.metadata_mut().insert(*k, v);
+                let set_metadata = |md: &mut tonic::metadata::MetadataMap| {
+                    for (k, v) in &metadata {
+                        if let Ok(v) = v.parse() {
+                            md.insert(*k, v);
+                        }
                     }
-                }
-                match client_on(lease.channel()).process(req).await {
-                    Ok(resp) => {
+                };
+                let body = outbound.body(lease.clone());
+                match open_process(lease.channel(), body, set_metadata).await {
+                    Ok(inbound) => {
                         outbound.confirmed();
                         lease.opened();
-                        break (lease, resp.into_inner());
+                        break (lease, inbound);
                     }
                     Err(status) if is_refused(&status) && refusals < MAX_REFUSALS => {
                         refusals += 1;
