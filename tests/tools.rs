@@ -127,6 +127,55 @@ async fn results_surface_in_call_order_despite_reordered_completion() {
     server.stop().await;
 }
 
+/// Two tool_call events in flight on one hook's stream, answered in the
+/// reverse order: each verdict reaches its own call (routed by seq, not by
+/// arrival).
+#[tokio::test]
+async fn verdicts_answered_out_of_order_on_one_stream_reach_their_own_calls() {
+    let second_answered = Arc::new(Notify::new());
+    let s1 = second_answered.clone();
+    let rewriter = FnHook::new("rewriter", &[K::ToolCall])
+        .on_tool_call(move |_, ev| {
+            let s1 = s1.clone();
+            async move {
+                let to = if ev.call_index == 0 {
+                    // Answered only after call 1 was.
+                    s1.notified().await;
+                    "Rome"
+                } else {
+                    s1.notify_one();
+                    "Bergen"
+                };
+                Reply::new(pb::ToolCallVerdict {
+                    action: Some(pb::tool_call_verdict::Action::RewriteArgs(
+                        pb::RewriteArgs {
+                            arguments_json: format!(r#"{{"city":"{to}"}}"#),
+                        },
+                    )),
+                })
+            }
+        })
+        .start()
+        .await;
+    let owner = weather_owner().start().await;
+    let server = TestServer::start(&config(
+        &[("rewriter", &rewriter.addr, ""), ("owner", &owner.addr, "")],
+        "tools: [get_weather]\ntool_concurrency: 2",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "two tools").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    let t = texts(&r.messages);
+    assert_eq!(
+        &t[3..5],
+        ["result:sunny in Rome", "result:sunny in Bergen"],
+        "{t:?}"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn schema_invalid_arguments_go_to_invalid_tool_call_and_retry_reasks_the_model() {
     let owner = weather_owner().start().await;
