@@ -4,7 +4,7 @@
 //! Why: tonic hands prost its `EncodeBuf`, whose byte writes go through
 //! `BytesMut::put_slice`, a call and a `memcpy` per byte. Every tag and
 //! length in protobuf is such a byte (a varint), and an event has dozens
-//! of them: ~70 instructions each, ~3k per event (callgrind, BENCHMARKS.md
+//! of them: ~70 instructions each, ~2–3k per event (callgrind, BENCHMARKS.md
 //! figure 10). A `Vec<u8>` takes them as plain stores, and the encoded
 //! event is then copied into tonic's buffer in one piece. The bytes on the
 //! wire are the same.
