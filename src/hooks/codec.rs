@@ -14,7 +14,7 @@
 use std::marker::PhantomData;
 
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::Status;
 use tonic_prost::ProstDecoder;
 
@@ -40,7 +40,7 @@ where
     type Encode = T;
     type Decode = U;
     type Encoder = ScratchEncoder<T>;
-    type Decoder = ScratchDecoder<U>;
+    type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         ScratchEncoder {
@@ -50,7 +50,7 @@ where
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ScratchDecoder(ProstDecoder::default())
+        ProstDecoder::default()
     }
 }
 
@@ -70,18 +70,6 @@ impl<T: Message> Encoder for ScratchEncoder<T> {
             self.scratch = Vec::new();
         }
         Ok(())
-    }
-}
-
-/// prost's decoder (a newtype only to name it in [`ScratchCodec`]).
-pub struct ScratchDecoder<U>(ProstDecoder<U>);
-
-impl<U: Message + Default> Decoder for ScratchDecoder<U> {
-    type Item = U;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        self.0.decode(buf)
     }
 }
 
