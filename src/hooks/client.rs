@@ -24,6 +24,7 @@ use crate::hooks::peer_settings::{Report, SettingsWatch};
 use crate::hooks::pool::{Lease, Pool};
 use crate::hooks::stream::{classify_status, RunStream};
 use crate::hooks::wire::event_kind_from_wire;
+use crate::hooks::wire_event::WireEvent;
 use crate::message::{ToolCall, ToolSpec};
 use crate::pb;
 use crate::pb::hook_service_client::HookServiceClient;
@@ -270,7 +271,7 @@ pub async fn open_process<S>(
     metadata: impl FnOnce(&mut tonic::metadata::MetadataMap),
 ) -> Result<tonic::Streaming<pb::HookVerdict>, tonic::Status>
 where
-    S: futures::Stream<Item = pb::HookEvent> + Send + 'static,
+    S: futures::Stream<Item = Arc<WireEvent>> + Send + 'static,
 {
     let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_DECODE);
     grpc.ready()
@@ -282,11 +283,7 @@ where
         .insert(tonic::GrpcMethod::new("hookwire.v1.HookService", "Process"));
     let path = http::uri::PathAndQuery::from_static("/hookwire.v1.HookService/Process");
     let resp = grpc
-        .streaming(
-            req,
-            path,
-            ScratchCodec::<pb::HookEvent, pb::HookVerdict>::default(),
-        )
+        .streaming(req, path, ScratchCodec::<pb::HookVerdict>::default())
         .await?;
     Ok(resp.into_inner())
 }

@@ -12,40 +12,42 @@
 //! Verdicts are decoded by prost's own decoder, unchanged.
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use prost::Message;
 use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::Status;
 use tonic_prost::ProstDecoder;
 
+use super::wire_event::WireEvent;
+
 /// A scratch buffer grown past this by one large event (a model request
 /// with a long history) is let go after it, so a run holding its stream
 /// does not hold that memory until it ends.
 const KEEP_SCRATCH: usize = 64 * 1024;
 
-/// `application/grpc+proto`, encoding `T` and decoding `U`.
-pub struct ScratchCodec<T, U>(PhantomData<(T, U)>);
+/// `application/grpc+proto`, encoding [`WireEvent`]s (shared with the
+/// stream, which keeps them until the server accepted it) and decoding `U`.
+pub struct ScratchCodec<U>(PhantomData<U>);
 
-impl<T, U> Default for ScratchCodec<T, U> {
+impl<U> Default for ScratchCodec<U> {
     fn default() -> Self {
         ScratchCodec(PhantomData)
     }
 }
 
-impl<T, U> Codec for ScratchCodec<T, U>
+impl<U> Codec for ScratchCodec<U>
 where
-    T: Message + Send + 'static,
     U: Message + Default + Send + 'static,
 {
-    type Encode = T;
+    type Encode = Arc<WireEvent>;
     type Decode = U;
-    type Encoder = ScratchEncoder<T>;
+    type Encoder = ScratchEncoder;
     type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         ScratchEncoder {
             scratch: Vec::new(),
-            _pd: PhantomData,
         }
     }
 
@@ -54,18 +56,17 @@ where
     }
 }
 
-pub struct ScratchEncoder<T> {
+pub struct ScratchEncoder {
     scratch: Vec<u8>,
-    _pd: PhantomData<T>,
 }
 
-impl<T: Message> Encoder for ScratchEncoder<T> {
-    type Item = T;
+impl Encoder for ScratchEncoder {
+    type Item = Arc<WireEvent>;
     type Error = Status;
 
-    fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+    fn encode(&mut self, item: Arc<WireEvent>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
         use prost::bytes::BufMut as _;
-        buf.put_slice(encode_into(&mut self.scratch, &item)?);
+        buf.put_slice(encode_into(&mut self.scratch, &item));
         if self.scratch.capacity() > KEEP_SCRATCH {
             self.scratch = Vec::new();
         }
@@ -73,47 +74,42 @@ impl<T: Message> Encoder for ScratchEncoder<T> {
     }
 }
 
-/// `item` encoded into `scratch` (cleared first). A `Vec` grows as
-/// needed, so this fails only past `isize::MAX` bytes.
-fn encode_into<'a, T: Message>(scratch: &'a mut Vec<u8>, item: &T) -> Result<&'a [u8], Status> {
+/// `item` encoded into `scratch` (cleared first).
+fn encode_into<'a>(scratch: &'a mut Vec<u8>, item: &WireEvent) -> &'a [u8] {
     scratch.clear();
-    item.encode(scratch)
-        .map_err(|e| Status::internal(format!("encoding a hook event: {e}")))?;
-    Ok(scratch)
+    item.encode(scratch);
+    scratch
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hooks::wire_event::RunContext;
     use crate::pb;
 
+    fn wire(event: pb::HookEvent) -> WireEvent {
+        WireEvent::new(event, &RunContext::default(), pb::EventContext::default())
+    }
+
     #[test]
-    fn an_event_is_encoded_as_prost_encodes_it() {
-        let event = pb::HookEvent {
+    fn a_reused_scratch_buffer_holds_only_the_last_event() {
+        let big = wire(pb::HookEvent {
             seq: 300,
             kind: pb::EventKind::ToolCall as i32,
             expects_verdict: true,
-            context: Some(pb::EventContext {
-                session_id: "s".repeat(200),
-                run_id: "r-1".into(),
-                turn: 2,
-                ..Default::default()
-            }),
-            payload: None,
-        };
-        let mut scratch = vec![1, 2, 3];
-        assert_eq!(
-            encode_into(&mut scratch, &event).unwrap(),
-            event.encode_to_vec()
-        );
-        // Reused: the previous event's bytes are gone.
-        let small = pb::HookEvent {
+            payload: Some(pb::hook_event::Payload::RunStart(pb::RunStartEvent {
+                input: "x".repeat(200),
+            })),
+            ..Default::default()
+        });
+        let small = wire(pb::HookEvent {
             seq: 1,
             ..Default::default()
-        };
-        assert_eq!(
-            encode_into(&mut scratch, &small).unwrap(),
-            small.encode_to_vec()
-        );
+        });
+        let mut alone = vec![];
+        small.encode(&mut alone);
+        let mut scratch = vec![1, 2, 3];
+        encode_into(&mut scratch, &big);
+        assert_eq!(encode_into(&mut scratch, &small), alone.as_slice());
     }
 }

@@ -22,6 +22,7 @@ use crate::hooks::provenance::VerdictRecord;
 use crate::hooks::stream::RunStream;
 use crate::hooks::verdict::{Action, ModelRequestAction, ScratchOp, Verdict, VerdictKind};
 use crate::hooks::wire;
+use crate::hooks::wire_event::{RunContext, WireEvent};
 use crate::model::ModelRequest;
 use crate::pb;
 use crate::telemetry::metrics::ActiveGuard;
@@ -70,6 +71,8 @@ pub struct MergeOutcome {
 pub struct RunHooks {
     hooks: Vec<RunHook>,
     ctx: EventContext,
+    /// `ctx`'s fields that no event changes, encoded once for every event.
+    wire_ctx: RunContext,
     scratchpad: Mutex<BTreeMap<String, Vec<u8>>>,
     run_deadline: Instant,
     event_budget: Duration,
@@ -85,7 +88,13 @@ impl RunHooks {
         event_budget: Duration,
         inst: Instruments,
     ) -> RunHooks {
+        let wire_ctx = if clients.is_empty() {
+            RunContext::default()
+        } else {
+            RunContext::new(&ctx)
+        };
         RunHooks {
+            wire_ctx,
             hooks: clients
                 .into_iter()
                 .map(|client| RunHook {
@@ -206,20 +215,26 @@ impl RunHooks {
         turn: u32,
         payload: &Payload,
         deadline: Instant,
-        trace: &(String, String),
-    ) -> pb::HookEvent {
+        (traceparent, tracestate): (String, String),
+    ) -> WireEvent {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let mut context = wire::context_to_wire(&self.ctx, &self.scratchpad.locked(), remaining);
-        context.turn = turn;
-        context.traceparent.clone_from(&trace.0);
-        context.tracestate.clone_from(&trace.1);
-        pb::HookEvent {
+        // The rest of the context is the run's, in `wire_ctx`.
+        let context = pb::EventContext {
+            turn,
+            scratchpad: wire::scratchpad_to_wire(&self.scratchpad.locked()),
+            deadline_remaining_ms: remaining.as_millis() as u64,
+            traceparent,
+            tracestate,
+            ..Default::default()
+        };
+        let event = pb::HookEvent {
             seq: 0,
             kind: pb::EventKind::from(payload.kind()) as i32,
-            context: Some(context),
+            context: None,
             expects_verdict: false,
             payload: Some(wire::payload_to_wire(payload)),
-        }
+        };
+        WireEvent::new(event, &self.wire_ctx, context)
     }
 
     /// One blocking call under its `hook {hook} {event}` span: send, wait,
@@ -258,7 +273,7 @@ impl RunHooks {
             if let Some(f) = stream.take_unreported() {
                 return Err(f);
             }
-            let event = self.wire_event(turn, payload, deadline, &trace);
+            let event = self.wire_event(turn, payload, deadline, trace);
             let pending = stream.send_blocking(event, deadline).await?;
             let v = stream.wait(pending, deadline).await?;
             let baseline = match payload {
@@ -431,7 +446,6 @@ impl RunHooks {
                 let payload: &Payload = payload.get_or_insert_with(|| (make.take().unwrap())());
                 let deadline = *deadline.get_or_insert_with(|| self.event_deadline());
                 let trace = propagation::current_trace_context(&Span::current());
-                let ev = self.wire_event(turn, payload, deadline, &trace);
                 let stream = if hook.failed().is_some() {
                     // A hook that failed closed gets no fresh stream; an
                     // intact one still carries run_end.
@@ -442,6 +456,7 @@ impl RunHooks {
                 } else {
                     self.stream(hook, &trace)
                 };
+                let ev = self.wire_event(turn, payload, deadline, trace);
                 if !stream.send_observe(ev) {
                     self.stats.observe_dropped.fetch_add(1, Ordering::Relaxed);
                     self.inst.metrics.observe_dropped(hook.client.name());

@@ -19,3 +19,4 @@ pub mod registry;
 pub mod stream;
 pub mod verdict;
 pub mod wire;
+pub mod wire_event;

@@ -20,6 +20,7 @@ use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::failure_log::FailureLog;
 use crate::hooks::pool::{Lease, Pool};
 use crate::hooks::wire::event_kind_from_wire;
+use crate::hooks::wire_event::WireEvent;
 use crate::pb;
 use crate::telemetry::Metrics;
 
@@ -72,7 +73,9 @@ struct Owner {
 /// its slots 32 at a time, and 32 unboxed events (472 bytes each) made
 /// ~15 KB per stream at its creation, a quarter of what an in-flight run
 /// with two hooks held (BENCHMARKS.md, figure 9).
-type Queued = Box<pb::HookEvent>;
+// Shared: an event stays in `Outbound::taken` until the server accepted
+// the stream, and is sent again from there if it refused it.
+type Queued = Arc<WireEvent>;
 
 pub struct RunStream {
     tx: Mutex<Option<mpsc::Sender<Queued>>>,
@@ -212,31 +215,31 @@ impl RunStream {
     /// stream if the hook is slow to read.
     pub async fn send_blocking(
         &self,
-        mut event: pb::HookEvent,
+        mut event: WireEvent,
         deadline: Instant,
     ) -> Result<Pending, Fault> {
         let (wtx, rx) = oneshot::channel();
         let seq = {
             let mut g = self.routing.locked();
-            g.last_sent = event.kind;
+            g.last_sent = event.event.kind;
             if let Some(f) = g.poisoned.clone() {
                 g.delivered = true;
                 return Err(f);
             }
             let seq = g.next_seq;
             g.next_seq += 1;
-            g.waiting.insert(seq, (wtx, event.kind));
+            g.waiting.insert(seq, (wtx, event.event.kind));
             seq
         };
-        event.seq = seq;
-        event.expects_verdict = true;
+        event.event.seq = seq;
+        event.event.expects_verdict = true;
         let Some(tx) = self.sender() else {
             return Err(Fault::new(
                 FailureClass::StreamReset,
                 "stream already closed",
             ));
         };
-        match tokio::time::timeout_at(deadline, tx.send(Box::new(event))).await {
+        match tokio::time::timeout_at(deadline, tx.send(Arc::new(event))).await {
             Ok(Ok(())) => Ok(Pending { seq, rx }),
             Ok(Err(_)) => Err(self.fault_or(FailureClass::StreamReset, "stream closed")),
             Err(_) => {
@@ -251,19 +254,19 @@ impl RunStream {
 
     /// Queues an observe event without waiting; returns false when it was
     /// dropped because the bounded queue is full.
-    pub fn send_observe(&self, mut event: pb::HookEvent) -> bool {
+    pub fn send_observe(&self, mut event: WireEvent) -> bool {
         {
             let mut g = self.routing.locked();
-            g.last_sent = event.kind;
+            g.last_sent = event.event.kind;
             if g.poisoned.is_some() {
                 return false;
             }
-            event.seq = g.next_seq;
+            event.event.seq = g.next_seq;
             g.next_seq += 1;
         }
-        event.expects_verdict = false;
+        event.event.expects_verdict = false;
         match self.sender() {
-            Some(tx) => tx.try_send(Box::new(event)).is_ok(),
+            Some(tx) => tx.try_send(Arc::new(event)).is_ok(),
             None => false,
         }
     }
@@ -421,9 +424,9 @@ struct Body {
 }
 
 impl futures::Stream for Body {
-    type Item = pb::HookEvent;
+    type Item = Queued;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<pb::HookEvent>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Queued>> {
         let this = self.get_mut();
         let Ok(mut s) = this.state.lock() else {
             return Poll::Ready(None);
@@ -441,7 +444,7 @@ impl futures::Stream for Body {
         if let (Some(e), false) = (&next, s.accepted) {
             s.taken.push(e.clone());
         }
-        Poll::Ready(next.map(|e| *e))
+        Poll::Ready(next)
     }
 }
 

@@ -242,10 +242,7 @@ pub fn context_to_wire(
         turn: ctx.turn,
         agent: ctx.agent.clone(),
         streaming: ctx.streaming,
-        scratchpad: scratchpad
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        scratchpad: scratchpad_to_wire(scratchpad),
         deadline_remaining_ms: remaining.as_millis() as u64,
         traceparent: ctx.traceparent.clone(),
         tracestate: ctx.tracestate.clone(),
@@ -256,6 +253,15 @@ pub fn context_to_wire(
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
     }
+}
+
+pub fn scratchpad_to_wire(
+    scratchpad: &BTreeMap<String, Vec<u8>>,
+) -> std::collections::HashMap<String, Vec<u8>> {
+    scratchpad
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 pub fn payload_to_wire(p: &Payload) -> pb::hook_event::Payload {
