@@ -5,7 +5,7 @@
 use crate::lock::LockExt;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -71,8 +71,9 @@ pub struct MergeOutcome {
 pub struct RunHooks {
     hooks: Vec<RunHook>,
     ctx: EventContext,
-    /// `ctx`'s fields that no event changes, encoded once for every event.
-    wire_ctx: RunContext,
+    /// `ctx`'s fields that no event changes, encoded once for every event,
+    /// at the first (many session events call no hook).
+    wire_ctx: OnceLock<RunContext>,
     scratchpad: Mutex<BTreeMap<String, Vec<u8>>>,
     run_deadline: Instant,
     event_budget: Duration,
@@ -88,13 +89,8 @@ impl RunHooks {
         event_budget: Duration,
         inst: Instruments,
     ) -> RunHooks {
-        let wire_ctx = if clients.is_empty() {
-            RunContext::default()
-        } else {
-            RunContext::new(&ctx)
-        };
         RunHooks {
-            wire_ctx,
+            wire_ctx: OnceLock::new(),
             hooks: clients
                 .into_iter()
                 .map(|client| RunHook {
@@ -234,7 +230,8 @@ impl RunHooks {
             expects_verdict: false,
             payload: Some(wire::payload_to_wire(payload)),
         };
-        WireEvent::new(event, &self.wire_ctx, context)
+        let run = self.wire_ctx.get_or_init(|| RunContext::new(&self.ctx));
+        WireEvent::new(event, run, context)
     }
 
     /// One blocking call under its `hook {hook} {event}` span: send, wait,
