@@ -218,7 +218,7 @@ impl RunHooks {
         let context = pb::EventContext {
             turn,
             scratchpad: wire::scratchpad_to_wire(&self.scratchpad.locked()),
-            deadline_remaining_ms: remaining.as_millis() as u64,
+            deadline_remaining_ms: wire::millis(remaining),
             traceparent,
             tracestate,
             ..Default::default()

@@ -72,12 +72,12 @@ struct Owner {
     failure_log: Arc<Mutex<FailureLog>>,
 }
 
-/// An event waiting in a stream's queue. Boxed: tokio's channel allocates
-/// its slots 32 at a time, and 32 unboxed events (472 bytes each) made
-/// ~15 KB per stream at its creation, a quarter of what an in-flight run
-/// with two hooks held (BENCHMARKS.md, figure 9).
-// Shared: an event stays in `Outbound::taken` until the server accepted
-// the stream, and is sent again from there if it refused it.
+/// An event waiting in a stream's queue, behind a pointer: tokio's channel
+/// allocates its slots 32 at a time, and 32 inline events (472 bytes each)
+/// made ~15 KB per stream at its creation, a quarter of what an in-flight
+/// run with two hooks held (BENCHMARKS.md, figure 9). Shared rather than
+/// boxed: an event stays in `Outbound::taken` until the server accepted the
+/// stream, and is sent again from there if it refused it.
 type Queued = Arc<WireEvent>;
 
 pub struct RunStream {

@@ -243,7 +243,7 @@ pub fn context_to_wire(
         agent: ctx.agent.clone(),
         streaming: ctx.streaming,
         scratchpad: scratchpad_to_wire(scratchpad),
-        deadline_remaining_ms: remaining.as_millis() as u64,
+        deadline_remaining_ms: millis(remaining),
         traceparent: ctx.traceparent.clone(),
         tracestate: ctx.tracestate.clone(),
         principal: ctx.principal.clone(),
@@ -253,6 +253,12 @@ pub fn context_to_wire(
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
     }
+}
+
+/// `EventContext.deadline_remaining_ms`: saturates rather than wraps for a
+/// duration past `u64::MAX` ms.
+pub fn millis(remaining: Duration) -> u64 {
+    u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX)
 }
 
 pub fn scratchpad_to_wire(

@@ -160,10 +160,14 @@ mod tests {
         whole
     }
 
-    fn decoded(event: pb::HookEvent, context: pb::EventContext) -> pb::HookEvent {
-        let wire = WireEvent::new(event, &RunContext::new(&run_ctx()), context);
+    fn bytes(event: pb::HookEvent, run: &RunContext, context: pb::EventContext) -> Vec<u8> {
         let mut buf = vec![];
-        wire.encode(&mut buf);
+        WireEvent::new(event, run, context).encode(&mut buf);
+        buf
+    }
+
+    fn decoded(event: pb::HookEvent, context: pb::EventContext) -> pb::HookEvent {
+        let buf = bytes(event, &RunContext::new(&run_ctx()), context);
         pb::HookEvent::decode(buf.as_slice()).unwrap()
     }
 
@@ -192,9 +196,7 @@ mod tests {
         // bytes are prost's for everything but the context.
         let event = pb::HookEvent::default();
         assert_eq!(decoded(event.clone(), event_ctx()), whole(&event));
-        let wire = WireEvent::new(event, &RunContext::default(), pb::EventContext::default());
-        let mut buf = vec![];
-        wire.encode(&mut buf);
+        let buf = bytes(event, &RunContext::default(), pb::EventContext::default());
         let expected = pb::HookEvent {
             context: Some(pb::EventContext::default()),
             ..Default::default()
@@ -211,10 +213,11 @@ mod tests {
             expects_verdict: true,
             payload: Some(pb::hook_event::Payload::RunEnd(pb::RunEndEvent::default())),
         };
-        let run = RunContext::default();
-        let wire = WireEvent::new(event.clone(), &run, pb::EventContext::default());
-        let mut buf = vec![];
-        wire.encode(&mut buf);
+        let buf = bytes(
+            event.clone(),
+            &RunContext::default(),
+            pb::EventContext::default(),
+        );
         let mut expected = event;
         expected.context = Some(pb::EventContext::default());
         assert_eq!(buf, expected.encode_to_vec());
