@@ -9,8 +9,9 @@
 # Push it anywhere with skopeo, e.g.
 #   skopeo copy oci-archive:target/image/hookwire.oci.tar docker://REGISTRY/hookwire:0.1.0
 #
-# Needs: cargo, buildah, python3 (strip, readelf: binutils); skopeo is used
-# for a second opinion when present. Runs as root (buildah's vfs storage
+# Needs: cargo, make and a C compiler (jemalloc, SQLite), buildah, python3
+# (strip, readelf: binutils); skopeo is used for a second opinion when
+# present. Runs as root (buildah's vfs storage
 # and chroot isolation need no daemon, no user namespaces, no overlayfs).
 set -euo pipefail
 

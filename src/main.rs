@@ -2,6 +2,14 @@
 
 use clap::Parser;
 
+/// jemalloc rather than glibc's malloc: a hook event allocates and frees
+/// dozens of small blocks across the runtime's worker threads (events,
+/// frames, span data), and glibc's arenas spent ~15.6k instructions per
+/// event on it against ~6.4k here, with about the same memory per
+/// in-flight run (BENCHMARKS.md, "The allocator").
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = hookwire::cli::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

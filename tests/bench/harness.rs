@@ -27,6 +27,11 @@ mod stats;
 mod store;
 mod throughput;
 
+/// The allocator `hookwire serve` ships with (src/main.rs), so the figures
+/// measured in this process are the binary's.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::time::Instant;
 
 use hookwire::telemetry::{LogFormat, Telemetry, TelemetryOptions};
