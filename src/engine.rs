@@ -85,6 +85,10 @@ pub struct RunHandle {
 pub struct Engine {
     config: Config,
     agents: HashMap<String, Arc<AgentRuntime>>,
+    /// Each agent's own hooks in firing order. The config fixes it, so it
+    /// is computed once rather than for every session and run (a run of a
+    /// session without extra hooks takes a copy of this list).
+    agent_hooks: HashMap<String, Vec<Arc<HookClient>>>,
     registry: Arc<HookRegistry>,
     store: Arc<dyn SessionStore>,
     /// This replica's copies of recently used transcripts: a run reads only
@@ -103,6 +107,28 @@ pub struct Engine {
     /// Failed store writes of all runs, warned of once per kind and
     /// interval.
     store_warnings: StoreWarnings,
+}
+
+/// The clients of `agent` hooks then `extra` ones, in firing order.
+fn ordered_hooks(
+    registry: &HookRegistry,
+    agent: &[String],
+    extra: &[String],
+) -> Vec<Arc<HookClient>> {
+    let rank = |names: &[String]| -> Vec<Ranked> {
+        names
+            .iter()
+            .filter_map(|n| registry.get(n))
+            .map(|c| Ranked {
+                name: c.name().to_string(),
+                priority: c.config.priority,
+            })
+            .collect()
+    };
+    firing_order(&rank(agent), &rank(extra))
+        .iter()
+        .filter_map(|n| registry.get(n).cloned())
+        .collect()
 }
 
 /// The caller's identity as hooks see it in EventContext.
@@ -144,10 +170,15 @@ impl Engine {
                 }),
             );
         }
+        let agent_hooks = agents
+            .iter()
+            .map(|(name, a)| (name.clone(), ordered_hooks(&registry, &a.config.hooks, &[])))
+            .collect();
         Ok(Engine {
             quotas: Arc::new(QuotaLedger::new(config.quotas.clone())),
             config,
             agents,
+            agent_hooks,
             registry,
             store,
             transcripts: TranscriptCache::default(),
@@ -201,20 +232,10 @@ impl Engine {
 
     /// The session's hooks in firing order: agent hooks, then extras.
     fn session_hooks(&self, agent: &AgentRuntime, extra: &[String]) -> Vec<Arc<HookClient>> {
-        let rank = |names: &[String]| -> Vec<Ranked> {
-            names
-                .iter()
-                .filter_map(|n| self.registry.get(n))
-                .map(|c| Ranked {
-                    name: c.name().to_string(),
-                    priority: c.config.priority,
-                })
-                .collect()
-        };
-        firing_order(&rank(&agent.config.hooks), &rank(extra))
-            .iter()
-            .filter_map(|n| self.registry.get(n).cloned())
-            .collect()
+        match self.agent_hooks.get(&agent.config.name) {
+            Some(own) if extra.is_empty() => own.clone(),
+            _ => ordered_hooks(&self.registry, &agent.config.hooks, extra),
+        }
     }
 
     /// Names of the hooks enabled on a session, in firing order.
