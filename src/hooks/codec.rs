@@ -15,7 +15,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use prost::Message;
-use tonic::codec::{Codec, EncodeBuf, Encoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
 use tonic_prost::ProstDecoder;
 
@@ -25,6 +25,16 @@ use super::wire_event::WireEvent;
 /// with a long history) is let go after it, so a run holding its stream
 /// does not hold that memory until it ends.
 const KEEP_SCRATCH: usize = 64 * 1024;
+
+/// The buffers tonic allocates for each stream, one to send and one to
+/// receive. Its default, 8 KiB each, is sized for large messages; a
+/// stream's events are a few hundred bytes to a few KiB and its verdicts
+/// smaller, and a held run keeps both buffers of each of its streams.
+/// Either grows when a message needs more (tonic reserves what the
+/// message takes). The yield threshold is tonic's default.
+fn stream_buffers() -> BufferSettings {
+    BufferSettings::new(1024, 32 * 1024)
+}
 
 /// `application/grpc+proto`, encoding [`WireEvent`]s (shared with the
 /// stream, which keeps them until the server accepted it) and decoding `U`.
@@ -43,7 +53,7 @@ where
     type Encode = Arc<WireEvent>;
     type Decode = U;
     type Encoder = ScratchEncoder;
-    type Decoder = ProstDecoder<U>;
+    type Decoder = VerdictDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         ScratchEncoder {
@@ -52,7 +62,23 @@ where
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstDecoder::default()
+        VerdictDecoder(ProstDecoder::default())
+    }
+}
+
+/// prost's decoder, with the stream's buffer size.
+pub struct VerdictDecoder<U>(ProstDecoder<U>);
+
+impl<U: Message + Default> Decoder for VerdictDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        self.0.decode(buf)
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        stream_buffers()
     }
 }
 
@@ -71,6 +97,10 @@ impl Encoder for ScratchEncoder {
             self.scratch = Vec::new();
         }
         Ok(())
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        stream_buffers()
     }
 }
 
