@@ -160,6 +160,46 @@ async fn chain_threads_rewrites_in_priority_order_with_provenance() {
     server.stop().await;
 }
 
+/// A run's `Process` stream starts with 1 KiB buffers each way
+/// (hooks/codec.rs); verdicts and events many times larger still arrive
+/// whole, in both directions and on one stream after a small message.
+#[tokio::test]
+async fn verdicts_and_events_larger_than_a_streams_first_buffers_arrive_whole() {
+    let big = "b".repeat(40 * 1024);
+    let grow = {
+        let big = big.clone();
+        FnHook::new("grow", &[K::RunStart]).on_run_start(move |_, ev| {
+            let big = big.clone();
+            async move { Reply::new(hook_server::rewrite_input(format!("{}{big}", ev.input))) }
+        })
+    }
+    .start()
+    .await;
+    let see = FnHook::new("see", &[K::RunStart])
+        .on_run_start(|_, _| async move { proceed_run_start() })
+        .start()
+        .await;
+    let server = TestServer::start(&config(
+        &[
+            ("grow", &grow.addr, "priority: 5"),
+            ("see", &see.addr, "priority: 1"),
+        ],
+        "",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = result_of(&run_events(&mut c, &s, "x").await);
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert_eq!(texts(&r.messages)[0], format!("x{big}"));
+    let seen = see.hook.seen.lock().unwrap()[0].clone();
+    let Some(pb::hook_event::Payload::RunStart(ev)) = seen.payload else {
+        panic!("not a run_start: {seen:?}")
+    };
+    assert_eq!(ev.input.len(), 1 + big.len());
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn terminal_verdict_stops_the_chain_and_reply_is_the_answer() {
     let guard = FnHook::new("guard", &[K::RunStart])
