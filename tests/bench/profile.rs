@@ -53,11 +53,20 @@ pub async fn run(what: &str, count: usize, remote: Option<&Remote>) {
         Some(r) => Rig::start_remote(&r.hook, &r.fan).await,
         None => Rig::start(if lean { Extent::Lean } else { Extent::Full }).await,
     };
-    // 64 clients at once, `count` runs in all.
+    // 64 clients at once (`--clients N` for another number), `count` runs
+    // in all.
     if let Some(v) = what.strip_prefix("concurrent-").and_then(variant) {
+        let args: Vec<String> = std::env::args().collect();
+        let clients = args
+            .iter()
+            .position(|a| a == "--clients")
+            .and_then(|i| args.get(i + 1))
+            .map(|n| n.parse::<usize>().expect("--clients takes a number"))
+            .unwrap_or(64)
+            .max(1);
         let sessions = service::sessions(&rig.client, v.agent, count).await;
         let tasks: Vec<_> = sessions
-            .chunks(count.div_ceil(64))
+            .chunks(count.div_ceil(clients))
             .map(|chunk| {
                 let (mut client, chunk) = (rig.client.clone(), chunk.to_vec());
                 tokio::spawn(async move {
