@@ -339,7 +339,9 @@ impl Engine {
             metadata: metadata.clone(),
         };
         let clients = self.session_hooks(&agent, &extra_hooks);
-        if !clients.is_empty() {
+        // Most hooks do not subscribe to session_start: when none of them
+        // can take part, there is no chain to set up.
+        if !clients.iter().all(|c| c.sits_out(EventKind::SessionStart)) {
             let names: Vec<String> = clients.iter().map(|c| c.name().to_string()).collect();
             let hooks = RunHooks::new(
                 clients,

@@ -602,6 +602,14 @@ impl HookClient {
         }
     }
 
+    /// Known, without asking the server, to take no part in `kind`: its
+    /// Describe (or, before one, its config) leaves `kind` out, and `kind`
+    /// is not a configured event that Describe dropped (that is a failure,
+    /// not a skip). What a run's dispatch skips without a call.
+    pub fn sits_out(&self, kind: EventKind) -> bool {
+        self.subscribes(kind) == Some(false) && !self.unsubscribed(kind)
+    }
+
     pub fn is_observe(&self) -> bool {
         self.config.mode == HookMode::Observe
     }
@@ -725,6 +733,42 @@ mod tests {
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
         HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
+    }
+
+    fn with_events(events: &str) -> Arc<HookClient> {
+        let yaml = format!(
+            "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    events: {events}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
+        );
+        let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
+        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
+    }
+
+    fn described(c: &HookClient, events: &[EventKind]) {
+        *c.described.write().unwrap() = Some(Description {
+            events: events.to_vec(),
+            ..Default::default()
+        });
+    }
+
+    #[test]
+    fn a_hook_sits_out_only_events_it_is_known_not_to_take() {
+        use EventKind::{RunStart, SessionStart, ToolCall};
+        // Nothing configured and no Describe yet: only the server can say.
+        let open = with_events("[]");
+        assert!(!open.sits_out(SessionStart));
+        described(&open, &[RunStart]);
+        assert!(open.sits_out(SessionStart));
+        assert!(!open.sits_out(RunStart));
+
+        // Configured events decide before a Describe.
+        let configured = with_events("[run_start, tool_call]");
+        assert!(configured.sits_out(SessionStart));
+        assert!(!configured.sits_out(RunStart));
+        // A configured event its Describe dropped is a failure to report,
+        // never a skip.
+        described(&configured, &[RunStart]);
+        assert!(!configured.sits_out(ToolCall));
+        assert!(configured.sits_out(SessionStart));
     }
 
     #[tokio::test(start_paused = true)]
