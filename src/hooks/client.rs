@@ -727,20 +727,21 @@ impl HookClient {
 mod tests {
     use super::*;
 
-    fn client(breaker: &str) -> Arc<HookClient> {
+    /// A client of hook `h` whose config adds `setting` (one `key: value`).
+    fn hook_with(setting: &str) -> Arc<HookClient> {
         let yaml = format!(
-            "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    breaker: {breaker}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
+            "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    {setting}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
         HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
     }
 
+    fn client(breaker: &str) -> Arc<HookClient> {
+        hook_with(&format!("breaker: {breaker}"))
+    }
+
     fn with_events(events: &str) -> Arc<HookClient> {
-        let yaml = format!(
-            "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    events: {events}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
-        );
-        let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
-        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
+        hook_with(&format!("events: {events}"))
     }
 
     fn described(c: &HookClient, events: &[EventKind]) {
