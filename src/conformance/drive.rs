@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::hooks::channel::Channel;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use crate::hooks::client::HookChannel;
 

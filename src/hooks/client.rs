@@ -6,15 +6,16 @@ use crate::lock::LockExt;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::config::{self, HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
+use crate::hooks::channel::{Channel, Settings};
 use crate::hooks::codec::ScratchCodec;
 use crate::hooks::connector::{self, Connector};
 use crate::hooks::credentials::Credentials;
@@ -74,6 +75,9 @@ pub struct HookClient {
     /// Where the breaker gauge and the unsubscribed-events gauge live (set
     /// once by the engine).
     metrics: OnceLock<Arc<Metrics>>,
+    /// This hook's latency series for successful calls, one per event,
+    /// taken from `metrics` at the first such call.
+    ok_calls: [OnceLock<Histogram>; EventKind::ALL.len()],
 }
 
 /// Leave to call the hook, from [`HookClient::admit`]. The call's outcome
@@ -147,14 +151,17 @@ pub fn connect(
 ///
 /// TLS is done by our own connector (`tls::HookTls`), so certificate files
 /// are re-read when they change and failures say what did not match; the
-/// channel itself is then given the `http://` form of the URL, because
-/// tonic refuses an `https://` URL without its own TLS. The server's
-/// SETTINGS are read above the TLS layer, so a TLS hook's stream limit is
-/// known as a plaintext one's is.
+/// requests themselves carry the `http://` form of the URL as their origin
+/// (as tonic's channel, which refuses an `https://` URL without its own
+/// TLS, had them). The server's SETTINGS are read above the TLS layer, so
+/// a TLS hook's stream limit is known as a plaintext one's is.
 #[derive(Clone)]
 pub struct Dialer {
-    endpoint: Endpoint,
-    connect_timeout: Duration,
+    /// Where the connector connects.
+    target: http::Uri,
+    /// The requests' `:scheme` and `:authority`.
+    origin: http::Uri,
+    settings: Settings,
     tls: Option<HookTls>,
 }
 
@@ -164,10 +171,13 @@ impl Dialer {
         connect_timeout: Duration,
         tls: Option<&HookTls>,
     ) -> Result<Dialer, String> {
+        let settings = settings(connect_timeout);
         let Some(rest) = url.strip_prefix("https://") else {
+            let target = parse_endpoint(url, url)?;
             return Ok(Dialer {
-                endpoint: endpoint(url, connect_timeout)?,
-                connect_timeout,
+                origin: target.clone(),
+                target,
+                settings,
                 tls: None,
             });
         };
@@ -176,23 +186,20 @@ impl Dialer {
             None => HookTls::new(url, &config::HookTls::default(), Duration::MAX)
                 .map_err(|e| e.to_string())?,
         };
-        let mut plain = endpoint_settings(
-            Endpoint::from_shared(format!("http://{rest}"))
-                .map_err(|e| format!("bad endpoint `{url}`: {e}"))?,
-            connect_timeout,
-        );
+        let target = parse_endpoint(&format!("http://{rest}"), url)?;
+        let mut origin = target.clone();
         if let Some(name) = tls.server_name() {
             // The name the certificate is for is also the :authority a proxy
             // or a virtual host routes on.
-            let port = plain.uri().port_u16().unwrap_or(443);
-            let origin = format!("http://{name}:{port}")
+            let port = target.port_u16().unwrap_or(443);
+            origin = format!("http://{name}:{port}")
                 .parse()
                 .map_err(|e| format!("tls.server_name `{name}`: {e}"))?;
-            plain = plain.origin(origin);
         }
         Ok(Dialer {
-            endpoint: plain,
-            connect_timeout,
+            target,
+            origin,
+            settings,
             tls: Some(tls),
         })
     }
@@ -201,18 +208,23 @@ impl Dialer {
     /// signalled when a connection of it ends, `report` hears the server's
     /// advertised stream limit on each.
     pub fn channel(&self, closed: Arc<Notify>, report: Report) -> Channel {
+        let (target, origin) = (self.target.clone(), &self.origin);
         match &self.tls {
             None => {
-                let tcp = connector::plain_tcp(self.connect_timeout);
-                self.endpoint.connect_with_connector_lazy(Connector::new(
-                    SettingsWatch::new(tcp, report),
-                    closed,
-                ))
+                let tcp = connector::plain_tcp(self.settings.connect_timeout);
+                Channel::lazy(
+                    Connector::new(SettingsWatch::new(tcp, report), closed),
+                    target,
+                    origin,
+                    self.settings,
+                )
             }
-            Some(tls) => self.endpoint.connect_with_connector_lazy(Connector::new(
-                SettingsWatch::new(tls.connector(), report),
-                closed,
-            )),
+            Some(tls) => Channel::lazy(
+                Connector::new(SettingsWatch::new(tls.connector(), report), closed),
+                target,
+                origin,
+                self.settings,
+            ),
         }
     }
 }
@@ -234,24 +246,32 @@ pub fn is_loopback(url: &str) -> bool {
     }
 }
 
-/// The endpoint for `url` with hookwire's connection settings (no TLS).
-pub fn endpoint(url: &str, connect_timeout: Duration) -> Result<Endpoint, String> {
-    let endpoint =
-        Endpoint::from_shared(url.to_string()).map_err(|e| format!("bad endpoint `{url}`: {e}"))?;
-    Ok(endpoint_settings(endpoint, connect_timeout))
+/// `url` as a connection target: an absolute `http` URL with a host
+/// (`named` is the URL as configured, for the error).
+fn parse_endpoint(url: &str, named: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("bad endpoint `{named}`: {e}"))?;
+    if uri.scheme().is_none() || uri.host().is_none() {
+        return Err(format!(
+            "bad endpoint `{named}`: expected an absolute URL such as http://host:port"
+        ));
+    }
+    Ok(uri)
 }
 
-fn endpoint_settings(endpoint: Endpoint, connect_timeout: Duration) -> Endpoint {
-    endpoint
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true)
+/// hookwire's HTTP/2 settings for hook connections.
+fn settings(connect_timeout: Duration) -> Settings {
+    Settings {
+        connect_timeout,
         // grpc-go and grpcio servers by default answer pings more frequent
         // than every 5 minutes with GOAWAY ("too many pings"), which would
         // reset runs mid-stream; ping no faster than that, and only while
         // streams are open.
-        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(false)
+        keep_alive_interval: KEEPALIVE_INTERVAL,
+        keep_alive_timeout: Duration::from_secs(20),
+        keep_alive_while_idle: false,
+    }
 }
 
 /// A HookService client on `channel`, as hookwire makes every one.
@@ -339,7 +359,28 @@ impl HookClient {
             redescribe,
             failure_log: Arc::default(),
             metrics: OnceLock::new(),
+            ok_calls: Default::default(),
         }))
+    }
+
+    /// Counts one call of this hook in `metrics` ([`Metrics::hook_call`]).
+    /// A successful call in the registry the engine attached goes straight
+    /// to its kept series: the same series, without the family's lookup.
+    pub fn record_call(
+        &self,
+        metrics: &Arc<Metrics>,
+        kind: EventKind,
+        outcome: &'static str,
+        latency: Duration,
+    ) {
+        let attached = self.metrics.get().is_some_and(|m| Arc::ptr_eq(m, metrics));
+        if outcome == "ok" && attached {
+            self.ok_calls[kind as usize]
+                .get_or_init(|| metrics.hook_call_series(self.name(), kind.name(), outcome))
+                .observe(latency.as_secs_f64());
+        } else {
+            metrics.hook_call(self.name(), kind.name(), outcome, latency);
+        }
     }
 
     /// Publishes this hook's breaker state in `metrics`, and counts what
@@ -804,5 +845,32 @@ mod tests {
         assert!(!probing.is_finished());
         cancel.cancel();
         probing.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn calls_counted_through_the_kept_series_land_in_the_hooks_family() {
+        let c = hook_with("failure: closed");
+        let attached = Arc::new(Metrics::new());
+        c.attach_metrics(attached.clone());
+        let ms = std::time::Duration::from_millis;
+        c.record_call(&attached, EventKind::ToolCall, "ok", ms(3));
+        c.record_call(&attached, EventKind::ToolCall, "ok", ms(20));
+        c.record_call(&attached, EventKind::RunStart, "ok", ms(1));
+        c.record_call(&attached, EventKind::ToolCall, "deadline", ms(9));
+        // Another registry (not the one attached) still counts its calls.
+        let other = Arc::new(Metrics::new());
+        c.record_call(&other, EventKind::ToolCall, "ok", ms(2));
+        let text = attached.encode();
+        for expected in [
+            r#"hookwire_hook_call_duration_seconds_count{hook="h",event="tool_call",outcome="ok"} 2"#,
+            r#"hookwire_hook_call_duration_seconds_bucket{le="0.005",hook="h",event="tool_call",outcome="ok"} 1"#,
+            r#"hookwire_hook_call_duration_seconds_count{hook="h",event="run_start",outcome="ok"} 1"#,
+            r#"hookwire_hook_call_duration_seconds_count{hook="h",event="tool_call",outcome="deadline"} 1"#,
+        ] {
+            assert!(text.contains(expected), "missing {expected} in\n{text}");
+        }
+        assert!(other.encode().contains(
+            r#"hookwire_hook_call_duration_seconds_count{hook="h",event="tool_call",outcome="ok"} 1"#
+        ));
     }
 }

@@ -289,12 +289,12 @@ impl RunHooks {
         match &result {
             Ok(v) => {
                 span.record_result(v.action.kind_name(), "ok", latency);
-                m.hook_call(name, kind.name(), "ok", latency);
+                hook.client.record_call(m, kind, "ok", latency);
             }
             Err(f) => {
                 span.record_result("none", f.class.name(), latency);
                 span.record_error(f.class.name());
-                m.hook_call(name, kind.name(), f.class.name(), latency);
+                hook.client.record_call(m, kind, f.class.name(), latency);
                 m.hook_failure(name, f.event(kind).name(), f.class.name());
                 hook.client.note_fault(f);
             }

@@ -2,6 +2,7 @@
 //! lifecycle event over per-run gRPC streams.
 
 pub mod breaker;
+pub mod channel;
 pub mod client;
 pub mod codec;
 pub mod compose;

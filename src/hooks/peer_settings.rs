@@ -1,7 +1,7 @@
 //! Reads a hook server's concurrent-stream limit off the wire: the first
 //! frame a server sends on an HTTP/2 connection is its SETTINGS (RFC 9113
 //! §3.4), which carries SETTINGS_MAX_CONCURRENT_STREAMS when it has a limit.
-//! hyper and h2 act on it but tonic's channel does not expose it, so the
+//! hyper and h2 act on it but do not expose it to their caller, so the
 //! connector wraps each connection and looks at those first bytes (then gets
 //! out of the way: later reads go straight through).
 

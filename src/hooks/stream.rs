@@ -689,9 +689,14 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-            .unwrap()
-            .connect_lazy();
+        // hookwire's own channel, as every hook call uses it.
+        let channel = crate::hooks::client::connect(
+            &format!("http://127.0.0.1:{port}"),
+            std::time::Duration::from_secs(5),
+            None,
+            Default::default(),
+        )
+        .unwrap();
         let status = pb::hook_service_client::HookServiceClient::new(channel)
             .describe(pb::DescribeRequest::default())
             .await
@@ -714,9 +719,10 @@ mod tests {
 
     #[test]
     fn the_channels_own_timeout_is_a_deadline_not_a_reset() {
-        // What tonic's channel answers when a call's `grpc-timeout` expires
-        // before the response: it races hookwire's own timer for the same
-        // deadline, and must land in the same class.
+        // What tonic's own channel answers when a call's `grpc-timeout`
+        // expires before the response (hookwire's channel has no such timer,
+        // its callers keep their own deadlines): were one to reach a hook
+        // call, it is the same deadline, and must land in the same class.
         let status = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
         assert_eq!(status.code(), tonic::Code::Cancelled);
         assert_eq!(

@@ -356,6 +356,25 @@ impl Metrics {
             .observe(latency.as_secs_f64());
     }
 
+    /// The latency series of `hook`'s calls on `event` with `outcome`, to
+    /// keep and observe without the family's lookup (a lock, the label
+    /// set hashed and the hook name copied: ~0.8k instructions per call,
+    /// callgrind). Observing it is [`Metrics::hook_call`].
+    pub fn hook_call_series(
+        &self,
+        hook: &str,
+        event: &'static str,
+        outcome: &'static str,
+    ) -> Histogram {
+        self.hook_call_duration
+            .get_or_create(&HookCallLabels {
+                hook: hook.to_owned(),
+                event,
+                outcome,
+            })
+            .clone()
+    }
+
     pub fn quota_rejected(&self, limit: &'static str, class: &'static str) {
         self.quota_rejections
             .get_or_create(&QuotaLabels { limit, class })

@@ -1,7 +1,7 @@
 //! TLS to one hook server: a rustls client configuration rebuilt when its
 //! files change (CA bundle, client certificate and key), and a connector
-//! for tonic's `Endpoint::connect_with_connector_lazy` that takes the
-//! current configuration for every new connection.
+//! for the hook channel (`hooks::channel`) that takes the current
+//! configuration for every new connection.
 
 use crate::lock::LockExt;
 use std::future::Future;

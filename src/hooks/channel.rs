@@ -1,0 +1,332 @@
+//! One HTTP/2 connection to a hook server, as the service its gRPC clients
+//! call: hyper's HTTP/2 client, connected lazily and again after the
+//! connection ends.
+//!
+//! Why not tonic's `Channel`: it puts every call behind a `tower` buffer, a
+//! queue to a worker task that owns the connection, and then through three
+//! layers (origin, user agent, the `grpc-timeout` timer), so each call, and
+//! each run's `Process` stream, costs a task hop and a few boxed futures
+//! before hyper sees it (~2-3k instructions per hook event of a chat run,
+//! callgrind; BENCHMARKS.md, figure 10). The pool ([`super::pool`]) already
+//! decides which connection each stream uses, so the buffer's one job,
+//! sharing a connection between callers, is done here by cloning hyper's
+//! `SendRequest` (an `Arc` and a queue sender) under a short lock.
+//!
+//! What tonic's channel did and this keeps, so calls behave as before:
+//! - connect on the first call (lazy), and again on the first call after
+//!   the connection ended;
+//! - a connect timeout around the connector (TCP, and TLS when it is one);
+//! - connector failures wrapped in [`tonic::ConnectError`], which tonic
+//!   answers as `UNAVAILABLE` with the cause as the status' source;
+//! - HTTP/2 settings and keepalive from [`Settings`] on hyper's defaults
+//!   (tonic's `Endpoint` leaves the window sizes to hyper too);
+//! - the request's origin (`:scheme`, `:authority`) and a `user-agent`.
+//!
+//! What it leaves out: tonic's client-side `grpc-timeout` timer. Every
+//! unary call here has its own deadline around it, and a run's stream is
+//! bounded by its events' deadlines; the `grpc-timeout` header itself is
+//! still sent to the server.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::{Builder, SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tonic::body::Body;
+
+use crate::lock::LockExt;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+/// Makes one connection: connect, handshake, spawn its driver.
+type Dial = Box<dyn Fn() -> BoxFuture<Result<SendRequest<Body>, BoxError>> + Send + Sync>;
+
+/// The HTTP/2 settings of a hook connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Around the connector: TCP connect and, for TLS, the handshake.
+    pub connect_timeout: Duration,
+    pub keep_alive_interval: Duration,
+    pub keep_alive_timeout: Duration,
+    pub keep_alive_while_idle: bool,
+}
+
+/// Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct Channel {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    scheme: Scheme,
+    authority: Authority,
+    user_agent: HeaderValue,
+    dial: Dial,
+    /// The live connection's sender, once connected.
+    ready: Mutex<Option<SendRequest<Body>>>,
+    /// One dial at a time: callers that arrive while it runs wait for it
+    /// and use its connection (or, if it failed, dial themselves, as tonic's
+    /// buffer worker would for the next call in its queue).
+    dialing: tokio::sync::Mutex<()>,
+}
+
+impl Channel {
+    /// A channel to `target` through `connector`, connected at its first
+    /// call. Requests go out with `origin`'s scheme and authority.
+    pub fn lazy<C>(connector: C, target: Uri, origin: &Uri, settings: Settings) -> Channel
+    where
+        C: tower::Service<Uri> + Clone + Send + Sync + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .keep_alive_interval(settings.keep_alive_interval)
+            .keep_alive_timeout(settings.keep_alive_timeout)
+            .keep_alive_while_idle(settings.keep_alive_while_idle);
+        let dial: Dial = Box::new(move || {
+            let mut connector = connector.clone();
+            let target = target.clone();
+            let builder = builder.clone();
+            Box::pin(async move {
+                let connecting = async {
+                    std::future::poll_fn(|cx| connector.poll_ready(cx))
+                        .await
+                        .map_err(|e| tonic::ConnectError(e.into()))?;
+                    connector
+                        .call(target)
+                        .await
+                        .map_err(|e| tonic::ConnectError(e.into()))
+                };
+                let io = tokio::time::timeout(settings.connect_timeout, connecting)
+                    .await
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::TimedOut, e))??;
+                let (sender, connection) = builder.handshake(io).await?;
+                tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::debug!(error = %e, "hook connection ended with an error");
+                    }
+                });
+                Ok(sender)
+            })
+        });
+        Channel {
+            inner: Arc::new(Inner {
+                scheme: origin.scheme().cloned().unwrap_or(Scheme::HTTP),
+                authority: origin
+                    .authority()
+                    .cloned()
+                    .unwrap_or_else(|| Authority::from_static("localhost")),
+                user_agent: HeaderValue::from_static(concat!(
+                    "hookwire/",
+                    env!("CARGO_PKG_VERSION")
+                )),
+                dial,
+                ready: Mutex::new(None),
+                dialing: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+}
+
+impl Inner {
+    /// The live connection's sender, if there is one.
+    fn live(&self) -> Option<SendRequest<Body>> {
+        let mut ready = self.ready.locked();
+        match &*ready {
+            Some(s) if !s.is_closed() => Some(s.clone()),
+            Some(_) => {
+                *ready = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    async fn sender(&self) -> Result<SendRequest<Body>, BoxError> {
+        if let Some(s) = self.live() {
+            return Ok(s);
+        }
+        let _dialing = self.dialing.lock().await;
+        // Connected while this call waited for the dial before it.
+        if let Some(s) = self.live() {
+            return Ok(s);
+        }
+        let s = (self.dial)().await?;
+        *self.ready.locked() = Some(s.clone());
+        Ok(s)
+    }
+
+    fn prepare(&self, req: &mut Request<Body>) -> Result<(), BoxError> {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = req.uri().path_and_query().cloned();
+        *req.uri_mut() = Uri::from_parts(parts)?;
+        req.headers_mut()
+            .insert(http::header::USER_AGENT, self.user_agent.clone());
+        Ok(())
+    }
+}
+
+impl tower::Service<Request<Body>> for Channel {
+    type Response = Response<Incoming>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<Incoming>, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Connecting is part of the call: a lazy channel is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            inner.prepare(&mut req)?;
+            let mut sender = inner.sender().await?;
+            Ok(sender.send_request(req).await?)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::net::TcpListener;
+    use tokio::sync::{oneshot, Notify};
+    use tokio_stream::StreamExt;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    use super::*;
+    use crate::hooks::client::connect;
+
+    /// A health server on `listener` counting the connections it accepts;
+    /// the sender shuts it down (GOAWAY, then its connections close).
+    fn serve(listener: TcpListener, accepted: Arc<AtomicUsize>) -> oneshot::Sender<()> {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (_, health) = tonic_health::server::health_reporter();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |s| {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            s
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stopped.await;
+                }),
+        );
+        stop
+    }
+
+    async fn check(channel: &Channel) -> Result<(), tonic::Status> {
+        HealthClient::new(channel.clone())
+            .check(HealthCheckRequest::default())
+            .await
+            .map(|_| ())
+    }
+
+    #[tokio::test]
+    async fn connects_at_the_first_call_shares_it_and_reconnects_after_it_ended() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let first = Arc::new(AtomicUsize::new(0));
+        let stop = serve(listener, first.clone());
+        let closed = Arc::new(Notify::new());
+        let channel = connect(
+            &format!("http://{addr}"),
+            Duration::from_secs(5),
+            None,
+            closed.clone(),
+        )
+        .unwrap();
+        assert_eq!(
+            first.load(Ordering::SeqCst),
+            0,
+            "lazy: no call, no connection"
+        );
+
+        // Concurrent first calls wait for one dial and share its connection.
+        let calls: Vec<_> = (0..8).map(|_| check(&channel)).collect();
+        for r in futures::future::join_all(calls).await {
+            r.unwrap();
+        }
+        check(&channel).await.unwrap();
+        assert_eq!(
+            first.load(Ordering::SeqCst),
+            1,
+            "one connection for all calls"
+        );
+
+        // The server goes away and another takes its place: once the old
+        // connection ended, the next call dials again.
+        let ended = closed.notified();
+        stop.send(()).unwrap();
+        ended.await;
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let second = Arc::new(AtomicUsize::new(0));
+        let _stop = serve(listener, second.clone());
+        check(&channel).await.unwrap();
+        assert_eq!(second.load(Ordering::SeqCst), 1, "reconnected");
+    }
+
+    #[tokio::test]
+    async fn a_failed_connect_is_unavailable_and_the_next_call_dials_again() {
+        // Bind then drop: a port nobody listens on.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let channel = connect(
+            &format!("http://{addr}"),
+            Duration::from_secs(5),
+            None,
+            Default::default(),
+        )
+        .unwrap();
+        let status = check(&channel).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        let cause = std::error::Error::source(&status).expect("the cause is kept");
+        assert!(
+            cause.downcast_ref::<tonic::ConnectError>().is_some(),
+            "{cause:?}"
+        );
+        // The server comes up: the same channel connects on its next call.
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let _stop = serve(listener, accepted.clone());
+        check(&channel).await.unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn requests_carry_the_origin_and_hookwires_user_agent() {
+        let inner = Arc::new(Inner {
+            scheme: Scheme::HTTP,
+            authority: Authority::from_static("hooks.example:7443"),
+            user_agent: HeaderValue::from_static("hookwire/test"),
+            dial: Box::new(|| Box::pin(async { Err("no dial in this test".into()) })),
+            ready: Mutex::new(None),
+            dialing: tokio::sync::Mutex::new(()),
+        });
+        let mut req = Request::new(Body::empty());
+        *req.uri_mut() = Uri::from_static("/hookwire.v1.HookService/Process");
+        inner.prepare(&mut req).unwrap();
+        assert_eq!(
+            req.uri().to_string(),
+            "http://hooks.example:7443/hookwire.v1.HookService/Process"
+        );
+        assert_eq!(req.headers()[http::header::USER_AGENT], "hookwire/test");
+    }
+}
