@@ -1,7 +1,8 @@
 //! One `Process` stream of one hook for one run: events out, verdicts
 //! matched back by `seq`. Anything that is not exactly one verdict per
 //! blocking event (late, duplicate, spurious, reset) is classified here,
-//! with the event it was seen after. Late verdicts are counted when they
+//! with the event it was seen after (a verdict answering an observe event:
+//! with that event, however late it was read). Late verdicts are counted when they
 //! arrive, for as long as the connection lives (after the run too).
 
 use crate::lock::LockExt;
@@ -41,6 +42,10 @@ struct Routing {
     delivered: bool,
     /// The kind of the last event sent (or being sent).
     last_sent: i32,
+    /// The latest observe events' seqs and kinds, so a verdict answering
+    /// one is reported against the event it answers, however late it is
+    /// read (bounded: an older one is reported after the last event sent).
+    observed: VecDeque<(u64, i32)>,
     late: u64,
     closing: bool,
     /// Still waiting for a free stream slot on the hook's connections.
@@ -266,6 +271,10 @@ impl RunStream {
             }
             event.event.seq = g.next_seq;
             g.next_seq += 1;
+            if g.observed.len() == OBSERVED_KEPT {
+                g.observed.pop_front();
+            }
+            g.observed.push_back((event.event.seq, event.event.kind));
         }
         event.event.expects_verdict = false;
         match self.sender() {
@@ -359,6 +368,9 @@ impl Drop for RunStream {
         }
     }
 }
+
+/// Observe events remembered per stream for [`Routing::observed`].
+const OBSERVED_KEPT: usize = 16;
 
 /// Refused streams opened again on another slot before the run fails.
 const MAX_REFUSALS: u32 = 8;
@@ -493,7 +505,10 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {
                 FailureClass::Spurious,
                 format!("verdict for seq {seq}, which was never sent or expects no verdict"),
             ),
-            None,
+            g.observed
+                .iter()
+                .find(|(s, _)| *s == seq)
+                .map(|&(_, kind)| kind),
         ),
     };
     if !g.poison(fault, after) {
@@ -681,6 +696,45 @@ fn error_chain(status: &tonic::Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn owner() -> Owner {
+        Owner {
+            hook: "h".into(),
+            metrics: Arc::new(Metrics::new()),
+            failure_log: Arc::default(),
+        }
+    }
+
+    fn verdict(seq: u64) -> pb::HookVerdict {
+        pb::HookVerdict {
+            seq,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_verdict_answering_an_observe_event_is_reported_against_that_event() {
+        let r = Mutex::new(Routing {
+            next_seq: 3,
+            // run_start (seq 1) went out as an observe event; another event
+            // was sent before its answer was read.
+            last_sent: pb::EventKind::ModelRequest as i32,
+            observed: VecDeque::from([(1, pb::EventKind::RunStart as i32)]),
+            ..Default::default()
+        });
+        route(&r, verdict(1), &owner());
+        let fault = r.locked().poisoned.clone().expect("the stream broke");
+        assert_eq!(fault.class, FailureClass::Spurious);
+        assert_eq!(fault.seen_after, Some(EventKind::RunStart));
+        // A seq never sent: after the last event sent.
+        let r = Mutex::new(Routing {
+            last_sent: pb::EventKind::ModelRequest as i32,
+            ..Default::default()
+        });
+        route(&r, verdict(9), &owner());
+        let fault = r.locked().poisoned.clone().unwrap();
+        assert_eq!(fault.seen_after, Some(EventKind::ModelRequest));
+    }
 
     #[tokio::test]
     async fn a_refused_connection_is_said_once() {
