@@ -2,8 +2,9 @@
 //! matched back by `seq`. Anything that is not exactly one verdict per
 //! blocking event (late, duplicate, spurious, reset) is classified here,
 //! with the event it was seen after (a verdict answering an observe event:
-//! with that event, however late it was read). Late verdicts are counted when they
-//! arrive, for as long as the connection lives (after the run too).
+//! with that event, however late it was read). Late verdicts are counted
+//! when they arrive, for as long as the connection lives (after the run
+//! too).
 
 use crate::lock::LockExt;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
