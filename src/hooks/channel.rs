@@ -29,6 +29,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -71,9 +72,29 @@ struct Inner {
     /// The live connection's sender, once connected.
     ready: Mutex<Option<SendRequest<Body>>>,
     /// One dial at a time: callers that arrive while it runs wait for it
-    /// and use its connection (or, if it failed, dial themselves, as tonic's
-    /// buffer worker would for the next call in its queue).
-    dialing: tokio::sync::Mutex<()>,
+    /// and use its connection, or get its error if it failed (so a server
+    /// that does not answer costs its queued callers one connect timeout,
+    /// not one each, as with tonic's buffer worker).
+    dialing: tokio::sync::Mutex<Option<DialFailed>>,
+    /// Dials finished (read before waiting for `dialing`).
+    dials: AtomicU64,
+}
+
+/// A dial's error, shared by the callers that waited for it. Its source is
+/// the error itself, so the chain reads (and tonic maps it) as before.
+#[derive(Clone, Debug)]
+struct DialFailed(Arc<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for DialFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for DialFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
 }
 
 impl Channel {
@@ -131,7 +152,8 @@ impl Channel {
                 )),
                 dial,
                 ready: Mutex::new(None),
-                dialing: tokio::sync::Mutex::new(()),
+                dialing: tokio::sync::Mutex::new(None),
+                dials: AtomicU64::new(0),
             }),
         }
     }
@@ -155,14 +177,32 @@ impl Inner {
         if let Some(s) = self.live() {
             return Ok(s);
         }
-        let _dialing = self.dialing.lock().await;
+        let seen = self.dials.load(Ordering::SeqCst);
+        let mut failed = self.dialing.lock().await;
         // Connected while this call waited for the dial before it.
         if let Some(s) = self.live() {
             return Ok(s);
         }
-        let s = (self.dial)().await?;
-        *self.ready.locked() = Some(s.clone());
-        Ok(s)
+        // That dial failed: so does this call, without dialing again.
+        if let Some(e) = failed.as_ref() {
+            if self.dials.load(Ordering::SeqCst) > seen {
+                return Err(Box::new(e.clone()));
+            }
+        }
+        let dialed = (self.dial)().await;
+        self.dials.fetch_add(1, Ordering::SeqCst);
+        match dialed {
+            Ok(s) => {
+                *failed = None;
+                *self.ready.locked() = Some(s.clone());
+                Ok(s)
+            }
+            Err(e) => {
+                let e = DialFailed(Arc::from(e));
+                *failed = Some(e.clone());
+                Err(Box::new(e))
+            }
+        }
     }
 
     fn prepare(&self, req: &mut Request<Body>) -> Result<(), BoxError> {
@@ -297,17 +337,72 @@ mod tests {
         .unwrap();
         let status = check(&channel).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
-        let cause = std::error::Error::source(&status).expect("the cause is kept");
-        assert!(
-            cause.downcast_ref::<tonic::ConnectError>().is_some(),
-            "{cause:?}"
-        );
+        let mut cause = std::error::Error::source(&status);
+        while let Some(e) = cause.filter(|e| !e.is::<tonic::ConnectError>()) {
+            cause = e.source();
+        }
+        assert!(cause.is_some(), "the connect error is kept: {status:?}");
         // The server comes up: the same channel connects on its next call.
         let listener = TcpListener::bind(addr).await.unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
         let _stop = serve(listener, accepted.clone());
         check(&channel).await.unwrap();
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn callers_waiting_for_a_dial_that_fails_share_its_error() {
+        // A connector that takes until released, then fails: a hook server
+        // that does not answer until the connect timeout.
+        let dialed = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let connector = tower::service_fn({
+            let (dialed, gate) = (dialed.clone(), gate.clone());
+            move |_: Uri| {
+                let (dialed, gate) = (dialed.clone(), gate.clone());
+                async move {
+                    dialed.fetch_add(1, Ordering::SeqCst);
+                    let _open = gate.acquire().await;
+                    Err::<hyper_util::rt::TokioIo<tokio::net::TcpStream>, _>(std::io::Error::from(
+                        std::io::ErrorKind::ConnectionRefused,
+                    ))
+                }
+            }
+        });
+        let target = Uri::from_static("http://127.0.0.1:9");
+        let settings = Settings {
+            connect_timeout: Duration::from_secs(60),
+            keep_alive_interval: Duration::from_secs(300),
+            keep_alive_timeout: Duration::from_secs(20),
+            keep_alive_while_idle: false,
+        };
+        let channel = Channel::lazy(
+            crate::hooks::connector::Connector::new(connector, Default::default()),
+            target.clone(),
+            &target,
+            settings,
+        );
+        let calls: Vec<_> = (0..5)
+            .map(|_| {
+                let channel = channel.clone();
+                tokio::spawn(async move { check(&channel).await })
+            })
+            .collect();
+        // The first call dials; on this one-thread runtime, a yield lets
+        // every other call run until it waits behind that dial.
+        while dialed.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        tokio::task::yield_now().await;
+        gate.add_permits(100);
+        for call in calls {
+            let status = call.await.unwrap().unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        }
+        assert_eq!(dialed.load(Ordering::SeqCst), 1, "one dial for all five");
+        // A call after the failure dials again.
+        assert!(check(&channel).await.is_err());
+        assert_eq!(dialed.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
@@ -318,7 +413,8 @@ mod tests {
             user_agent: HeaderValue::from_static("hookwire/test"),
             dial: Box::new(|| Box::pin(async { Err("no dial in this test".into()) })),
             ready: Mutex::new(None),
-            dialing: tokio::sync::Mutex::new(()),
+            dialing: tokio::sync::Mutex::new(None),
+            dials: AtomicU64::new(0),
         });
         let mut req = Request::new(Body::empty());
         *req.uri_mut() = Uri::from_static("/hookwire.v1.HookService/Process");
