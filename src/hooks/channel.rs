@@ -80,6 +80,14 @@ struct Inner {
     dials: AtomicU64,
 }
 
+/// The connector (TCP, and the TLS handshake for `https://` hooks) took
+/// longer than the connect timeout. A connect failure like any other: the
+/// server could not be reached (tonic's channel reported it as an untyped
+/// I/O timeout, which read as a reset stream).
+#[derive(Debug, thiserror::Error)]
+#[error("could not connect within {0:?} (TCP, then TLS for an https hook)")]
+pub struct ConnectTimedOut(pub Duration);
+
 /// A dial's error, shared by the callers that waited for it. Its source is
 /// the error itself, so the chain reads (and tonic maps it) as before.
 #[derive(Clone, Debug)]
@@ -129,7 +137,9 @@ impl Channel {
                 };
                 let io = tokio::time::timeout(settings.connect_timeout, connecting)
                     .await
-                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::TimedOut, e))??;
+                    .map_err(|_| {
+                        tonic::ConnectError(Box::new(ConnectTimedOut(settings.connect_timeout)))
+                    })??;
                 let (sender, connection) = builder.handshake(io).await?;
                 tokio::spawn(async move {
                     if let Err(e) = connection.await {
@@ -403,6 +413,38 @@ mod tests {
         // A call after the failure dials again.
         assert!(check(&channel).await.is_err());
         assert_eq!(dialed.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_completes_is_a_connect_failure_after_the_timeout() {
+        // TCP accepted but the TLS handshake never answered, say.
+        let connector = tower::service_fn(|_: Uri| {
+            std::future::pending::<
+                Result<hyper_util::rt::TokioIo<tokio::net::TcpStream>, std::io::Error>,
+            >()
+        });
+        let target = Uri::from_static("http://127.0.0.1:9");
+        let settings = Settings {
+            connect_timeout: Duration::from_secs(3),
+            keep_alive_interval: Duration::from_secs(300),
+            keep_alive_timeout: Duration::from_secs(20),
+            keep_alive_while_idle: false,
+        };
+        let channel = Channel::lazy(
+            crate::hooks::connector::Connector::new(connector, Default::default()),
+            target.clone(),
+            &target,
+            settings,
+        );
+        let status = check(&channel).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        let fault = crate::hooks::stream::classify_status(&status, true);
+        assert_eq!(
+            fault.class,
+            crate::hooks::failure::FailureClass::Connect,
+            "{fault:?}"
+        );
+        assert!(fault.detail.contains("within 3s"), "{}", fault.detail);
     }
 
     #[tokio::test]

@@ -583,6 +583,9 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
         if e.downcast_ref::<tonic::TimeoutExpired>().is_some() {
             cause.timeout = true;
         }
+        if e.is::<crate::hooks::channel::ConnectTimedOut>() {
+            cause.refused = true;
+        }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             if let Some(r) = io
                 .get_ref()
