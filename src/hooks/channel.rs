@@ -279,6 +279,25 @@ mod tests {
         stop
     }
 
+    /// A channel to nowhere in particular through `connector`.
+    fn through<C>(connector: C, connect_timeout: Duration) -> Channel
+    where
+        C: tower::Service<Uri> + Clone + Send + Sync + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        let target = Uri::from_static("http://127.0.0.1:9");
+        let settings = Settings {
+            connect_timeout,
+            keep_alive_interval: Duration::from_secs(300),
+            keep_alive_timeout: Duration::from_secs(20),
+            keep_alive_while_idle: false,
+        };
+        let connector = crate::hooks::connector::Connector::new(connector, Default::default());
+        Channel::lazy(connector, target.clone(), &target, settings)
+    }
+
     async fn check(channel: &Channel) -> Result<(), tonic::Status> {
         HealthClient::new(channel.clone())
             .check(HealthCheckRequest::default())
@@ -379,19 +398,7 @@ mod tests {
                 }
             }
         });
-        let target = Uri::from_static("http://127.0.0.1:9");
-        let settings = Settings {
-            connect_timeout: Duration::from_secs(60),
-            keep_alive_interval: Duration::from_secs(300),
-            keep_alive_timeout: Duration::from_secs(20),
-            keep_alive_while_idle: false,
-        };
-        let channel = Channel::lazy(
-            crate::hooks::connector::Connector::new(connector, Default::default()),
-            target.clone(),
-            &target,
-            settings,
-        );
+        let channel = through(connector, Duration::from_secs(60));
         let calls: Vec<_> = (0..5)
             .map(|_| {
                 let channel = channel.clone();
@@ -423,19 +430,7 @@ mod tests {
                 Result<hyper_util::rt::TokioIo<tokio::net::TcpStream>, std::io::Error>,
             >()
         });
-        let target = Uri::from_static("http://127.0.0.1:9");
-        let settings = Settings {
-            connect_timeout: Duration::from_secs(3),
-            keep_alive_interval: Duration::from_secs(300),
-            keep_alive_timeout: Duration::from_secs(20),
-            keep_alive_while_idle: false,
-        };
-        let channel = Channel::lazy(
-            crate::hooks::connector::Connector::new(connector, Default::default()),
-            target.clone(),
-            &target,
-            settings,
-        );
+        let channel = through(connector, Duration::from_secs(3));
         let status = check(&channel).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
         let fault = crate::hooks::stream::classify_status(&status, true);
