@@ -242,7 +242,16 @@ impl tower::Service<Request<Body>> for Channel {
         Box::pin(async move {
             inner.prepare(&mut req)?;
             let mut sender = inner.sender().await?;
-            Ok(sender.send_request(req).await?)
+            match sender.try_send_request(req).await {
+                Ok(response) => Ok(response),
+                Err(mut e) => match e.take_message() {
+                    // Never sent: the connection was closing (its server
+                    // drains it with GOAWAY, as a restarting pod does, or it
+                    // just ended). Once more, on a new connection.
+                    Some(req) => Ok(inner.sender().await?.send_request(req).await?),
+                    None => Err(e.into_error().into()),
+                },
+            }
         })
     }
 }
@@ -347,6 +356,51 @@ mod tests {
         let _stop = serve(listener, second.clone());
         check(&channel).await.unwrap();
         assert_eq!(second.load(Ordering::SeqCst), 1, "reconnected");
+    }
+
+    #[tokio::test]
+    async fn a_server_draining_its_connection_gets_new_calls_on_a_new_one() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let first = Arc::new(AtomicUsize::new(0));
+        let stop = serve(listener, first.clone());
+        let channel = connect(
+            &format!("http://{addr}"),
+            Duration::from_secs(5),
+            None,
+            Default::default(),
+        )
+        .unwrap();
+        // A long-lived stream (as a run's) keeps the old connection open
+        // while its server drains it: GOAWAY, no new streams there.
+        let mut watch = HealthClient::new(channel.clone())
+            .watch(HealthCheckRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        watch.message().await.unwrap();
+        stop.send(()).unwrap();
+        // The replacement server (a restarted pod behind the same address).
+        let listener = loop {
+            if let Ok(l) = TcpListener::bind(addr).await {
+                break l;
+            }
+            tokio::task::yield_now().await;
+        };
+        let second = Arc::new(AtomicUsize::new(0));
+        let _stop = serve(listener, second.clone());
+        // Calls go to the old connection until its GOAWAY arrives, then to
+        // a new one; none fails on the way.
+        let mut calls = 0;
+        while second.load(Ordering::SeqCst) == 0 {
+            calls += 1;
+            assert!(calls < 10_000, "never reached the new server");
+            if let Err(status) = check(&channel).await {
+                panic!("call {calls} failed while the old server drained: {status:?}");
+            }
+        }
+        assert_eq!(first.load(Ordering::SeqCst), 1);
+        drop(watch);
     }
 
     #[tokio::test]
