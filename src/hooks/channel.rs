@@ -288,6 +288,37 @@ mod tests {
         stop
     }
 
+    /// A health server on a free port: its address, its accepted
+    /// connections, its stop.
+    async fn server() -> (std::net::SocketAddr, Arc<AtomicUsize>, oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = serve(listener, accepted.clone());
+        (addr, accepted, stop)
+    }
+
+    /// hookwire's channel to a plaintext hook server at `addr`.
+    fn plain(addr: std::net::SocketAddr) -> Channel {
+        connect(
+            &format!("http://{addr}"),
+            Duration::from_secs(5),
+            None,
+            Default::default(),
+        )
+        .unwrap()
+    }
+
+    /// `addr` again, once its previous server has let go of it.
+    async fn rebind(addr: std::net::SocketAddr) -> TcpListener {
+        loop {
+            if let Ok(l) = TcpListener::bind(addr).await {
+                return l;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// A channel to nowhere in particular through `connector`.
     fn through<C>(connector: C, connect_timeout: Duration) -> Channel
     where
@@ -316,10 +347,7 @@ mod tests {
 
     #[tokio::test]
     async fn connects_at_the_first_call_shares_it_and_reconnects_after_it_ended() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let first = Arc::new(AtomicUsize::new(0));
-        let stop = serve(listener, first.clone());
+        let (addr, first, stop) = server().await;
         let closed = Arc::new(Notify::new());
         let channel = connect(
             &format!("http://{addr}"),
@@ -360,17 +388,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_server_draining_its_connection_gets_new_calls_on_a_new_one() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let first = Arc::new(AtomicUsize::new(0));
-        let stop = serve(listener, first.clone());
-        let channel = connect(
-            &format!("http://{addr}"),
-            Duration::from_secs(5),
-            None,
-            Default::default(),
-        )
-        .unwrap();
+        let (addr, first, stop) = server().await;
+        let channel = plain(addr);
         // A long-lived stream (as a run's) keeps the old connection open
         // while its server drains it: GOAWAY, no new streams there.
         let mut watch = HealthClient::new(channel.clone())
@@ -381,12 +400,7 @@ mod tests {
         watch.message().await.unwrap();
         stop.send(()).unwrap();
         // The replacement server (a restarted pod behind the same address).
-        let listener = loop {
-            if let Ok(l) = TcpListener::bind(addr).await {
-                break l;
-            }
-            tokio::task::yield_now().await;
-        };
+        let listener = rebind(addr).await;
         let second = Arc::new(AtomicUsize::new(0));
         let _stop = serve(listener, second.clone());
         // Calls go to the old connection until its GOAWAY arrives, then to
@@ -411,13 +425,7 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let channel = connect(
-            &format!("http://{addr}"),
-            Duration::from_secs(5),
-            None,
-            Default::default(),
-        )
-        .unwrap();
+        let channel = plain(addr);
         let status = check(&channel).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
         let mut cause = std::error::Error::source(&status);
