@@ -6,11 +6,12 @@
 //! queue to a worker task that owns the connection, and then through three
 //! layers (origin, user agent, the `grpc-timeout` timer), so each call, and
 //! each run's `Process` stream, costs a task hop and a few boxed futures
-//! before hyper sees it (~2-3k instructions per hook event of a chat run,
-//! callgrind; BENCHMARKS.md, figure 10). The pool ([`super::pool`]) already
-//! decides which connection each stream uses, so the buffer's one job,
-//! sharing a connection between callers, is done here by cloning hyper's
-//! `SendRequest` (an `Arc` and a queue sender) under a short lock.
+//! before hyper sees it (~14k instructions per hooked chat run, ~3k per
+//! hook event, callgrind; BENCHMARKS.md, figure 10). The pool
+//! ([`super::pool`]) already decides which connection each stream uses, so
+//! the buffer's one job, sharing a connection between callers, is done here
+//! by cloning hyper's `SendRequest` (an `Arc` and a queue sender) under a
+//! short lock.
 //!
 //! What tonic's channel did and this keeps, so calls behave as before:
 //! - connect on the first call (lazy), and again on the first call after
@@ -21,6 +22,13 @@
 //! - HTTP/2 settings and keepalive from [`Settings`] on hyper's defaults
 //!   (tonic's `Endpoint` leaves the window sizes to hyper too);
 //! - the request's origin (`:scheme`, `:authority`) and a `user-agent`.
+//!
+//! What it does that tonic's channel did not: callers queued behind a dial
+//! that fails share its error (instead of dialing again one after the
+//! other), a connect timeout is a connect failure (not an untyped I/O
+//! error), and a request hyper hands back unsent because its connection
+//! was closing (GOAWAY from a restarting server) goes once more on a new
+//! connection.
 //!
 //! What it leaves out: tonic's client-side `grpc-timeout` timer. Every
 //! unary call here has its own deadline around it, and a run's stream is
