@@ -25,6 +25,8 @@ pub mod attrs;
 pub mod content;
 pub mod hook_span;
 pub mod metrics;
+pub mod otlp_export;
+pub mod otlp_wire;
 pub mod propagation;
 pub mod setup;
 pub mod spans;

@@ -20,13 +20,11 @@ use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::resource::{Resource, TelemetryResourceDetector};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
 };
-use tonic::transport::ClientTlsConfig;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -35,6 +33,7 @@ use tracing_subscriber::{Layer, Registry};
 
 use crate::config::TelemetryConfig;
 use crate::telemetry::hook_span::HookTracer;
+use crate::telemetry::otlp_export::{self, ExportSettings, OtlpExporter};
 
 /// Environment variables read by [`TelemetryOptions::from_env`].
 pub mod env {
@@ -47,6 +46,12 @@ pub mod env {
     pub const OTEL_RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
     pub const OTEL_TRACES_SAMPLER: &str = "OTEL_TRACES_SAMPLER";
     pub const OTEL_TRACES_SAMPLER_ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
+    pub const OTEL_EXPORTER_OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+    pub const OTEL_EXPORTER_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
+    pub const OTEL_EXPORTER_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
+    pub const OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
+    pub const OTEL_EXPORTER_OTLP_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_COMPRESSION";
+    pub const OTEL_EXPORTER_OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
 }
 
 /// The crate whose spans are exported (module paths of both the library and
@@ -101,6 +106,10 @@ pub struct TelemetryOptions {
     pub log_filter: String,
     /// OTLP gRPC endpoint (`http://host:4317`); `None` turns export off.
     pub otlp_endpoint: Option<String>,
+    /// gRPC metadata on every export (`OTEL_EXPORTER_OTLP_HEADERS`).
+    pub otlp_headers: Vec<(String, String)>,
+    /// One export's bound, retries included (`OTEL_EXPORTER_OTLP_TIMEOUT`).
+    pub otlp_timeout: Duration,
     pub service_name: String,
     /// Extra resource attributes (`OTEL_RESOURCE_ATTRIBUTES`).
     pub resource_attributes: Vec<(String, String)>,
@@ -124,6 +133,8 @@ impl TelemetryOptions {
             ansi: false,
             log_filter: DEFAULT_LOG_FILTER.to_owned(),
             otlp_endpoint: None,
+            otlp_headers: Vec::new(),
+            otlp_timeout: otlp_export::DEFAULT_TIMEOUT,
             service_name: DEFAULT_SERVICE_NAME.to_owned(),
             resource_attributes: Vec::new(),
             sampling: Sampling::ParentBasedAlwaysOn,
@@ -183,6 +194,45 @@ impl TelemetryOptions {
                 .or_else(|| var(env::OTEL_EXPORTER_OTLP_ENDPOINT))
                 .or_else(|| non_empty(cfg.otlp_endpoint.as_deref()))
                 .map(|e| normalize_endpoint(&e));
+        }
+        let headers_var = [
+            env::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
+            env::OTEL_EXPORTER_OTLP_HEADERS,
+        ]
+        .into_iter()
+        .find_map(|k| var(k).map(|v| (k, v)));
+        if let Some((name, raw)) = headers_var {
+            match parse_resource_attributes(&raw) {
+                Ok(headers) => opts.otlp_headers = headers,
+                Err(bad) => opts
+                    .warnings
+                    .push(format!("{name} ignored: entry `{bad}` is not key=value")),
+            }
+        }
+        let timeout_var = [
+            env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+            env::OTEL_EXPORTER_OTLP_TIMEOUT,
+        ]
+        .into_iter()
+        .find_map(|k| var(k).map(|v| (k, v)));
+        if let Some((name, raw)) = timeout_var {
+            match raw.parse::<u64>() {
+                Ok(ms) if ms > 0 => opts.otlp_timeout = Duration::from_millis(ms),
+                _ => opts.warnings.push(format!(
+                    "{name}={raw} is not a number of milliseconds above 0; using {} ms",
+                    otlp_export::DEFAULT_TIMEOUT.as_millis()
+                )),
+            }
+        }
+        for name in [
+            env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
+            env::OTEL_EXPORTER_OTLP_COMPRESSION,
+        ] {
+            if let Some(v) = var(name).filter(|v| !v.eq_ignore_ascii_case("none")) {
+                opts.warnings.push(format!(
+                    "{name}={v} is not supported; spans are exported uncompressed"
+                ));
+            }
         }
 
         if let Some(raw) = var(env::OTEL_RESOURCE_ATTRIBUTES) {
@@ -312,7 +362,7 @@ pub enum TelemetryError {
     Exporter {
         endpoint: String,
         #[source]
-        source: opentelemetry_otlp::ExporterBuildError,
+        source: crate::telemetry::otlp_export::ExportSetupError,
     },
     #[error("OTLP export needs a Tokio runtime: set telemetry up from inside one")]
     NoRuntime,
@@ -543,13 +593,12 @@ fn tracer_provider(
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(TelemetryError::NoRuntime);
     }
-    let mut builder = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint);
-    if let Some(tls) = otlp_tls(endpoint) {
-        builder = builder.with_tls_config(tls);
-    }
-    let exporter = builder.build().map_err(|source| TelemetryError::Exporter {
+    let exporter = OtlpExporter::new(&ExportSettings {
+        endpoint: endpoint.to_owned(),
+        timeout: opts.otlp_timeout,
+        headers: opts.otlp_headers.clone(),
+    })
+    .map_err(|source| TelemetryError::Exporter {
         endpoint: endpoint.to_owned(),
         source,
     })?;
@@ -565,14 +614,6 @@ fn tracer_provider(
         .with_sampler(opts.sampling.to_sampler())
         .with_resource(resource(opts))
         .build())
-}
-
-/// TLS for an `https://` collector. The exporter's default TLS config
-/// trusts no roots at all: every export would fail the handshake.
-fn otlp_tls(endpoint: &str) -> Option<ClientTlsConfig> {
-    endpoint
-        .starts_with("https://")
-        .then(|| ClientTlsConfig::new().with_enabled_roots())
 }
 
 fn resource(opts: &TelemetryOptions) -> Resource {
@@ -736,6 +777,64 @@ mod tests {
     }
 
     #[test]
+    fn export_headers_and_timeout_come_from_the_signal_variable_first() {
+        let o = resolve(
+            &TelemetryConfig::default(),
+            &[
+                (env::OTEL_EXPORTER_OTLP_HEADERS, "x-general=1"),
+                (
+                    env::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
+                    "Authorization=Bearer%20t,x-tenant=a",
+                ),
+                (env::OTEL_EXPORTER_OTLP_TIMEOUT, "3000"),
+                (env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, "2500"),
+            ],
+        );
+        assert_eq!(
+            o.otlp_headers,
+            vec![
+                ("Authorization".to_owned(), "Bearer t".to_owned()),
+                ("x-tenant".to_owned(), "a".to_owned())
+            ]
+        );
+        assert_eq!(o.otlp_timeout, Duration::from_millis(2500));
+        assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+        let o = resolve(
+            &TelemetryConfig::default(),
+            &[(env::OTEL_EXPORTER_OTLP_HEADERS, "x-general=1")],
+        );
+        assert_eq!(
+            o.otlp_headers,
+            vec![("x-general".to_owned(), "1".to_owned())]
+        );
+        assert_eq!(o.otlp_timeout, otlp_export::DEFAULT_TIMEOUT);
+    }
+
+    #[test]
+    fn bad_export_headers_timeout_or_compression_warn_and_keep_the_defaults() {
+        let o = resolve(
+            &TelemetryConfig::default(),
+            &[
+                (env::OTEL_EXPORTER_OTLP_HEADERS, "novalue"),
+                (env::OTEL_EXPORTER_OTLP_TIMEOUT, "10s"),
+                (env::OTEL_EXPORTER_OTLP_COMPRESSION, "gzip"),
+            ],
+        );
+        assert!(o.otlp_headers.is_empty());
+        assert_eq!(o.otlp_timeout, otlp_export::DEFAULT_TIMEOUT);
+        let w = o.warnings.join("\n");
+        assert!(
+            w.contains("OTEL_EXPORTER_OTLP_HEADERS ignored: entry `novalue`"),
+            "{w}"
+        );
+        assert!(w.contains("OTEL_EXPORTER_OTLP_TIMEOUT=10s"), "{w}");
+        assert!(
+            w.contains("OTEL_EXPORTER_OTLP_COMPRESSION=gzip is not supported"),
+            "{w}"
+        );
+    }
+
+    #[test]
     fn percent_decoding() {
         assert_eq!(percent_decode("a%20b%2Cc"), "a b,c");
         assert_eq!(percent_decode("100%"), "100%");
@@ -746,12 +845,13 @@ mod tests {
     async fn https_endpoints_get_tls_with_the_webpki_roots() {
         // tonic keeps the root choice private; its Debug shows the flag,
         // which also disappears if the `tls-webpki-roots` feature is lost.
-        let tls = otlp_tls("https://collector.example:4317").expect("TLS for https");
+        let tls =
+            otlp_export::collector_tls("https://collector.example:4317").expect("TLS for https");
         assert!(
             format!("{tls:?}").contains("with_webpki_roots: true"),
             "{tls:?}"
         );
-        assert!(otlp_tls("http://collector.example:4317").is_none());
+        assert!(otlp_export::collector_tls("http://collector.example:4317").is_none());
         let mut o = TelemetryOptions::new(LogFormat::Text);
         o.otlp_endpoint = Some("https://collector.invalid:4317".into());
         let (_dispatch, telemetry) = build(&o, BoxMakeWriter::new(std::io::sink)).unwrap();
