@@ -103,7 +103,9 @@ impl Plan {
             window_ms: 1000,
             concurrency: vec![64, 512],
             floor_streams: 64,
-            throughput_sessions: 8000,
+            // Enough that the bare runs at 512 (~40k runs/s, 4 per session)
+            // do not run dry within the window and make sessions in it.
+            throughput_sessions: 16_000,
             memory_rounds: 3,
             idle_sessions: 10_000,
             inflight_runs: 1_000,
