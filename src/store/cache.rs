@@ -17,7 +17,7 @@
 //! it, else the next load copies it once.
 
 use crate::lock::LockExt;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use super::{SessionStore, StoreError};
@@ -34,7 +34,15 @@ pub struct TranscriptCache {
 
 #[derive(Default)]
 struct Inner {
-    entries: HashMap<String, Entry>,
+    entries: HashMap<Arc<str>, Entry>,
+    /// The entries' session ids by last use, oldest first, so an eviction
+    /// takes the first instead of scanning every entry. With short
+    /// sessions the budget holds tens of thousands of them, and once it was
+    /// full the scan ran at every run start under this lock: ~1 ms each at
+    /// 65 000 sessions, which serialised a replica's runs (figure 4 fell
+    /// from ~16 000 to ~3 000 runs/s in its third round, and a hook's 5 s
+    /// deadline passed behind the lock).
+    by_use: BTreeMap<u64, Arc<str>>,
     bytes: usize,
     clock: u64,
 }
@@ -65,15 +73,7 @@ impl TranscriptCache {
         store: &dyn SessionStore,
         session_id: &str,
     ) -> Result<Arc<Vec<Message>>, StoreError> {
-        let known = {
-            let mut g = self.lock();
-            g.clock += 1;
-            let now = g.clock;
-            g.entries.get_mut(session_id).map(|e| {
-                e.used = now;
-                e.messages.clone()
-            })
-        };
+        let known = self.lock().touch(session_id);
         let from = known.as_ref().map_or(0, |k| k.len());
         let newer = store
             .transcript_after(session_id, u64::try_from(from).unwrap_or(u64::MAX))
@@ -94,11 +94,7 @@ impl TranscriptCache {
         newer: Vec<Message>,
     ) -> Arc<Vec<Message>> {
         let mut g = self.lock();
-        let g = &mut *g;
-        let taken = g.entries.remove(session_id);
-        if let Some(e) = &taken {
-            g.bytes = g.bytes.saturating_sub(e.bytes);
-        }
+        let taken = g.take(session_id);
         // Both are true prefixes of the transcript: the longer one wins.
         let (mut messages, mut bytes) = match (taken, known) {
             (Some(e), _) if e.messages.len() >= from => (e.messages, e.bytes),
@@ -122,9 +118,8 @@ impl TranscriptCache {
         g.clock += 1;
         let used = g.clock;
         if bytes <= self.budget {
-            g.bytes += bytes;
-            g.entries.insert(
-                session_id.to_string(),
+            g.put(
+                session_id,
                 Entry {
                     messages: messages.clone(),
                     bytes,
@@ -138,10 +133,7 @@ impl TranscriptCache {
 
     /// Drops the session's copy (it was deleted).
     pub fn forget(&self, session_id: &str) {
-        let mut g = self.lock();
-        if let Some(e) = g.entries.remove(session_id) {
-            g.bytes = g.bytes.saturating_sub(e.bytes);
-        }
+        self.lock().take(session_id);
     }
 
     /// Sessions and bytes held (for tests and metrics).
@@ -158,23 +150,42 @@ impl Default for TranscriptCache {
 }
 
 impl Inner {
+    /// The session's copy, now its most recently used.
+    fn touch(&mut self, session_id: &str) -> Option<Arc<Vec<Message>>> {
+        self.clock += 1;
+        let now = self.clock;
+        let e = self.entries.get_mut(session_id)?;
+        let before = std::mem::replace(&mut e.used, now);
+        let messages = e.messages.clone();
+        if let Some(id) = self.by_use.remove(&before) {
+            self.by_use.insert(now, id);
+        }
+        Some(messages)
+    }
+
+    fn take(&mut self, session_id: &str) -> Option<Entry> {
+        let e = self.entries.remove(session_id)?;
+        self.by_use.remove(&e.used);
+        self.bytes = self.bytes.saturating_sub(e.bytes);
+        Some(e)
+    }
+
+    /// Adds a copy the caller took out first (ids are unique).
+    fn put(&mut self, session_id: &str, e: Entry) {
+        let id: Arc<str> = Arc::from(session_id);
+        self.bytes += e.bytes;
+        self.by_use.insert(e.used, id.clone());
+        self.entries.insert(id, e);
+    }
+
     /// Drops the least recently used copies (never `keep`) until the total
-    /// fits. A linear scan per eviction: evictions are rare, and the map
-    /// holds at most a few thousand sessions.
+    /// fits.
     fn evict_beyond(&mut self, budget: usize, keep: &str) {
         while self.bytes > budget {
-            let Some(oldest) = self
-                .entries
-                .iter()
-                .filter(|(id, _)| id.as_str() != keep)
-                .min_by_key(|(_, e)| e.used)
-                .map(|(id, _)| id.clone())
-            else {
+            let Some(oldest) = self.by_use.values().find(|id| &***id != keep).cloned() else {
                 return;
             };
-            if let Some(e) = self.entries.remove(&oldest) {
-                self.bytes = self.bytes.saturating_sub(e.bytes);
-            }
+            self.take(&oldest);
         }
     }
 }
@@ -251,7 +262,7 @@ mod tests {
         cache.load(&store, "c").await.unwrap();
         let held: Vec<String> = {
             let g = cache.lock();
-            let mut k: Vec<String> = g.entries.keys().cloned().collect();
+            let mut k: Vec<String> = g.entries.keys().map(|k| k.to_string()).collect();
             k.sort();
             k
         };
@@ -260,5 +271,43 @@ mod tests {
         assert_eq!(huge.len(), 1, "still returned");
         assert_eq!(cache.held().0, 2, "but not kept");
         assert!(!cache.lock().entries.contains_key("huge"));
+    }
+
+    #[tokio::test]
+    async fn with_many_sessions_the_copies_kept_are_the_most_recently_used() {
+        let store = MemoryStore::new(Default::default());
+        let one = approx_bytes(&[Message::user("x".repeat(10))]);
+        let ids: Vec<String> = (0..40).map(|i| format!("s{i:02}")).collect();
+        for id in &ids {
+            session_with(&store, id, &"x".repeat(10)).await;
+        }
+        let cache = TranscriptCache::new(8 * one);
+        // Every session once, then every third one again, newest last.
+        let mut order: Vec<&String> = ids.iter().collect();
+        order.extend(ids.iter().step_by(3));
+        for id in &order {
+            cache.load(&store, id).await.unwrap();
+        }
+        let mut expected: Vec<String> = Vec::new();
+        for id in order.iter().rev() {
+            if !expected.contains(id) && expected.len() < 8 {
+                expected.push(id.to_string());
+            }
+        }
+        expected.sort();
+        let g = cache.lock();
+        let mut held: Vec<String> = g.entries.keys().map(|k| k.to_string()).collect();
+        held.sort();
+        assert_eq!(held, expected);
+        // The use index matches the entries, one for one.
+        assert_eq!(g.by_use.len(), g.entries.len());
+        for (used, id) in &g.by_use {
+            assert_eq!(g.entries[&**id].used, *used, "{id}");
+        }
+        drop(g);
+        cache.forget("s39");
+        let g = cache.lock();
+        assert_eq!((g.by_use.len(), g.entries.len()), (7, 7));
+        assert_eq!(g.bytes, 7 * one);
     }
 }
