@@ -38,10 +38,10 @@ struct Inner {
     /// The entries' session ids by last use, oldest first, so an eviction
     /// takes the first instead of scanning every entry. With short
     /// sessions the budget holds tens of thousands of them, and once it was
-    /// full the scan ran at every run start under this lock: ~1 ms each at
-    /// 65 000 sessions, which serialised a replica's runs (figure 4 fell
-    /// from ~16 000 to ~3 000 runs/s in its third round, and a hook's 5 s
-    /// deadline passed behind the lock).
+    /// full the scan ran at every run start under this lock, which
+    /// serialised a replica's runs (figure 4 fell from ~16 000 to ~3 000
+    /// runs/s in its third round, and a hook's 5 s deadline passed behind
+    /// the lock; BENCHMARKS.md).
     by_use: BTreeMap<u64, Arc<str>>,
     bytes: usize,
     clock: u64,
