@@ -195,12 +195,13 @@ impl TelemetryOptions {
                 .or_else(|| non_empty(cfg.otlp_endpoint.as_deref()))
                 .map(|e| normalize_endpoint(&e));
         }
-        let headers_var = [
+        // The signal's own variable wins over the general one.
+        let first_set =
+            |names: [&'static str; 2]| names.into_iter().find_map(|k| var(k).map(|v| (k, v)));
+        let headers_var = first_set([
             env::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
             env::OTEL_EXPORTER_OTLP_HEADERS,
-        ]
-        .into_iter()
-        .find_map(|k| var(k).map(|v| (k, v)));
+        ]);
         if let Some((name, raw)) = headers_var {
             match parse_resource_attributes(&raw) {
                 Ok(headers) => opts.otlp_headers = headers,
@@ -209,12 +210,10 @@ impl TelemetryOptions {
                     .push(format!("{name} ignored: entry `{bad}` is not key=value")),
             }
         }
-        let timeout_var = [
+        let timeout_var = first_set([
             env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
             env::OTEL_EXPORTER_OTLP_TIMEOUT,
-        ]
-        .into_iter()
-        .find_map(|k| var(k).map(|v| (k, v)));
+        ]);
         if let Some((name, raw)) = timeout_var {
             match raw.parse::<u64>() {
                 Ok(ms) if ms > 0 => opts.otlp_timeout = Duration::from_millis(ms),
