@@ -58,8 +58,9 @@ pub enum ExportSetupError {
     Endpoint(#[source] tonic::transport::Error),
     #[error("TLS for the collector: {0}")]
     Tls(#[source] tonic::transport::Error),
-    #[error("header `{0}` is not a valid gRPC metadata key or value")]
-    Header(String),
+    /// By position: a malformed entry may hold a credential.
+    #[error("export header {0} (counted from 1) is not a valid gRPC metadata key or value")]
+    Header(usize),
 }
 
 pub struct OtlpExporter {
@@ -88,10 +89,14 @@ impl OtlpExporter {
             endpoint = endpoint.tls_config(tls).map_err(ExportSetupError::Tls)?;
         }
         let mut metadata = MetadataMap::new();
-        for (k, v) in &settings.headers {
-            let key = MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                .map_err(|_| ExportSetupError::Header(k.clone()))?;
-            let value = v.parse().map_err(|_| ExportSetupError::Header(k.clone()))?;
+        for (i, (k, v)) in settings.headers.iter().enumerate() {
+            let bad = ExportSetupError::Header(i + 1);
+            let Ok(key) = MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()) else {
+                return Err(bad);
+            };
+            let Ok(value) = v.parse() else {
+                return Err(bad);
+            };
             metadata.append(key, value);
         }
         Ok(OtlpExporter {
@@ -466,7 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn a_header_that_is_not_metadata_is_a_setup_error_naming_it() {
+    fn a_header_that_is_not_metadata_is_a_setup_error_naming_its_position() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -474,9 +479,13 @@ mod tests {
         let err = OtlpExporter::new(&ExportSettings {
             endpoint: "http://127.0.0.1:4317".into(),
             timeout: DEFAULT_TIMEOUT,
-            headers: vec![("bad key".into(), "v".into())],
+            headers: vec![
+                ("x-ok".into(), "v".into()),
+                ("Bearer s3cret".into(), "v".into()),
+            ],
         })
         .unwrap_err();
-        assert!(err.to_string().contains("`bad key`"), "{err}");
+        assert!(err.to_string().contains("export header 2 "), "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
     }
 }

@@ -205,9 +205,10 @@ impl TelemetryOptions {
         if let Some((name, raw)) = headers_var {
             match parse_resource_attributes(&raw) {
                 Ok(headers) => opts.otlp_headers = headers,
-                Err(bad) => opts
-                    .warnings
-                    .push(format!("{name} ignored: entry `{bad}` is not key=value")),
+                // Not the entry itself: it may hold a credential.
+                Err(_) => opts.warnings.push(format!(
+                    "{name} ignored: an entry is not key=value (key=value,... with values percent-encoded)"
+                )),
             }
         }
         let timeout_var = first_set([
@@ -823,8 +824,12 @@ mod tests {
         assert_eq!(o.otlp_timeout, otlp_export::DEFAULT_TIMEOUT);
         let w = o.warnings.join("\n");
         assert!(
-            w.contains("OTEL_EXPORTER_OTLP_HEADERS ignored: entry `novalue`"),
+            w.contains("OTEL_EXPORTER_OTLP_HEADERS ignored: an entry is not key=value"),
             "{w}"
+        );
+        assert!(
+            !w.contains("novalue"),
+            "a header entry may be a credential: {w}"
         );
         assert!(w.contains("OTEL_EXPORTER_OTLP_TIMEOUT=10s"), "{w}");
         assert!(
