@@ -177,14 +177,16 @@ pub async fn invoke(
 
 pub fn assert_completed(r: &pb::RunResult, what: &str) {
     let outcome = pb::RunOutcome::try_from(r.outcome).unwrap_or(pb::RunOutcome::Unspecified);
-    assert!(
-        matches!(
-            outcome,
-            pb::RunOutcome::Completed | pb::RunOutcome::MaxTurns
-        ),
-        "{what}: run ended {outcome:?}: {}",
-        r.reason
-    );
+    assert!(completed(r), "{what}: run ended {outcome:?}: {}", r.reason);
+}
+
+/// Whether the run ended as a bench run should (completed, or at its turn
+/// limit).
+pub fn completed(r: &pb::RunResult) -> bool {
+    matches!(
+        pb::RunOutcome::try_from(r.outcome),
+        Ok(pb::RunOutcome::Completed | pb::RunOutcome::MaxTurns)
+    )
 }
 
 /// The admin port's `/metrics` text.
