@@ -131,6 +131,8 @@ fn fixed64_len(tag: u32, v: u64) -> usize {
     }
 }
 
+/// Nanoseconds since the epoch in OTLP's fixed64, as the crate converts
+/// them (a `u64` holds them until the year 2554).
 fn nanos(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -216,6 +218,7 @@ fn any_len(v: &Any<'_>) -> usize {
         Any::Str(s) => field_len(1, s.len()),
         Any::Other(s) => field_len(1, s.len()),
         Any::Bool(_) => 2,
+        // protobuf's int64: the two's-complement bits as a varint.
         Any::Int(i) => 1 + varint_len(*i as u64),
         Any::Double(_) => 9,
         Any::Array(a) => field_len(5, array_body_len(a)),

@@ -203,7 +203,7 @@ impl TelemetryOptions {
             env::OTEL_EXPORTER_OTLP_HEADERS,
         ]);
         if let Some((name, raw)) = headers_var {
-            match parse_resource_attributes(&raw) {
+            match parse_key_values(&raw) {
                 Ok(headers) => opts.otlp_headers = headers,
                 // Not the entry itself: it may hold a credential.
                 Err(_) => opts.warnings.push(format!(
@@ -236,7 +236,7 @@ impl TelemetryOptions {
         }
 
         if let Some(raw) = var(env::OTEL_RESOURCE_ATTRIBUTES) {
-            match parse_resource_attributes(&raw) {
+            match parse_key_values(&raw) {
                 Ok(attrs) => opts.resource_attributes = attrs,
                 Err(bad) => opts.warnings.push(format!(
                     "{} ignored: entry `{bad}` is not key=value",
@@ -322,9 +322,10 @@ fn checked_ratio(raw: Option<String>, source: &str, warnings: &mut Vec<String>) 
 }
 
 /// Parses `key1=value1,key2=value2` (values percent-encoded, per the OTel
-/// spec). On a malformed entry the whole value is discarded, as the spec
+/// spec), as `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_EXPORTER_OTLP_HEADERS`
+/// both write it. On a malformed entry the whole value is discarded, as the spec
 /// says; the entry is returned for the warning.
-fn parse_resource_attributes(raw: &str) -> Result<Vec<(String, String)>, String> {
+fn parse_key_values(raw: &str) -> Result<Vec<(String, String)>, String> {
     raw.split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
