@@ -103,9 +103,11 @@ impl Plan {
             window_ms: 1000,
             concurrency: vec![64, 512],
             floor_streams: 64,
-            // Enough that the bare runs at 512 (~40k runs/s, 4 per session)
-            // do not run dry within the window and make sessions in it.
-            throughput_sessions: 16_000,
+            // Enough that the bare runs (up to ~55k runs/s, 4 per session,
+            // workers running a little before and after the window) do not
+            // run dry and make sessions in it: 16 000 fell short by a few
+            // hundred in some rounds at 512.
+            throughput_sessions: 24_000,
             memory_rounds: 3,
             idle_sessions: 10_000,
             inflight_runs: 1_000,
@@ -116,7 +118,10 @@ impl Plan {
             // still wait: the in-flight load without the start-up burst.
             many_delays_ms: vec![2000, 20_000],
             many_postgres_delay_ms: Some(2000),
-            many_probes: 300,
+            // Each hooked and bare; a p99 over 300 was their third slowest
+            // and moved with one stall of the machine (the idle probes, half
+            // as many, gave p99 from 185 to 490 us between invocations).
+            many_probes: 1000,
             instruction_rounds: 3,
             instruction_runs: (20, 60),
             instruction_pings: (200, 1000),
