@@ -121,6 +121,11 @@ impl Floor {
         }
     }
 
+    /// A channel to another hook server, pinged with the same event.
+    pub fn to(&self, addr: String) -> Floor {
+        Floor::connect(addr, self.event.clone())
+    }
+
     /// Opens a stream the way hookwire does (first event queued before the
     /// call is awaited) and returns it after the first round trip.
     async fn open(&self) -> PingStream {

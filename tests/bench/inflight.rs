@@ -4,7 +4,10 @@
 //! the Go example as a process) on its four events, the scripted model
 //! answering after a delay as a real model would. All runs are started at
 //! once; while they wait on the model, probe runs (no delay) measure what a
-//! hook call adds under that load, against the floor of the same round.
+//! hook call adds under that load, against the floor of the same round,
+//! against the same probes with nothing in flight, and against what the
+//! two hooks cost without hookwire (the floor for the Rust hook, a direct
+//! round trip to the Go one: medians averaged, so an estimate).
 //!
 //! Two latency figures: over every probe (while the runs start, wait and
 //! end), and over the probes made while every run waits on the model (each
@@ -99,6 +102,10 @@ struct Round {
     idle99: f64,
     floor50: f64,
     floor99: f64,
+    /// Round trips from this process straight to the Go hook (µs), p50
+    /// and p99: that hook's own cost, without hookwire.
+    go50: f64,
+    go99: f64,
     probes: usize,
 }
 
@@ -165,6 +172,16 @@ async fn round(
         .map(micros)
         .collect();
     let (floor50, floor99) = (quantile(&mut rtt, 0.5), quantile(&mut rtt, 0.99));
+    // The same pings to the Go hook: a process of its own, which also
+    // writes an audit line per event, as it does for the probes.
+    let mut go_rtt: Vec<f64> = floor
+        .to(go.addr.clone())
+        .round_trips(plan.pings)
+        .await
+        .into_iter()
+        .map(micros)
+        .collect();
+    let (go50, go99) = (quantile(&mut go_rtt, 0.5), quantile(&mut go_rtt, 0.99));
     // The same probes with nothing in flight: what the two hooks take
     // themselves (the Go example does more per event than the floor's echo).
     let (mut idle_hooked, mut idle_bare) = (Vec::new(), Vec::new());
@@ -302,7 +319,7 @@ async fn round(
     let completed = done;
     if plan.verbose {
         eprintln!(
-            "  in-flight: peak {peak}, completed {completed}; RSS {:.1} -> {:.1} MiB, fds {fds0} -> {fds1}, tasks {tasks0} -> {tasks1}; {probes} probes ({steady_probes} while all wait; {calls_per_run} hook calls each), floor p50 {floor50:.1} p99 {floor99:.1} us, idle probes p50 {idle50:.1} p99 {idle99:.1} us",
+            "  in-flight: peak {peak}, completed {completed}; RSS {:.1} -> {:.1} MiB, fds {fds0} -> {fds1}, tasks {tasks0} -> {tasks1}; {probes} probes ({steady_probes} while all wait; {calls_per_run} hook calls each), floor p50 {floor50:.1} p99 {floor99:.1} us, Go hook p50 {go50:.1} p99 {go99:.1} us, idle probes p50 {idle50:.1} p99 {idle99:.1} us",
             rss0 / KIB / KIB,
             rss1 / KIB / KIB
         );
@@ -326,6 +343,8 @@ async fn round(
         idle99,
         floor50,
         floor99,
+        go50,
+        go99,
         probes,
     }
 }
@@ -494,6 +513,54 @@ fn series(plan: &Plan, delay_ms: u64, store: &str, rounds: &[Round]) -> Vec<Row>
                 Spread::of(&s99),
             )
             .against("idle probes p99", Spread::of(&i99), &ratio(&s99, &i99)),
+        );
+        // What the two hooks cost without hookwire: the floor's echo for
+        // the Rust hook (in this process, so if anything cheaper than
+        // hookwire's calls to it from another), a direct round trip for the
+        // Go one; a probe run calls each equally often.
+        let (g50, g99) = (qcol(|r| r.go50), qcol(|r| r.go99));
+        let own = |g: &[f64], f: &[f64]| {
+            g.iter()
+                .zip(f)
+                .map(|(g, f)| (g + f) / 2.0)
+                .collect::<Vec<_>>()
+        };
+        let (o50, o99) = (own(&g50, &q50), own(&g99, &q99));
+        rows.push(
+            Row::new(
+                9,
+                format!("{what}: the Go hook's own round trip p50, nothing in flight"),
+                "us",
+                Spread::of(&g50),
+            )
+            .against("floor p50", Spread::of(&q50), &ratio(&g50, &q50)),
+        );
+        rows.push(
+            Row::new(
+                9,
+                format!("{what}: the Go hook's own round trip p99, nothing in flight"),
+                "us",
+                Spread::of(&g99),
+            )
+            .against("floor p99", Spread::of(&q99), &ratio(&g99, &q99)),
+        );
+        rows.push(
+            Row::new(
+                9,
+                format!("{what}: added latency p50 per hook call while all wait, against the hooks' own round trips"),
+                "us",
+                Spread::of(&s50),
+            )
+            .against("mean of floor and Go p50", Spread::of(&o50), &ratio(&s50, &o50)),
+        );
+        rows.push(
+            Row::new(
+                9,
+                format!("{what}: added latency p99 per hook call while all wait, against the hooks' own round trips"),
+                "us",
+                Spread::of(&s99),
+            )
+            .against("mean of floor and Go p99", Spread::of(&o99), &ratio(&s99, &o99)),
         );
     }
     rows
