@@ -100,6 +100,23 @@ impl ClientQueue {
         }
     }
 
+    /// Reserves `n` slots if they are free now and no held delta must go
+    /// first; `None` when the caller has to wait ([`Self::reserve`]). The
+    /// common case between steps, without arming the stall timer.
+    pub fn try_reserve(
+        &self,
+        n: usize,
+    ) -> Option<Result<PermitIterator<'_, RunEvent>, Unwritable>> {
+        if self.held.locked().is_some() {
+            return None;
+        }
+        match self.tx.try_reserve_many(n.clamp(1, self.capacity())) {
+            Ok(p) => Some(Ok(p)),
+            Err(TrySendError::Closed(())) => Some(Err(Unwritable::Closed)),
+            Err(TrySendError::Full(())) => None,
+        }
+    }
+
     /// Waits until `n` slots are free (after sending any held delta) and
     /// reserves them. Cancel-safe: dropping it gives the room back (a held
     /// delta being sent is then dropped, as the run is ending).
@@ -183,5 +200,31 @@ mod tests {
         assert!(waiting.await.is_ok());
         drop(rx);
         assert_eq!(q.push(delta(3, "x")), Err(Refused::Closed));
+    }
+
+    #[tokio::test]
+    async fn room_is_taken_at_once_only_when_free_and_no_held_delta_goes_first() {
+        let (tx, mut rx) = mpsc::channel(2);
+        let q = ClientQueue::new(tx, Duration::from_secs(60));
+        assert_eq!(q.try_reserve(2).map(|r| r.unwrap().count()), Some(2));
+        q.push(RunEvent::TurnStarted { turn: 1 }).unwrap();
+        assert!(q.try_reserve(2).is_none(), "one slot left: wait");
+        q.push(delta(1, "a")).unwrap();
+        q.push(delta(1, "b")).unwrap();
+        assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 1 }));
+        assert!(
+            q.try_reserve(1).is_none(),
+            "a slot is free, but the held delta goes first"
+        );
+        assert_eq!(rx.recv().await, Some(delta(1, "a")));
+        let mut p = q.reserve(1).await.unwrap();
+        p.next().unwrap().send(RunEvent::TurnStarted { turn: 2 });
+        assert_eq!(rx.recv().await, Some(delta(1, "b")));
+        assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 2 }));
+        drop(rx);
+        assert_eq!(
+            q.try_reserve(1).map(|r| r.err()),
+            Some(Some(Unwritable::Closed))
+        );
     }
 }
