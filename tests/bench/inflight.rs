@@ -399,7 +399,6 @@ fn series(plan: &Plan, delay_ms: u64, store: &str, rounds: &[Round]) -> Vec<Row>
         delay_ms as f64 / 1000.0
     );
     let runs = Spread::of(&[n as f64]);
-    let ratio = |v: &[f64], by: &[f64]| v.iter().zip(by).map(|(a, b)| a / b).collect::<Vec<_>>();
     let fixed = |v: &[f64], t: f64| v.iter().map(|x| x / t).collect::<Vec<_>>();
     let completed = col(|r| r.completed);
     let peak = col(|r| r.peak);
@@ -496,24 +495,13 @@ fn series(plan: &Plan, delay_ms: u64, store: &str, rounds: &[Round]) -> Vec<Row>
         // What the load itself adds: the same probes, same hooks, same
         // round, with nothing in flight.
         let (i50, i99) = (qcol(|r| r.idle50), qcol(|r| r.idle99));
-        rows.push(
-            Row::new(
-                9,
-                format!("{what}: added latency p50 per hook call while all wait, against nothing in flight"),
-                "us",
-                Spread::of(&s50),
-            )
-            .against("idle probes p50", Spread::of(&i50), &ratio(&s50, &i50)),
-        );
-        rows.push(
-            Row::new(
-                9,
-                format!("{what}: added latency p99 per hook call while all wait, against nothing in flight"),
-                "us",
-                Spread::of(&s99),
-            )
-            .against("idle probes p99", Spread::of(&i99), &ratio(&s99, &i99)),
-        );
+        let against_nothing = |q: u8| {
+            format!(
+            "{what}: added latency p{q} per hook call while all wait, against nothing in flight"
+        )
+        };
+        rows.push(versus(against_nothing(50), &s50, "idle probes p50", &i50));
+        rows.push(versus(against_nothing(99), &s99, "idle probes p99", &i99));
         // What the two hooks cost without hookwire: the floor's echo for
         // the Rust hook (in this process, so if anything cheaper than
         // hookwire's calls to it from another), a direct round trip for the
@@ -526,42 +514,31 @@ fn series(plan: &Plan, delay_ms: u64, store: &str, rounds: &[Round]) -> Vec<Row>
                 .collect::<Vec<_>>()
         };
         let (o50, o99) = (own(&g50, &q50), own(&g99, &q99));
-        rows.push(
-            Row::new(
-                9,
-                format!("{what}: the Go hook's own round trip p50, nothing in flight"),
-                "us",
-                Spread::of(&g50),
-            )
-            .against("floor p50", Spread::of(&q50), &ratio(&g50, &q50)),
-        );
-        rows.push(
-            Row::new(
-                9,
-                format!("{what}: the Go hook's own round trip p99, nothing in flight"),
-                "us",
-                Spread::of(&g99),
-            )
-            .against("floor p99", Spread::of(&q99), &ratio(&g99, &q99)),
-        );
-        rows.push(
-            Row::new(
-                9,
-                format!("{what}: added latency p50 per hook call while all wait, against the hooks' own round trips"),
-                "us",
-                Spread::of(&s50),
-            )
-            .against("mean of floor and Go p50", Spread::of(&o50), &ratio(&s50, &o50)),
-        );
-        rows.push(
-            Row::new(
-                9,
-                format!("{what}: added latency p99 per hook call while all wait, against the hooks' own round trips"),
-                "us",
-                Spread::of(&s99),
-            )
-            .against("mean of floor and Go p99", Spread::of(&o99), &ratio(&s99, &o99)),
-        );
+        let go = |q: u8| format!("{what}: the Go hook's own round trip p{q}, nothing in flight");
+        rows.push(versus(go(50), &g50, "floor p50", &q50));
+        rows.push(versus(go(99), &g99, "floor p99", &q99));
+        let against_own = |q: u8| {
+            format!("{what}: added latency p{q} per hook call while all wait, against the hooks' own round trips")
+        };
+        rows.push(versus(
+            against_own(50),
+            &s50,
+            "mean of floor and Go p50",
+            &o50,
+        ));
+        rows.push(versus(
+            against_own(99),
+            &s99,
+            "mean of floor and Go p99",
+            &o99,
+        ));
     }
     rows
+}
+
+/// An informative row of µs, one value per round, against a baseline of
+/// the same rounds (no target).
+fn versus(name: String, v: &[f64], baseline: &str, by: &[f64]) -> Row {
+    let ratio: Vec<f64> = v.iter().zip(by).map(|(a, b)| a / b).collect();
+    Row::new(9, name, "us", Spread::of(v)).against(baseline, Spread::of(by), &ratio)
 }
