@@ -164,24 +164,11 @@ async fn round(
         fds(pid),
         gauge(server.admin, "hookwire_runtime_alive_tasks").await,
     );
-    // The floor of this round, before the load.
-    let mut rtt: Vec<f64> = floor
-        .round_trips(plan.pings)
-        .await
-        .into_iter()
-        .map(micros)
-        .collect();
-    let (floor50, floor99) = (quantile(&mut rtt, 0.5), quantile(&mut rtt, 0.99));
-    // The same pings to the Go hook: a process of its own, which also
-    // writes an audit line per event, as it does for the probes.
-    let mut go_rtt: Vec<f64> = floor
-        .to(go.addr.clone())
-        .round_trips(plan.pings)
-        .await
-        .into_iter()
-        .map(micros)
-        .collect();
-    let (go50, go99) = (quantile(&mut go_rtt, 0.5), quantile(&mut go_rtt, 0.99));
+    // The floor of this round, before the load; the same pings to the Go
+    // hook (a process of its own, which also writes an audit line per
+    // event, as it does for the probes).
+    let (floor50, floor99) = round_trip_quantiles(floor, plan.pings).await;
+    let (go50, go99) = round_trip_quantiles(&floor.to(go.addr.clone()), plan.pings).await;
     // The same probes with nothing in flight: what the two hooks take
     // themselves (the Go example does more per event than the floor's echo).
     let (mut idle_hooked, mut idle_bare) = (Vec::new(), Vec::new());
@@ -541,4 +528,10 @@ fn series(plan: &Plan, delay_ms: u64, store: &str, rounds: &[Round]) -> Vec<Row>
 fn versus(name: String, v: &[f64], baseline: &str, by: &[f64]) -> Row {
     let ratio: Vec<f64> = v.iter().zip(by).map(|(a, b)| a / b).collect();
     Row::new(9, name, "us", Spread::of(v)).against(baseline, Spread::of(by), &ratio)
+}
+
+/// p50 and p99 (µs) of `n` sequential round trips on one stream.
+async fn round_trip_quantiles(floor: &Floor, n: usize) -> (f64, f64) {
+    let mut rtt: Vec<f64> = floor.round_trips(n).await.into_iter().map(micros).collect();
+    (quantile(&mut rtt, 0.5), quantile(&mut rtt, 0.99))
 }
