@@ -55,7 +55,7 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test --lib fuzz_
 	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test --test fuzz
 
-## Benchmarks (release build, loopback, a few minutes): prints the table and
+## Benchmarks (the `production` profile's settings, loopback, a few minutes): prints the table and
 ## writes target/bench/results.json; see BENCHMARKS.md.
 bench: deps
 	$(CARGO) bench --bench hookwire
@@ -66,8 +66,10 @@ fmt:
 build:
 	$(CARGO) build
 
+## The binary that ships (whole-program optimised, Cargo.toml's `production`
+## profile): target/production/hookwire. `make run` builds the quicker `release`.
 release:
-	$(CARGO) build --release
+	$(CARGO) build --profile production
 
 clean:
 	$(CARGO) clean

@@ -33,7 +33,7 @@ die() { printf 'build-image: %s\n' "$*" >&2; exit 1; }
 command -v buildah >/dev/null || die "buildah not found (apt-get install buildah; or make image, which runs deploy/deps.sh image)"
 
 if [ -z "${HOOKWIRE_BIN:-}" ]; then
-    step "cargo build --release (static, $triple)"
+    step "cargo build --profile production (static, $triple)"
     # crt-static links glibc into the binary. rustup cannot add a musl target
     # offline, and glibc >= 2.34 resolves names (files, dns) without loading
     # NSS modules, so a static glibc binary runs on an empty image.
@@ -42,8 +42,8 @@ if [ -z "${HOOKWIRE_BIN:-}" ]; then
     # mounts /dev (this script's chroot smoke test, minimal sandboxes), and
     # the first session id panics. The cfg links getrandom() directly.
     RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --cfg getrandom_backend=\"linux_getrandom\"" \
-        cargo build --release --locked --target "$triple" --bin hookwire
-    HOOKWIRE_BIN="${CARGO_TARGET_DIR:-target}/$triple/release/hookwire"
+        cargo build --profile production --locked --target "$triple" --bin hookwire
+    HOOKWIRE_BIN="${CARGO_TARGET_DIR:-target}/$triple/production/hookwire"
 fi
 [ -x "$HOOKWIRE_BIN" ] || die "no binary at $HOOKWIRE_BIN"
 if readelf -l "$HOOKWIRE_BIN" | grep -q 'program interpreter'; then

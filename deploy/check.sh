@@ -74,7 +74,7 @@ done
 # Without one the check fails: a skipped step must not end in "OK".
 bin=${HOOKWIRE_BIN:-}
 if [ -z "$bin" ]; then
-    for b in target/debug/hookwire target/release/hookwire; do
+    for b in target/debug/hookwire target/release/hookwire target/production/hookwire; do
         [ -x "$b" ] && bin=$b && break
     done
 fi
