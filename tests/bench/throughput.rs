@@ -35,6 +35,9 @@ pub async fn measure(rig: &mut Rig, floor: &Floor, plan: &Plan) -> Vec<Row> {
     let mut pools = Pools::new();
     let n = plan.concurrency.len();
     let (mut hooked, mut bare) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    // The floor with as many streams as runs (no target): whether a cost
+    // that grows with concurrency is the runs' or HTTP/2's and tokio's own.
+    let mut floors_at = vec![Vec::new(); n];
     // Runs that did not complete, per concurrency, both variants together.
     let mut failed = vec![Vec::new(); n];
     for _ in 0..plan.throughput_rounds {
@@ -44,6 +47,11 @@ pub async fn measure(rig: &mut Rig, floor: &Floor, plan: &Plan) -> Vec<Row> {
                 .await,
         );
         for (i, &c) in plan.concurrency.iter().enumerate() {
+            floors_at[i].push(if c == plan.floor_streams {
+                *floors.last().unwrap()
+            } else {
+                floor.throughput(c, window, plan.verbose).await
+            });
             let (h, hf) = runs_per_second(rig, &mut pools, HOOKED, c, window, plan).await;
             let (b, bf) = runs_per_second(rig, &mut pools, BARE, c, window, plan).await;
             hooked[i].push(h);
@@ -101,6 +109,29 @@ pub async fn measure(rig: &mut Rig, floor: &Floor, plan: &Plan) -> Vec<Row> {
             )
             .against(&floor_name, floor_spread, &ratio(&net)),
         );
+        if *c != plan.floor_streams {
+            let at = Spread::of(&floors_at[i]);
+            let over = |v: &[f64]| -> Vec<f64> {
+                v.iter().zip(&floors_at[i]).map(|(x, f)| x / f).collect()
+            };
+            rows.push(Row::new(
+                4,
+                format!("floor: round trips/s, {c} streams"),
+                "/s",
+                at,
+            ));
+            rows.push(
+                Row::new(
+                    4,
+                    format!(
+                        "hook events/s, {c} concurrent chat runs, against the floor at {c} streams"
+                    ),
+                    "/s",
+                    Spread::of(&direct),
+                )
+                .against(&format!("floor {c} streams"), at, &over(&direct)),
+            );
+        }
         rows.push(
             Row::new(
                 4,
