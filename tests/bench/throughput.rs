@@ -129,7 +129,7 @@ pub async fn measure(rig: &mut Rig, floor: &Floor, plan: &Plan) -> Vec<Row> {
                     "/s",
                     Spread::of(&direct),
                 )
-                .against(&format!("floor {c} streams"), at, &over(&direct)),
+                .against(format!("floor {c} streams"), at, &over(&direct)),
             );
         }
         rows.push(
