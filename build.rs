@@ -25,6 +25,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost's codec with 1 KiB starting buffers (src/pb/codec.rs).
+        .codec_path("crate::pb::codec::SmallBufferCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -12,5 +12,7 @@ mod generated {
 
 pub use generated::*;
 
+pub mod codec;
+
 /// Encoded file descriptor set of `proto/`, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("hookwire_descriptor");

@@ -27,13 +27,11 @@ use super::wire_event::WireEvent;
 const KEEP_SCRATCH: usize = 64 * 1024;
 
 /// The buffers tonic allocates for each stream, one to send and one to
-/// receive. Its default, 8 KiB each, is sized for large messages; a
-/// stream's events are a few hundred bytes to a few KiB and its verdicts
-/// smaller, and a held run keeps both buffers of each of its streams.
-/// Either grows when a message needs more (tonic reserves what the
-/// message takes). The yield threshold is tonic's default.
+/// receive: the same small start as every generated call's
+/// ([`crate::pb::codec`]), since a held run keeps both for each of its
+/// streams.
 fn stream_buffers() -> BufferSettings {
-    BufferSettings::new(1024, 32 * 1024)
+    crate::pb::codec::call_buffers()
 }
 
 /// `application/grpc+proto`, encoding [`WireEvent`]s (shared with the
