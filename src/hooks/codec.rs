@@ -15,24 +15,17 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use prost::Message;
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
 use tonic::Status;
 use tonic_prost::ProstDecoder;
 
 use super::wire_event::WireEvent;
+use crate::pb::codec::call_buffers;
 
 /// A scratch buffer grown past this by one large event (a model request
 /// with a long history) is let go after it, so a run holding its stream
 /// does not hold that memory until it ends.
 const KEEP_SCRATCH: usize = 64 * 1024;
-
-/// The buffers tonic allocates for each stream, one to send and one to
-/// receive: the same small start as every generated call's
-/// ([`crate::pb::codec`]), since a held run keeps both for each of its
-/// streams.
-fn stream_buffers() -> BufferSettings {
-    crate::pb::codec::call_buffers()
-}
 
 /// `application/grpc+proto`, encoding [`WireEvent`]s (shared with the
 /// stream, which keeps them until the server accepted it) and decoding `U`.
@@ -51,7 +44,7 @@ where
     type Encode = Arc<WireEvent>;
     type Decode = U;
     type Encoder = ScratchEncoder;
-    type Decoder = VerdictDecoder<U>;
+    type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         ScratchEncoder {
@@ -59,24 +52,10 @@ where
         }
     }
 
+    /// Verdicts: prost's decoder, with the small buffers of every
+    /// generated call (a held run keeps one per stream).
     fn decoder(&mut self) -> Self::Decoder {
-        VerdictDecoder(ProstDecoder::default())
-    }
-}
-
-/// prost's decoder, with the stream's buffer size.
-pub struct VerdictDecoder<U>(ProstDecoder<U>);
-
-impl<U: Message + Default> Decoder for VerdictDecoder<U> {
-    type Item = U;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        self.0.decode(buf)
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        stream_buffers()
+        ProstDecoder::new(call_buffers())
     }
 }
 
@@ -98,7 +77,7 @@ impl Encoder for ScratchEncoder {
     }
 
     fn buffer_settings(&self) -> BufferSettings {
-        stream_buffers()
+        call_buffers()
     }
 }
 
