@@ -7,6 +7,7 @@ pub mod batch;
 pub mod client_queue;
 pub mod contain;
 pub mod events;
+pub mod guard;
 pub mod ledger;
 pub mod machine;
 pub mod outcome;

@@ -15,6 +15,7 @@ use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::batch::{run_batch, BatchStop, CallOutcome};
 use crate::agent::client_queue::{ClientQueue, Refused, Unwritable};
 use crate::agent::events::{RunEvent, RunReport};
+use crate::agent::guard::Guarded;
 use crate::agent::ledger::Ledger;
 use crate::agent::machine::*;
 use crate::agent::outcome::RunOutcome;
@@ -178,12 +179,10 @@ impl Run {
         }
         let r = match self.events.try_reserve(n) {
             Some(r) => r,
-            None => tokio::select! {
-                biased;
-                _ = self.cancel.cancelled() => return None,
-                _ = tokio::time::sleep_until(self.deadline) => return None,
-                r = self.events.reserve(n) => r,
-            },
+            // Boxed: only a client that fell behind waits here, and inline
+            // this wait (two timers and the queue's reserve) made every
+            // step's future, and so the run's, larger.
+            None => Box::pin(self.wait_room(n)).await?,
         };
         match r {
             Ok(p) => Some(p),
@@ -198,6 +197,20 @@ impl Run {
                 ));
                 None
             }
+        }
+    }
+
+    /// Waits for room for `n` events; `None` when the run is cancelled or
+    /// out of time first.
+    async fn wait_room(
+        &self,
+        n: usize,
+    ) -> Option<Result<tokio::sync::mpsc::PermitIterator<'_, RunEvent>, Unwritable>> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => None,
+            _ = tokio::time::sleep_until(self.deadline) => None,
+            r = self.events.reserve(n) => Some(r),
         }
     }
 
@@ -331,18 +344,18 @@ impl Run {
         checked
     }
 
-    /// Runs a step's IO, ending it early on cancellation or the run deadline.
-    async fn guarded<T>(&self, fut: impl Future<Output = Result<T, Stop>>) -> Result<T, Stop> {
-        tokio::select! {
-            biased;
-            _ = self.cancel.cancelled() => Err(self
-                .cancel_reason
+    /// Runs a step's IO, ending it early on cancellation or the run deadline
+    /// ([`Guarded`]: checked in that order, before the step).
+    fn guarded<T, F: Future<Output = Result<T, Stop>>>(
+        &self,
+        fut: F,
+    ) -> Guarded<'_, F, impl Fn() -> Stop + '_> {
+        Guarded::new(self.cancel.cancelled(), self.deadline, fut, || {
+            self.cancel_reason
                 .locked()
                 .clone()
-                .unwrap_or_else(|| Stop::Cancelled("cancelled".into()))),
-            _ = tokio::time::sleep_until(self.deadline) => Err(Stop::TimedOut),
-            r = fut => r,
-        }
+                .unwrap_or_else(|| Stop::Cancelled("cancelled".into()))
+        })
     }
 }
 

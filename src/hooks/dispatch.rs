@@ -19,7 +19,7 @@ use crate::hooks::compose::{self, ChainEvent, Merged, Step};
 use crate::hooks::failure::{FailureClass, Fault, HookFailure};
 use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::provenance::VerdictRecord;
-use crate::hooks::stream::RunStream;
+use crate::hooks::stream::{RunStream, Sent};
 use crate::hooks::verdict::{Action, ModelRequestAction, ScratchOp, Verdict, VerdictKind};
 use crate::hooks::wire;
 use crate::hooks::wire_event::{RunContext, WireEvent};
@@ -166,7 +166,9 @@ impl RunHooks {
                 let budget = deadline
                     .saturating_duration_since(Instant::now())
                     .min(hook.client.config.timeout);
-                hook.client.describe(budget).await?;
+                // Boxed: a hook not described yet is rare, and this call
+                // inline made every hook event's future 1.9 KiB larger.
+                Box::pin(hook.client.describe(budget)).await?;
                 Ok(hook.client.subscribes(kind).unwrap_or(false))
             }
         }
@@ -271,7 +273,12 @@ impl RunHooks {
                 return Err(f);
             }
             let event = self.wire_event(turn, payload, deadline, trace);
-            let pending = stream.send_blocking(event, deadline).await?;
+            let pending = match stream.send_blocking(event)? {
+                Sent::Queued(p) => p,
+                // Boxed: a hook that reads slower than events come is rare,
+                // and this wait inline made every hook call's future larger.
+                Sent::Full(full) => Box::pin(full.until(deadline)).await?,
+            };
             let v = stream.wait(pending, deadline).await?;
             let baseline = match payload {
                 Payload::ModelRequest(r) => Some(r),

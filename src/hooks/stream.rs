@@ -98,6 +98,45 @@ pub struct Pending {
     rx: oneshot::Receiver<Result<pb::HookVerdict, Fault>>,
 }
 
+/// A blocking event handed to the stream ([`RunStream::send_blocking`]).
+pub enum Sent<'a> {
+    Queued(Pending),
+    /// The stream's queue is full: the hook reads slower than events come.
+    Full(Full<'a>),
+}
+
+/// An event waiting for room in its stream's queue.
+pub struct Full<'a> {
+    stream: &'a RunStream,
+    tx: mpsc::Sender<Queued>,
+    event: Queued,
+    pending: Pending,
+}
+
+impl Full<'_> {
+    /// Waits for room until `deadline`; an event the hook did not take by
+    /// then fails with a deadline fault and never reaches it.
+    pub async fn until(self, deadline: Instant) -> Result<Pending, Fault> {
+        let Full {
+            stream,
+            tx,
+            event,
+            pending,
+        } = self;
+        match tokio::time::timeout_at(deadline, tx.send(event)).await {
+            Ok(Ok(())) => Ok(pending),
+            Ok(Err(_)) => Err(stream.fault_or(FailureClass::StreamReset, "stream closed")),
+            Err(_) => {
+                stream.expire(pending.seq);
+                Err(Fault::new(
+                    FailureClass::Deadline,
+                    "hook did not read the event before the deadline",
+                ))
+            }
+        }
+    }
+}
+
 /// How long a stream may linger after hookwire half-closed it, waiting for
 /// the hook to end its side.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
@@ -220,13 +259,12 @@ impl RunStream {
         self.tx.locked().clone()
     }
 
-    /// Sends a blocking event; waits (bounded by `deadline`) for room in the
-    /// stream if the hook is slow to read.
-    pub async fn send_blocking(
-        &self,
-        mut event: WireEvent,
-        deadline: Instant,
-    ) -> Result<Pending, Fault> {
+    /// Sends a blocking event: queued at once when the stream has room,
+    /// which is the common case; [`Sent::Full`] when the hook is slow to
+    /// read, to wait for room with [`Full::until`]. Not an `async fn`: its
+    /// future would hold the event (~750 bytes) for its whole life, and it
+    /// is part of every hook call's future.
+    pub fn send_blocking(&self, mut event: WireEvent) -> Result<Sent<'_>, Fault> {
         let (wtx, rx) = oneshot::channel();
         let seq = {
             let mut g = self.routing.locked();
@@ -248,16 +286,18 @@ impl RunStream {
                 "stream already closed",
             ));
         };
-        match tokio::time::timeout_at(deadline, tx.send(Arc::new(event))).await {
-            Ok(Ok(())) => Ok(Pending { seq, rx }),
-            Ok(Err(_)) => Err(self.fault_or(FailureClass::StreamReset, "stream closed")),
-            Err(_) => {
-                self.expire(seq);
-                Err(Fault::new(
-                    FailureClass::Deadline,
-                    "hook did not read the event before the deadline",
-                ))
+        let pending = Pending { seq, rx };
+        match tx.try_send(Arc::new(event)) {
+            Ok(()) => Ok(Sent::Queued(pending)),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Err(self.fault_or(FailureClass::StreamReset, "stream closed"))
             }
+            Err(mpsc::error::TrySendError::Full(event)) => Ok(Sent::Full(Full {
+                stream: self,
+                tx,
+                event,
+                pending,
+            })),
         }
     }
 
