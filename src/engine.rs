@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::contain::drive_contained;
-use crate::agent::events::{RunEvent, RunReport};
+use crate::agent::events::{QueuedEvent, RunReport};
 use crate::agent::ledger::Ledger;
 use crate::agent::outcome::RunOutcome;
 use crate::agent::runner::{AgentRuntime, Run};
@@ -77,8 +77,9 @@ pub struct RunHandle {
     pub run_id: String,
     /// Bounded by `server.run_event_buffer`. When it was full as the run
     /// ended, the last event (`Finished`) is missing: the report is then
-    /// `task`'s result.
-    pub events: mpsc::Receiver<RunEvent>,
+    /// `task`'s result. A run started without `streaming` (`Invoke`) queues
+    /// only `Finished`.
+    pub events: mpsc::Receiver<QueuedEvent>,
     pub task: tokio::task::JoinHandle<RunReport>,
 }
 

@@ -88,7 +88,7 @@ async fn a_slow_client_slows_the_run_down_and_misses_nothing() {
         tokio::task::yield_now().await;
     }
     let mut events = Vec::new();
-    while let Some(ev) = h.events.recv().await {
+    while let Some(ev) = h.events.recv().await.map(|e| *e) {
         let last = matches!(ev, RunEvent::Finished(_));
         events.push(ev);
         if last {
@@ -113,7 +113,7 @@ async fn a_slow_client_slows_the_run_down_and_misses_nothing() {
 }
 
 async fn approval_pending(h: &mut RunHandle) {
-    while let Some(ev) = h.events.recv().await {
+    while let Some(ev) = h.events.recv().await.map(|e| *e) {
         if matches!(ev, RunEvent::ApprovalRequested { .. }) {
             return;
         }
@@ -248,13 +248,16 @@ async fn the_run_waits_for_room_before_a_step_until_the_client_reads() {
     }
     run.deliver(RunEvent::TurnStarted { turn: 100 }).await;
     assert_eq!(
-        rx.recv().await,
+        rx.recv().await.map(|e| *e),
         Some(RunEvent::TextDelta {
             turn: 1,
             text: "abc".into()
         })
     );
-    assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 100 }));
+    assert_eq!(
+        rx.recv().await.map(|e| *e),
+        Some(RunEvent::TurnStarted { turn: 100 })
+    );
     // Any other event that finds the queue full ends the run, naming the
     // limit.
     for turn in 0..16 {
@@ -439,4 +442,78 @@ async fn a_burst_of_deltas_larger_than_the_queue_reaches_a_reading_client_whole(
         .collect();
     assert_eq!(streamed, r.final_text, "every delta's text, in order");
     server.stop().await;
+}
+
+/// A run started as `Invoke` starts it (`streaming` false).
+async fn start_invoke(e: &Arc<Engine>, input: &str) -> RunHandle {
+    let s = e
+        .create_session(&Principal::anonymous(), "a", vec![], Default::default())
+        .await
+        .unwrap();
+    e.start_run(
+        &Principal::anonymous(),
+        &s.id,
+        input.into(),
+        false,
+        Default::default(),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_invoke_run_queues_its_report_and_nothing_else() {
+    let owner = weather_owner().start().await;
+    let e = engine(&config(
+        &[("owner", &owner.addr, "")],
+        "tools: [get_weather]",
+    ))
+    .await;
+    // Two turns, three tool calls: a Run client would read dozens of events.
+    let mut h = start_invoke(&e, "weather in Paris, Oslo and Rome").await;
+    let report = (&mut h.task).await.unwrap();
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    let mut queued = Vec::new();
+    while let Some(ev) = h.events.recv().await {
+        queued.push(*ev);
+    }
+    assert_eq!(queued, vec![RunEvent::Finished(report)]);
+}
+
+#[tokio::test]
+async fn an_invoke_caller_that_leaves_ends_its_run() {
+    use hookwire::hook_server::Reply;
+    use hookwire::pb;
+    // run_start waits until the caller has gone.
+    let (arrived, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let (a, r) = (arrived.clone(), release.clone());
+    let hook = FnHook::new("h", &[pb::EventKind::RunStart])
+        .on_run_start(move |_, _| {
+            let (a, r) = (a.clone(), r.clone());
+            async move {
+                a.notify_one();
+                r.notified().await;
+                Reply::new(pb::RunStartVerdict {
+                    action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
+        .start()
+        .await;
+    let e = engine(&config(&[("h", &hook.addr, "")], "")).await;
+    let h = start_invoke(&e, "hello").await;
+    arrived.notified().await;
+    // The caller leaves: tonic drops its handler, and with it the events.
+    drop(h.events);
+    release.notify_one();
+    let report = h.task.await.unwrap();
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert!(
+        report.reason.contains("client disconnected"),
+        "{}",
+        report.reason
+    );
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::{self, error::TrySendError, PermitIterator};
 
-use crate::agent::events::RunEvent;
+use crate::agent::events::{QueuedEvent, RunEvent};
 
 /// Why an event could not be queued without waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,24 +39,52 @@ pub enum Unwritable {
 }
 
 pub struct ClientQueue {
-    tx: mpsc::Sender<RunEvent>,
+    tx: mpsc::Sender<QueuedEvent>,
     /// Deltas (turn, merged text) that found the queue full.
     held: Mutex<Option<(u32, String)>>,
     stall: Duration,
+    /// The client reads only the run's report (`Invoke`).
+    report_only: bool,
 }
 
 impl ClientQueue {
-    pub fn new(tx: mpsc::Sender<RunEvent>, stall: Duration) -> Self {
+    pub fn new(tx: mpsc::Sender<QueuedEvent>, stall: Duration) -> Self {
         ClientQueue {
             tx,
             held: Mutex::new(None),
             stall,
+            report_only: false,
         }
     }
 
-    /// Takes the sender back (to rebuild the queue with other settings).
-    pub fn into_sender(self) -> mpsc::Sender<RunEvent> {
-        self.tx
+    /// A queue for a client that reads only the run's report (`Invoke`):
+    /// [`Self::wants`] turns every other event away before it is queued,
+    /// as each one queued woke the caller's handler only to be dropped.
+    pub fn report_only(mut self) -> Self {
+        self.report_only = true;
+        self
+    }
+
+    pub fn with_stall(mut self, stall: Duration) -> Self {
+        self.stall = stall;
+        self
+    }
+
+    /// Whether the client reads `ev`; an event it does not read is not
+    /// queued (but a client that left still has to be noticed:
+    /// [`Self::is_closed`]).
+    pub fn wants(&self, ev: &RunEvent) -> bool {
+        !self.report_only || matches!(ev, RunEvent::Finished(_))
+    }
+
+    /// Whether the client reads events as they happen (not only the report).
+    pub fn streams(&self) -> bool {
+        !self.report_only
+    }
+
+    /// The client is gone.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
     }
 
     /// How many events the queue holds.
@@ -79,24 +107,30 @@ impl ClientQueue {
         }
         // Held deltas go first, to keep the order.
         if let Some((turn, text)) = held.take() {
-            match self.tx.try_send(RunEvent::TextDelta { turn, text }) {
+            match self
+                .tx
+                .try_send(Box::new(RunEvent::TextDelta { turn, text }))
+            {
                 Ok(()) => {}
                 Err(TrySendError::Closed(_)) => return Err(Refused::Closed),
-                Err(TrySendError::Full(RunEvent::TextDelta { turn, text })) => {
-                    *held = Some((turn, text));
+                Err(TrySendError::Full(ev)) => {
+                    if let RunEvent::TextDelta { turn, text } = *ev {
+                        *held = Some((turn, text));
+                    }
                     return Err(Refused::Full);
                 }
-                Err(TrySendError::Full(_)) => return Err(Refused::Full),
             }
         }
-        match self.tx.try_send(ev) {
+        match self.tx.try_send(Box::new(ev)) {
             Ok(()) => Ok(()),
             Err(TrySendError::Closed(_)) => Err(Refused::Closed),
-            Err(TrySendError::Full(RunEvent::TextDelta { turn, text })) => {
-                *held = Some((turn, text));
-                Ok(())
-            }
-            Err(TrySendError::Full(_)) => Err(Refused::Full),
+            Err(TrySendError::Full(ev)) => match *ev {
+                RunEvent::TextDelta { turn, text } => {
+                    *held = Some((turn, text));
+                    Ok(())
+                }
+                _ => Err(Refused::Full),
+            },
         }
     }
 
@@ -106,7 +140,7 @@ impl ClientQueue {
     pub fn try_reserve(
         &self,
         n: usize,
-    ) -> Option<Result<PermitIterator<'_, RunEvent>, Unwritable>> {
+    ) -> Option<Result<PermitIterator<'_, QueuedEvent>, Unwritable>> {
         if self.held.locked().is_some() {
             return None;
         }
@@ -120,18 +154,18 @@ impl ClientQueue {
     /// Waits until `n` slots are free (after sending any held delta) and
     /// reserves them. Cancel-safe: dropping it gives the room back (a held
     /// delta being sent is then dropped, as the run is ending).
-    pub async fn reserve(&self, n: usize) -> Result<PermitIterator<'_, RunEvent>, Unwritable> {
+    pub async fn reserve(&self, n: usize) -> Result<PermitIterator<'_, QueuedEvent>, Unwritable> {
         let held = self.held.locked().take();
         if let Some((turn, text)) = held {
             let mut p = self.reserve_raw(1).await?;
             if let Some(p) = p.next() {
-                p.send(RunEvent::TextDelta { turn, text });
+                p.send(Box::new(RunEvent::TextDelta { turn, text }));
             }
         }
         self.reserve_raw(n.clamp(1, self.capacity())).await
     }
 
-    async fn reserve_raw(&self, n: usize) -> Result<PermitIterator<'_, RunEvent>, Unwritable> {
+    async fn reserve_raw(&self, n: usize) -> Result<PermitIterator<'_, QueuedEvent>, Unwritable> {
         loop {
             let free = self.tx.capacity();
             tokio::select! {
@@ -174,12 +208,24 @@ mod tests {
             Err(Refused::Full),
             "anything else behind held deltas in a full queue is refused"
         );
-        assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 1 }));
-        assert_eq!(rx.recv().await, Some(delta(1, "a")));
+        assert_eq!(
+            rx.recv().await.map(|e| *e),
+            Some(RunEvent::TurnStarted { turn: 1 })
+        );
+        assert_eq!(rx.recv().await.map(|e| *e), Some(delta(1, "a")));
         let mut p = q.reserve(1).await.unwrap();
-        p.next().unwrap().send(RunEvent::TurnStarted { turn: 2 });
-        assert_eq!(rx.recv().await, Some(delta(1, "bcd")), "merged, in order");
-        assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 2 }));
+        p.next()
+            .unwrap()
+            .send(Box::new(RunEvent::TurnStarted { turn: 2 }));
+        assert_eq!(
+            rx.recv().await.map(|e| *e),
+            Some(delta(1, "bcd")),
+            "merged, in order"
+        );
+        assert_eq!(
+            rx.recv().await.map(|e| *e),
+            Some(RunEvent::TurnStarted { turn: 2 })
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -202,6 +248,34 @@ mod tests {
         assert_eq!(q.push(delta(3, "x")), Err(Refused::Closed));
     }
 
+    #[test]
+    fn a_report_only_client_wants_the_report_and_nothing_else() {
+        let (tx, rx) = mpsc::channel(2);
+        let q = ClientQueue::new(tx, Duration::from_secs(60)).report_only();
+        assert!(!q.streams());
+        assert!(!q.wants(&RunEvent::Started));
+        assert!(!q.wants(&delta(1, "a")));
+        let report = RunEvent::Finished(crate::agent::events::RunReport {
+            run_id: "r".into(),
+            session_id: "s".into(),
+            outcome: crate::agent::outcome::RunOutcome::Completed,
+            final_text: String::new(),
+            reason: String::new(),
+            usage: Default::default(),
+            turns: 1,
+            messages: vec![],
+            hook_verdicts: vec![],
+            finish_reason: String::new(),
+        });
+        assert!(q.wants(&report));
+        assert!(!q.is_closed());
+        drop(rx);
+        assert!(q.is_closed(), "a caller that left is still noticed");
+        let (tx, _rx) = mpsc::channel(2);
+        let q = ClientQueue::new(tx, Duration::from_secs(60));
+        assert!(q.streams() && q.wants(&RunEvent::Started));
+    }
+
     #[tokio::test]
     async fn room_is_taken_at_once_only_when_free_and_no_held_delta_goes_first() {
         let (tx, mut rx) = mpsc::channel(2);
@@ -211,16 +285,24 @@ mod tests {
         assert!(q.try_reserve(2).is_none(), "one slot left: wait");
         q.push(delta(1, "a")).unwrap();
         q.push(delta(1, "b")).unwrap();
-        assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 1 }));
+        assert_eq!(
+            rx.recv().await.map(|e| *e),
+            Some(RunEvent::TurnStarted { turn: 1 })
+        );
         assert!(
             q.try_reserve(1).is_none(),
             "a slot is free, but the held delta goes first"
         );
-        assert_eq!(rx.recv().await, Some(delta(1, "a")));
+        assert_eq!(rx.recv().await.map(|e| *e), Some(delta(1, "a")));
         let mut p = q.reserve(1).await.unwrap();
-        p.next().unwrap().send(RunEvent::TurnStarted { turn: 2 });
-        assert_eq!(rx.recv().await, Some(delta(1, "b")));
-        assert_eq!(rx.recv().await, Some(RunEvent::TurnStarted { turn: 2 }));
+        p.next()
+            .unwrap()
+            .send(Box::new(RunEvent::TurnStarted { turn: 2 }));
+        assert_eq!(rx.recv().await.map(|e| *e), Some(delta(1, "b")));
+        assert_eq!(
+            rx.recv().await.map(|e| *e),
+            Some(RunEvent::TurnStarted { turn: 2 })
+        );
         drop(rx);
         assert_eq!(
             q.try_reserve(1).map(|r| r.err()),

@@ -180,7 +180,7 @@ mod tests {
     async fn run(
         approvals: Arc<Approvals>,
         store: Arc<dyn SessionStore>,
-    ) -> (Arc<Run>, mpsc::Receiver<RunEvent>) {
+    ) -> (Arc<Run>, mpsc::Receiver<crate::agent::events::QueuedEvent>) {
         store
             .create_session(&NewSession {
                 id: "s1".into(),
@@ -278,7 +278,7 @@ mod tests {
             .begin_run("s1", "r2", "me")
             .await
             .expect("the session takes a new run");
-        match events.recv().await {
+        match events.recv().await.map(|e| *e) {
             Some(RunEvent::Finished(r)) => assert_eq!(r, report),
             other => panic!("expected the report, got {other:?}"),
         }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::batch::{run_batch, BatchStop, CallOutcome};
 use crate::agent::client_queue::{ClientQueue, Refused, Unwritable};
-use crate::agent::events::{RunEvent, RunReport};
+use crate::agent::events::{QueuedEvent, RunEvent, RunReport};
 use crate::agent::guard::Guarded;
 use crate::agent::ledger::Ledger;
 use crate::agent::machine::*;
@@ -96,7 +96,7 @@ impl Run {
         streaming: bool,
         approvals: Arc<Approvals>,
         deadline: Instant,
-        events: mpsc::Sender<RunEvent>,
+        events: mpsc::Sender<QueuedEvent>,
         inst: Instruments,
         ledger: Ledger,
     ) -> Run {
@@ -111,7 +111,14 @@ impl Run {
             deadline,
             cancel: CancellationToken::new(),
             cancel_reason: Mutex::new(None),
-            events: ClientQueue::new(events, crate::config::DEFAULT_CLIENT_STALL_TIMEOUT),
+            events: {
+                let q = ClientQueue::new(events, crate::config::DEFAULT_CLIENT_STALL_TIMEOUT);
+                if streaming {
+                    q
+                } else {
+                    q.report_only()
+                }
+            },
             records: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
             content: ContentView::new(inst.content),
@@ -123,8 +130,7 @@ impl Run {
     /// How long the run waits for a client that reads none of its events
     /// before it gives up (`server.client_stall_timeout`).
     pub fn with_client_stall(mut self, stall: Duration) -> Run {
-        let tx = self.events.into_sender();
-        self.events = ClientQueue::new(tx, stall);
+        self.events = self.events.with_stall(stall);
         self
     }
 
@@ -150,6 +156,12 @@ impl Run {
     /// events than half the queue, for a client that is not reading) ends
     /// the run as cancelled, naming the limit.
     pub fn emit(&self, ev: RunEvent) {
+        if !self.events.wants(&ev) {
+            if self.events.is_closed() {
+                self.cancel_once("client disconnected");
+            }
+            return;
+        }
         match self.events.push(ev) {
             Ok(()) => {}
             // A client that went away cannot see the result: stop spending
@@ -170,7 +182,7 @@ impl Run {
 
     /// Waits for room for `n` events, until the run is cancelled or out of
     /// time; a client that reads nothing for the stall timeout ends the run.
-    async fn room(&self, n: usize) -> Option<tokio::sync::mpsc::PermitIterator<'_, RunEvent>> {
+    async fn room(&self, n: usize) -> Option<tokio::sync::mpsc::PermitIterator<'_, QueuedEvent>> {
         // Checked in the order of the `select!` below, which is only built
         // when the client has fallen behind: arming its two timers for
         // every step cost more than the rest of this call.
@@ -205,7 +217,7 @@ impl Run {
     async fn wait_room(
         &self,
         n: usize,
-    ) -> Option<Result<tokio::sync::mpsc::PermitIterator<'_, RunEvent>, Unwritable>> {
+    ) -> Option<Result<tokio::sync::mpsc::PermitIterator<'_, QueuedEvent>, Unwritable>> {
         tokio::select! {
             biased;
             _ = self.cancel.cancelled() => None,
@@ -216,8 +228,11 @@ impl Run {
 
     /// Queues an event, waiting for room if the client reads slowly.
     pub async fn deliver(&self, ev: RunEvent) {
+        if !self.events.wants(&ev) {
+            return self.emit(ev);
+        }
         match self.room(1).await.as_mut().and_then(|p| p.next()) {
-            Some(p) => p.send(ev),
+            Some(p) => p.send(Box::new(ev)),
             None => self.emit(ev),
         }
     }
@@ -648,6 +663,10 @@ async fn call_model(
         run.hooks.observe(turn, EventKind::TextDelta, || {
             Payload::TextDelta(chunk.to_string())
         });
+        if !run.events.streams() {
+            // An Invoke caller reads only the report.
+            return;
+        }
         if hold {
             held.locked().push(chunk.to_string());
         } else {

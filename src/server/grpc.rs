@@ -141,7 +141,7 @@ impl AgentService for AgentApi {
             let mut seq = 0;
             while let Some(ev) = handle.events.recv().await {
                 seq += 1;
-                let last = matches!(ev, RunEvent::Finished(_));
+                let last = matches!(*ev, RunEvent::Finished(_));
                 let msg = convert::run_event(&run_id, seq, &ev, &session.id, &session.agent);
                 if tx.send(Ok(msg)).await.is_err() {
                     return; // client gone: dropping `handle.events` cancels the run
@@ -183,7 +183,7 @@ impl AgentService for AgentApi {
             .await?;
         // Same drive loop as Run; the events are consumed (and dropped) here.
         while let Some(ev) = handle.events.recv().await {
-            if let RunEvent::Finished(report) = ev {
+            if let RunEvent::Finished(report) = *ev {
                 return Ok(Response::new(convert::report(&report)));
             }
         }
