@@ -174,44 +174,12 @@ impl RunStream {
             failure_log,
         };
         let reader = tokio::spawn(async move {
-            let outbound = Outbound::new(rx);
-            let mut refusals = 0;
-            let (_lease, mut inbound) = loop {
-                let lease = match pool.acquire(Instant::now() + slot_wait).await {
-                    Ok(l) => l,
-                    Err(fault) => {
-                        r.locked().poison(fault, None);
-                        return;
-                    }
-                };
-                r.locked().queued = false;
-                let set_metadata = |md: &mut tonic::metadata::MetadataMap| {
-                    for (k, v) in &metadata {
-                        if let Ok(v) = v.parse() {
-                            md.insert(*k, v);
-                        }
-                    }
-                };
-                let body = outbound.body(lease.clone());
-                match open_process(lease.channel(), body, set_metadata).await {
-                    Ok(inbound) => {
-                        outbound.confirmed();
-                        lease.opened();
-                        break (lease, inbound);
-                    }
-                    Err(status) if is_refused(&status) && refusals < MAX_REFUSALS => {
-                        refusals += 1;
-                        lease.refused();
-                        outbound.rewind();
-                        r.locked().queued = true;
-                    }
-                    Err(status) => {
-                        lease.failed();
-                        let fault = classify_status(&status, true);
-                        r.locked().poison(fault, None);
-                        return;
-                    }
-                }
+            // Boxed: the open phase's futures are larger than the reading
+            // loop's, and inline they would stay in the task for the
+            // run's whole life.
+            let open = open_on_pool(pool, rx, metadata, slot_wait, r.clone());
+            let Some((_lease, mut inbound)) = Box::pin(open).await else {
+                return;
             };
             loop {
                 let closing = r.locked().closing;
@@ -419,6 +387,58 @@ const MAX_REFUSALS: u32 = 8;
 /// The events of a run's stream, as the request body of one attempt to
 /// open it. Until the server has accepted the stream, the events an attempt
 /// took are kept, so a refused attempt's events go out again on the next.
+/// Takes a slot on one of the hook's connections and opens the stream
+/// there with the events queued so far; a stream the server refuses is
+/// opened again on another slot (at most [`MAX_REFUSALS`] times). `None`
+/// when it could not be opened: the stream is poisoned with why.
+async fn open_on_pool(
+    pool: Pool,
+    rx: mpsc::Receiver<Queued>,
+    metadata: Vec<(&'static str, String)>,
+    slot_wait: Duration,
+    r: Arc<Mutex<Routing>>,
+) -> Option<(Lease, tonic::Streaming<pb::HookVerdict>)> {
+    let outbound = Outbound::new(rx);
+    let mut refusals = 0;
+    loop {
+        let lease = match pool.acquire(Instant::now() + slot_wait).await {
+            Ok(l) => l,
+            Err(fault) => {
+                r.locked().poison(fault, None);
+                return None;
+            }
+        };
+        r.locked().queued = false;
+        let set_metadata = |md: &mut tonic::metadata::MetadataMap| {
+            for (k, v) in &metadata {
+                if let Ok(v) = v.parse() {
+                    md.insert(*k, v);
+                }
+            }
+        };
+        let body = outbound.body(lease.clone());
+        match open_process(lease.channel(), body, set_metadata).await {
+            Ok(inbound) => {
+                outbound.confirmed();
+                lease.opened();
+                return Some((lease, inbound));
+            }
+            Err(status) if is_refused(&status) && refusals < MAX_REFUSALS => {
+                refusals += 1;
+                lease.refused();
+                outbound.rewind();
+                r.locked().queued = true;
+            }
+            Err(status) => {
+                lease.failed();
+                let fault = classify_status(&status, true);
+                r.locked().poison(fault, None);
+                return None;
+            }
+        }
+    }
+}
+
 struct Outbound {
     state: Arc<Mutex<OutState>>,
 }
