@@ -28,6 +28,11 @@ async fn engine(yaml: &str) -> Arc<Engine> {
 }
 
 async fn start(e: &Arc<Engine>, input: &str) -> RunHandle {
+    start_streaming(e, input, true).await
+}
+
+/// `streaming` false: as `Invoke` starts a run.
+async fn start_streaming(e: &Arc<Engine>, input: &str, streaming: bool) -> RunHandle {
     let s = e
         .create_session(&Principal::anonymous(), "a", vec![], Default::default())
         .await
@@ -36,7 +41,7 @@ async fn start(e: &Arc<Engine>, input: &str) -> RunHandle {
         &Principal::anonymous(),
         &s.id,
         input.into(),
-        true,
+        streaming,
         Default::default(),
     )
     .await
@@ -444,23 +449,6 @@ async fn a_burst_of_deltas_larger_than_the_queue_reaches_a_reading_client_whole(
     server.stop().await;
 }
 
-/// A run started as `Invoke` starts it (`streaming` false).
-async fn start_invoke(e: &Arc<Engine>, input: &str) -> RunHandle {
-    let s = e
-        .create_session(&Principal::anonymous(), "a", vec![], Default::default())
-        .await
-        .unwrap();
-    e.start_run(
-        &Principal::anonymous(),
-        &s.id,
-        input.into(),
-        false,
-        Default::default(),
-    )
-    .await
-    .unwrap()
-}
-
 #[tokio::test]
 async fn an_invoke_run_queues_its_report_and_nothing_else() {
     let owner = weather_owner().start().await;
@@ -470,7 +458,7 @@ async fn an_invoke_run_queues_its_report_and_nothing_else() {
     ))
     .await;
     // Two turns, three tool calls: a Run client would read dozens of events.
-    let mut h = start_invoke(&e, "weather in Paris, Oslo and Rome").await;
+    let mut h = start_streaming(&e, "weather in Paris, Oslo and Rome", false).await;
     let report = (&mut h.task).await.unwrap();
     assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
     let mut queued = Vec::new();
@@ -504,7 +492,7 @@ async fn an_invoke_caller_that_leaves_ends_its_run() {
         .start()
         .await;
     let e = engine(&config(&[("h", &hook.addr, "")], "")).await;
-    let h = start_invoke(&e, "hello").await;
+    let h = start_streaming(&e, "hello", false).await;
     arrived.notified().await;
     // The caller leaves: tonic drops its handler, and with it the events.
     drop(h.events);
