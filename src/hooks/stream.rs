@@ -760,6 +760,51 @@ fn error_chain(status: &tonic::Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hooks::wire_event::RunContext;
+
+    fn event() -> WireEvent {
+        let event = pb::HookEvent {
+            kind: pb::EventKind::ModelRequest as i32,
+            ..Default::default()
+        };
+        WireEvent::new(event, &RunContext::default(), pb::EventContext::default())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_waits_for_room_until_its_deadline_and_never_reaches_the_hook_after() {
+        // A stream whose queue holds one event, and a hook that reads none.
+        let (tx, mut rx) = mpsc::channel(1);
+        let s = RunStream {
+            tx: Mutex::new(Some(tx)),
+            routing: Arc::new(Mutex::new(Routing {
+                next_seq: 1,
+                ..Default::default()
+            })),
+            reader: tokio::spawn(async {}),
+        };
+        assert!(matches!(s.send_blocking(event()), Ok(Sent::Queued(_))));
+        let Ok(Sent::Full(full)) = s.send_blocking(event()) else {
+            panic!("the queue is full: the event has to wait")
+        };
+        let fault = full
+            .until(Instant::now() + Duration::from_millis(50))
+            .await
+            .err()
+            .expect("nobody read");
+        assert_eq!(fault.class, FailureClass::Deadline);
+        assert!(s.routing.locked().expired.contains(&2));
+        // Only the first event is in the queue: the late one was dropped.
+        assert_eq!(rx.recv().await.map(|e| e.event.seq), Some(1));
+        assert!(rx.try_recv().is_err());
+        // Room again: queued at once.
+        assert!(matches!(s.send_blocking(event()), Ok(Sent::Queued(_))));
+        // The hook's side went away: the stream is reset.
+        drop(rx);
+        let Err(fault) = s.send_blocking(event()) else {
+            panic!("a closed stream takes no event")
+        };
+        assert_eq!(fault.class, FailureClass::StreamReset);
+    }
 
     fn owner() -> Owner {
         Owner {
