@@ -12,6 +12,9 @@
 //!   event that finds the queue full is refused.
 //! - A reader that reads nothing while the runner waits for
 //!   `server.client_stall_timeout` is reported as stalled.
+//! - An `Invoke` caller reads only the run's report
+//!   ([`ClientQueue::report_only`]): nothing else is queued, and a caller
+//!   that left is still noticed ([`ClientQueue::is_closed`]).
 
 use crate::lock::LockExt;
 use std::sync::Mutex;
