@@ -50,13 +50,20 @@ pub async fn contain(
 ) -> RunReport {
     match AssertUnwindSafe(driver).catch_unwind().await {
         Ok(report) => report,
-        Err(payload) => {
-            let report = panicked(&run, payload.as_ref());
-            record_end(&run, &report).await;
-            announce(&run, &report);
-            report
-        }
+        // Boxed: inline, this rare path's state (two reports and the store
+        // write) made every run's task 1 088 bytes instead of ~400, copied
+        // whole when the task is spawned and again when it completes.
+        Err(payload) => Box::pin(recover(run, payload)).await,
     }
+}
+
+/// What is left of a run whose driver panicked: its end recorded, then
+/// announced.
+async fn recover(run: Arc<Run>, payload: Box<dyn Any + Send>) -> RunReport {
+    let report = panicked(&run, payload.as_ref());
+    record_end(&run, &report).await;
+    announce(&run, &report);
+    report
 }
 
 /// Records the panicked run's end in the store, before anyone hears of it:
