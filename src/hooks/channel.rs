@@ -46,9 +46,10 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::{Builder, SendRequest};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use tonic::body::Body;
 
+use super::spawner::BoxedSpawner;
 use crate::lock::LockExt;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -123,7 +124,7 @@ impl Channel {
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
     {
-        let mut builder = Builder::new(TokioExecutor::new());
+        let mut builder = Builder::new(BoxedSpawner);
         builder
             .timer(TokioTimer::new())
             .keep_alive_interval(settings.keep_alive_interval)

@@ -17,6 +17,7 @@ pub mod placement;
 pub mod pool;
 pub mod provenance;
 pub mod registry;
+pub mod spawner;
 pub mod stream;
 pub mod verdict;
 pub mod wire;
