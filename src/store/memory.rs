@@ -2,7 +2,7 @@
 //! engines, nothing survives the process. For tests and throwaway runs.
 
 use crate::lock::LockExt;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -48,11 +48,22 @@ enum Approval {
     Expired,
 }
 
+/// A run's approvals, by call id.
+type Approvals = HashMap<String, (Approval, Option<Decision>)>;
+
 #[derive(Default)]
 struct Inner {
     sessions: HashMap<String, Stored>,
+    /// Every run of a session that still exists, ended ones included (the
+    /// quota window counts them; an end repeated is recognised by them).
     runs: HashMap<String, MemRun>,
-    approvals: HashMap<(String, String), (Approval, Option<Decision>)>,
+    /// The runs not ended: what the replicas' periodic work (signals, the
+    /// lease reaper) reads, so that it costs what is in flight, not every
+    /// run since the process started (the SQL engines' partial indexes on
+    /// `ended_ms IS NULL` do the same).
+    live: HashSet<String>,
+    /// By run id, so a run's approvals are found without a scan.
+    approvals: HashMap<String, Approvals>,
 }
 
 pub struct MemoryStore {
@@ -104,6 +115,22 @@ impl Inner {
         match self.runs.get_mut(&lease.run_id) {
             Some(r) if r.epoch == lease.epoch && !r.ended => Ok(r),
             _ => Err(StoreError::LeaseLost(lease.run_id.clone())),
+        }
+    }
+
+    /// Drops the ended runs of these (removed) sessions and their
+    /// approvals, in one pass over the runs.
+    fn forget_ended_runs(&mut self, sessions: &HashSet<&str>) {
+        let mut gone = Vec::new();
+        self.runs.retain(|id, r| {
+            let keep = !r.ended || !sessions.contains(r.session_id.as_str());
+            if !keep {
+                gone.push(id.clone());
+            }
+            keep
+        });
+        for id in gone {
+            self.approvals.remove(&id);
         }
     }
 }
@@ -205,7 +232,13 @@ impl SessionStore for MemoryStore {
                     .filter(|s| s.session.owner == owner)
                     .count(),
             ),
-            active_runs: count(runs().filter(|r| !r.ended).count()),
+            active_runs: count(
+                g.live
+                    .iter()
+                    .filter_map(|id| g.runs.get(id))
+                    .filter(|r| r.owner == owner && g.sessions.contains_key(&r.session_id))
+                    .count(),
+            ),
             recent_runs: count(
                 runs()
                     .filter(|r| now.duration_since(r.started) < window)
@@ -220,16 +253,7 @@ impl SessionStore for MemoryStore {
             .sessions
             .remove(id)
             .ok_or_else(|| StoreError::SessionNotFound(id.to_string()))?;
-        let ended: Vec<String> = g
-            .runs
-            .iter()
-            .filter(|(_, r)| r.session_id == id && r.ended)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for r in ended {
-            g.runs.remove(&r);
-            g.approvals.retain(|(run, _), _| run != &r);
-        }
+        g.forget_ended_runs(&HashSet::from([id]));
         Ok(s.session)
     }
 
@@ -299,6 +323,7 @@ impl SessionStore for MemoryStore {
                 pending_turn: None,
             },
         );
+        g.live.insert(run_id.to_string());
         Ok(RunLease {
             run_id: run_id.to_string(),
             session_id: session_id.to_string(),
@@ -376,8 +401,14 @@ impl SessionStore for MemoryStore {
         r.ended = true;
         r.end = Some((end.outcome, end.reason.clone()));
         r.pending_turn = None;
-        for ((run, _), (state, _)) in g.approvals.iter_mut() {
-            if run == &lease.run_id && *state == Approval::Pending {
+        g.live.remove(&lease.run_id);
+        for (state, _) in g
+            .approvals
+            .get_mut(&lease.run_id)
+            .into_iter()
+            .flat_map(|a| a.values_mut())
+        {
+            if *state == Approval::Pending {
                 *state = Approval::Expired;
             }
         }
@@ -396,10 +427,10 @@ impl SessionStore for MemoryStore {
     async fn request_approval(&self, lease: &RunLease, call_id: &str) -> Result<(), StoreError> {
         let mut g = self.lock();
         g.fenced(lease)?;
-        g.approvals.insert(
-            (lease.run_id.clone(), call_id.to_string()),
-            (Approval::Pending, None),
-        );
+        g.approvals
+            .entry(lease.run_id.clone())
+            .or_default()
+            .insert(call_id.to_string(), (Approval::Pending, None));
         Ok(())
     }
 
@@ -411,10 +442,7 @@ impl SessionStore for MemoryStore {
     ) -> Result<(), StoreError> {
         let replica = {
             let mut g = self.lock();
-            match g
-                .approvals
-                .get_mut(&(run_id.to_string(), call_id.to_string()))
-            {
+            match g.approvals.get_mut(run_id).and_then(|a| a.get_mut(call_id)) {
                 Some(a) if a.0 == Approval::Pending => *a = (Approval::Answered, Some(d.clone())),
                 _ => {
                     return Err(StoreError::ApprovalNotPending {
@@ -439,7 +467,8 @@ impl SessionStore for MemoryStore {
         let mut g = self.lock();
         match g
             .approvals
-            .get_mut(&(lease.run_id.clone(), call_id.to_string()))
+            .get_mut(&lease.run_id)
+            .and_then(|a| a.get_mut(call_id))
         {
             Some(a) if a.0 == Approval::Pending => {
                 a.0 = Approval::Expired;
@@ -459,8 +488,13 @@ impl SessionStore for MemoryStore {
             };
             r.cancel_reason.get_or_insert_with(|| reason.to_string());
             let replica = r.replica.clone();
-            for ((run, _), a) in g.approvals.iter_mut() {
-                if run == run_id && a.0 == Approval::Pending {
+            for a in g
+                .approvals
+                .get_mut(run_id)
+                .into_iter()
+                .flat_map(|a| a.values_mut())
+            {
+                if a.0 == Approval::Pending {
                     *a = (
                         Approval::Answered,
                         Some(Decision {
@@ -478,31 +512,31 @@ impl SessionStore for MemoryStore {
 
     async fn signals(&self, replica: &str) -> Result<Vec<Signal>, StoreError> {
         let g = self.lock();
-        let mut out = Vec::new();
-        for (id, r) in &g.runs {
-            if r.replica == replica && !r.ended {
-                if let Some(reason) = &r.cancel_reason {
-                    out.push(Signal::Cancel {
+        let mut cancels = Vec::new();
+        let mut answers = Vec::new();
+        for id in &g.live {
+            let Some(r) = g.runs.get(id).filter(|r| r.replica == replica) else {
+                continue;
+            };
+            if let Some(reason) = &r.cancel_reason {
+                cancels.push(Signal::Cancel {
+                    run_id: id.clone(),
+                    reason: reason.clone(),
+                });
+            }
+            for (call, (state, d)) in g.approvals.get(id).into_iter().flatten() {
+                if let (Approval::Answered, Some(d)) = (state, d) {
+                    answers.push(Signal::Approval {
                         run_id: id.clone(),
-                        reason: reason.clone(),
+                        call_id: call.clone(),
+                        decision: d.clone(),
                     });
                 }
             }
         }
-        for ((run, call), (state, d)) in &g.approvals {
-            let live = g
-                .runs
-                .get(run)
-                .is_some_and(|r| r.replica == replica && !r.ended);
-            if let (true, Approval::Answered, Some(d)) = (live, state, d) {
-                out.push(Signal::Approval {
-                    run_id: run.clone(),
-                    call_id: call.clone(),
-                    decision: d.clone(),
-                });
-            }
-        }
-        Ok(out)
+        // Cancels first, as before and as the SQL engines answer.
+        cancels.append(&mut answers);
+        Ok(cancels)
     }
 
     async fn claim_expired(
@@ -514,11 +548,11 @@ impl SessionStore for MemoryStore {
         let now = Instant::now();
         let lease = self.options.lease;
         let expired: Vec<String> = g
-            .runs
+            .live
             .iter()
-            .filter(|(_, r)| !r.ended && r.lease_expires < now)
-            .map(|(k, _)| k.clone())
+            .filter(|id| g.runs.get(*id).is_some_and(|r| r.lease_expires < now))
             .take(limit as usize)
+            .cloned()
             .collect();
         let mut out = Vec::new();
         for id in expired {
@@ -557,11 +591,13 @@ impl SessionStore for MemoryStore {
             .take(limit as usize)
             .collect();
         let mut out = Vec::new();
-        for id in idle {
-            if let Some(s) = g.sessions.remove(&id) {
-                g.runs.retain(|_, r| r.session_id != id || !r.ended);
+        for id in &idle {
+            if let Some(s) = g.sessions.remove(id) {
                 out.push(s.session);
             }
+        }
+        if !out.is_empty() {
+            g.forget_ended_runs(&idle.iter().map(String::as_str).collect());
         }
         Ok(out)
     }
@@ -571,4 +607,72 @@ impl SessionStore for MemoryStore {
     }
 
     async fn close(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(id: &str) -> NewSession {
+        NewSession {
+            id: id.into(),
+            agent: "a".into(),
+            owner: "o".into(),
+            extra_hooks: Vec::new(),
+            metadata: Default::default(),
+        }
+    }
+
+    fn ended() -> RunEnd {
+        RunEnd {
+            outcome: RunOutcome::Completed,
+            reason: String::new(),
+            usage: Default::default(),
+            turns: 1,
+        }
+    }
+
+    /// What the replicas read every few hundred milliseconds (signals,
+    /// expired leases) is indexed by the runs in flight; ended runs, and
+    /// the approvals of sessions that expired, are not kept there.
+    #[tokio::test(start_paused = true)]
+    async fn the_periodic_reads_see_only_runs_in_flight() {
+        let s = MemoryStore::default();
+        for i in 0..3 {
+            s.create_session(&session(&format!("s{i}"))).await.unwrap();
+        }
+        let done = s.begin_run("s0", "r0", "A").await.unwrap();
+        s.request_approval(&done, "c").await.unwrap();
+        s.end_run(&done, &[], &ended()).await.unwrap();
+        let held = s.begin_run("s1", "r1", "A").await.unwrap();
+        s.request_approval(&held, "c").await.unwrap();
+        s.resolve_approval(
+            "r1",
+            "c",
+            &Decision {
+                approve: true,
+                note: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+        s.request_cancel("r1", "stop").await.unwrap();
+        assert_eq!(s.lock().live, HashSet::from(["r1".to_string()]));
+        let signals = s.signals("A").await.unwrap();
+        assert!(
+            matches!(&signals[..], [Signal::Cancel { run_id, .. }, Signal::Approval { call_id, .. }] if run_id == "r1" && call_id == "c"),
+            "{signals:?}"
+        );
+
+        // s0 (its run ended) and s2 (never ran) expire; s1 is busy.
+        tokio::time::advance(Duration::from_secs(120)).await;
+        let gone = s
+            .expire_sessions(Duration::from_secs(60), 10)
+            .await
+            .unwrap();
+        assert_eq!(gone.len(), 2);
+        let g = s.lock();
+        assert!(!g.runs.contains_key("r0") && !g.approvals.contains_key("r0"));
+        assert!(g.runs.contains_key("r1") && g.approvals.contains_key("r1"));
+    }
 }
