@@ -54,8 +54,9 @@ type Approvals = HashMap<String, (Approval, Option<Decision>)>;
 #[derive(Default)]
 struct Inner {
     sessions: HashMap<String, Stored>,
-    /// Every run of a session that still exists, ended ones included (the
-    /// quota window counts them; an end repeated is recognised by them).
+    /// Every run until its session is deleted or expires (a run still in
+    /// flight stays even then): the quota window counts ended runs, and an
+    /// end repeated is recognised by them.
     runs: HashMap<String, MemRun>,
     /// The runs not ended: what the replicas' periodic work (signals, the
     /// lease reaper) reads, so that it costs what is in flight, not every
