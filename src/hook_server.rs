@@ -381,7 +381,8 @@ pub async fn serve<H: Hook>(
         if let Ok(s) = &s {
             let _ = s.set_nodelay(true);
         }
-        s
+        // Verdicts answered in one scheduler pass share one write.
+        s.map(crate::cork::Corked::new)
     });
     tonic::transport::Server::builder()
         .add_service(health)

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod conformance;
+pub mod cork;
 pub mod demo;
 pub mod engine;
 pub mod event;

@@ -11,9 +11,12 @@ use std::task::{Context, Poll};
 
 use hyper::rt::{Read, ReadBufCursor};
 use hyper::Uri;
+
+use crate::cork::Corked;
 use std::time::Duration;
 
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
 use tokio::sync::Notify;
 
 /// A connector (tonic's plain TCP one, or hookwire's TLS one) whose
@@ -45,7 +48,7 @@ where
     C: tower::Service<Uri>,
     C::Future: Send + 'static,
 {
-    type Response = Connection<C::Response>;
+    type Response = Connection<TokioIo<Corked<TokioIo<C::Response>>>>;
     type Error = C::Error;
     type Future =
         Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>>;
@@ -59,7 +62,8 @@ where
         let closed = self.closed.clone();
         Box::pin(async move {
             Ok(Connection {
-                io: connecting.await?,
+                // The frames of a scheduler pass share one write (`cork`).
+                io: TokioIo::new(Corked::new(TokioIo::new(connecting.await?))),
                 closed,
             })
         })

@@ -21,6 +21,7 @@ use tonic::transport::Server;
 
 use crate::auth::layer::AuthLayer;
 use crate::config::Config;
+use crate::cork::Corked;
 use crate::engine::EngineSetupError;
 use crate::hooks::registry::RegistryError;
 use crate::model::{ModelProvider, ModelSetupError};
@@ -185,7 +186,10 @@ pub async fn serve_with_models(
     let server: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
         match tls {
             Some(tls) => {
-                Box::pin(router.serve_with_incoming_shutdown(tls_incoming(listener, tls), signal))
+                // Either way, the frames of a scheduler pass share one
+                // write (`cork`).
+                let incoming = tls_incoming(listener, tls).map(|s| s.map(Corked::new));
+                Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
             }
             None => {
                 // tonic ignores the builder's tcp_nodelay for our own
@@ -195,7 +199,7 @@ pub async fn serve_with_models(
                     if let Ok(s) = &s {
                         let _ = s.set_nodelay(true);
                     }
-                    s
+                    s.map(Corked::new)
                 });
                 Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
             }
