@@ -16,7 +16,10 @@
 //! it is queued is not queued twice); then one `write` sends it all.
 //! Netty's flush consolidation does the same for the same reason. On an
 //! idle runtime the queue is empty, so a lone frame waits one more poll
-//! of its connection task, not a timer. (`tokio::task::yield_now`'s
+//! of its connection task, not a timer. A connection polled twice in one
+//! turn of its task (hyper's server does, when it accepts several streams
+//! at once) sends at the second flush: a smaller batch, never a lost or
+//! reordered write. (`tokio::task::yield_now`'s
 //! deferred wake-up was tried: it also polls the IO driver before the
 //! task runs again, which at 512 runs doubled the `recvfrom` and
 //! `epoll_wait` calls and cost more than the writes it saved.) The buffer
@@ -65,10 +68,6 @@ impl<IO> Corked<IO> {
             sent: 0,
             state: State::Idle,
         }
-    }
-
-    pub fn get_ref(&self) -> &IO {
-        &self.io
     }
 
     fn held(&self) -> usize {
