@@ -377,13 +377,8 @@ pub async fn serve<H: Hook>(
     reporter
         .set_serving::<HookServiceServer<HookAdapter<H>>>()
         .await;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-        if let Ok(s) = &s {
-            let _ = s.set_nodelay(true);
-        }
-        // Verdicts answered in one scheduler pass share one write.
-        s.map(crate::cork::Corked::new)
-    });
+    // Nagle off, and the verdicts of one scheduler pass in one write.
+    let incoming = crate::cork::accepted(listener);
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(service(hook))

@@ -9,15 +9,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use hyper::rt::{Read, ReadBufCursor};
-use hyper::Uri;
-
-use crate::cork::Corked;
 use std::time::Duration;
 
+use hyper::rt::{Read, ReadBufCursor};
+use hyper::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use tokio::sync::Notify;
+
+use crate::cork::Corked;
 
 /// A connector (tonic's plain TCP one, or hookwire's TLS one) whose
 /// connections signal `closed` when they are dropped, i.e. when the HTTP/2

@@ -186,21 +186,12 @@ pub async fn serve_with_models(
     let server: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
         match tls {
             Some(tls) => {
-                // Either way, the frames of a scheduler pass share one
-                // write (`cork`).
+                // Corked as the plain ones are (`cork::accepted`).
                 let incoming = tls_incoming(listener, tls).map(|s| s.map(Corked::new));
                 Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
             }
             None => {
-                // tonic ignores the builder's tcp_nodelay for our own
-                // incoming stream; without it small unary calls wait on
-                // Nagle (~40-90 ms).
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-                    if let Ok(s) = &s {
-                        let _ = s.set_nodelay(true);
-                    }
-                    s.map(Corked::new)
-                });
+                let incoming = crate::cork::accepted(listener);
                 Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
             }
         };
