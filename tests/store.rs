@@ -859,6 +859,24 @@ async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
     assert_eq!(empty_window.recent_runs, 0, "outside the window");
     s.delete_session("a2").await.unwrap();
     assert_eq!(s.owner_usage("alice", minute).await.unwrap().sessions, 4);
+
+    // A deleted session's runs no longer count, ended or still in flight.
+    let _held = s.begin_run("a3", "r3", "A").await.unwrap();
+    let alice = s.owner_usage("alice", minute).await.unwrap();
+    assert_eq!(
+        (alice.sessions, alice.active_runs, alice.recent_runs),
+        (4, 1, 2)
+    );
+    s.delete_session("a1").await.unwrap();
+    s.delete_session("a3").await.unwrap();
+    assert_eq!(
+        s.owner_usage("alice", minute).await.unwrap(),
+        store::OwnerUsage {
+            sessions: 2,
+            active_runs: 0,
+            recent_runs: 0
+        }
+    );
     s.close().await;
 }
 

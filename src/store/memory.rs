@@ -2,7 +2,7 @@
 //! engines, nothing survives the process. For tests and throwaway runs.
 
 use crate::lock::LockExt;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use super::{
 };
 use crate::agent::approvals::Decision;
 use crate::agent::outcome::RunOutcome;
+use crate::auth::quota;
 use crate::message::Message;
 use crate::session::Session;
 
@@ -23,13 +24,15 @@ struct Stored {
     transcript: Vec<Message>,
     bytes: u64,
     last_active: Instant,
+    /// The session's runs, so that removing it forgets them without a
+    /// scan of every run.
+    runs: Vec<String>,
 }
 
 struct MemRun {
     session_id: String,
     /// The session's owner (quotas).
     owner: String,
-    started: Instant,
     replica: String,
     epoch: i64,
     lease_expires: Instant,
@@ -55,8 +58,7 @@ type Approvals = HashMap<String, (Approval, Option<Decision>)>;
 struct Inner {
     sessions: HashMap<String, Stored>,
     /// Every run until its session is deleted or expires (a run still in
-    /// flight stays even then): the quota window counts ended runs, and an
-    /// end repeated is recognised by them.
+    /// flight stays even then): an end repeated is recognised by them.
     runs: HashMap<String, MemRun>,
     /// The runs not ended: what the replicas' periodic work (signals, the
     /// lease reaper) reads, so that it costs what is in flight, not every
@@ -65,6 +67,45 @@ struct Inner {
     live: HashSet<String>,
     /// By run id, so a run's approvals are found without a scan.
     approvals: HashMap<String, Approvals>,
+    /// What each owner holds (quotas), kept as sessions and runs come and
+    /// go, so that a quota check costs what that owner holds, not every
+    /// session and run in the store.
+    owners: HashMap<String, Owned>,
+}
+
+/// An owner's share of the store: what [`SessionStore::owner_usage`] counts.
+#[derive(Default)]
+struct Owned {
+    sessions: u64,
+    /// The owner's runs not ended, of sessions that still exist.
+    live: HashSet<String>,
+    /// When the owner's runs started (and their session), oldest first:
+    /// starts older than [`quota::WINDOW`] are dropped as new ones come, a
+    /// deleted session's starts with it.
+    started: VecDeque<(Instant, String)>,
+}
+
+impl Owned {
+    /// Drops the starts no quota counts any more.
+    fn prune(&mut self, now: Instant) {
+        while self
+            .started
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) >= quota::WINDOW)
+        {
+            self.started.pop_front();
+        }
+    }
+
+    /// Runs started within `window` of `now` (at most [`quota::WINDOW`]:
+    /// older starts are not kept).
+    fn started_within(&self, now: Instant, window: Duration) -> usize {
+        // Oldest first, so the ones within the window are a suffix.
+        let older = self
+            .started
+            .partition_point(|(t, _)| now.duration_since(*t) >= window);
+        self.started.len() - older
+    }
 }
 
 pub struct MemoryStore {
@@ -119,19 +160,28 @@ impl Inner {
         }
     }
 
-    /// Drops the ended runs of these (removed) sessions and their
-    /// approvals, in one pass over the runs.
-    fn forget_ended_runs(&mut self, sessions: &HashSet<&str>) {
-        let mut gone = Vec::new();
-        self.runs.retain(|id, r| {
-            let keep = !r.ended || !sessions.contains(r.session_id.as_str());
-            if !keep {
-                gone.push(id.clone());
+    /// Forgets a removed session: its ended runs and their approvals, and
+    /// its share of its owner's usage (a run still in flight stays until it
+    /// ends, but no longer counts for the owner, as in the SQL engines).
+    fn forget(&mut self, s: &Stored) {
+        for id in &s.runs {
+            if self.runs.get(id).is_some_and(|r| r.ended) {
+                self.runs.remove(id);
+                self.approvals.remove(id);
             }
-            keep
-        });
-        for id in gone {
-            self.approvals.remove(&id);
+        }
+        let owner = &s.session.owner;
+        let Some(o) = self.owners.get_mut(owner) else {
+            return;
+        };
+        o.sessions = o.sessions.saturating_sub(1);
+        for id in &s.runs {
+            o.live.remove(id);
+        }
+        let id = &s.session.id;
+        o.started.retain(|(_, session)| session != id);
+        if o.sessions == 0 && o.live.is_empty() && o.started.is_empty() {
+            self.owners.remove(owner);
         }
     }
 }
@@ -156,15 +206,19 @@ impl SessionStore for MemoryStore {
             run_count: 0,
             active_run: None,
         };
-        self.lock().sessions.insert(
-            s.id.clone(),
-            Stored {
-                session: session.clone(),
-                transcript: Vec::new(),
-                bytes: 0,
-                last_active: Instant::now(),
-            },
-        );
+        let mut g = self.lock();
+        let stored = Stored {
+            session: session.clone(),
+            transcript: Vec::new(),
+            bytes: 0,
+            last_active: Instant::now(),
+            runs: Vec::new(),
+        };
+        if let Some(old) = g.sessions.insert(s.id.clone(), stored) {
+            // Ids are fresh; should one repeat, the old session's share goes.
+            g.forget(&old);
+        }
+        g.owners.entry(s.owner.clone()).or_default().sessions += 1;
         Ok(session)
     }
 
@@ -218,33 +272,14 @@ impl SessionStore for MemoryStore {
 
     async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError> {
         let g = self.lock();
-        let now = Instant::now();
-        // As the SQL engines count: runs of sessions that still exist.
-        let runs = || {
-            g.runs
-                .values()
-                .filter(|r| r.owner == owner && g.sessions.contains_key(&r.session_id))
+        let Some(o) = g.owners.get(owner) else {
+            return Ok(OwnerUsage::default());
         };
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         Ok(OwnerUsage {
-            sessions: count(
-                g.sessions
-                    .values()
-                    .filter(|s| s.session.owner == owner)
-                    .count(),
-            ),
-            active_runs: count(
-                g.live
-                    .iter()
-                    .filter_map(|id| g.runs.get(id))
-                    .filter(|r| r.owner == owner && g.sessions.contains_key(&r.session_id))
-                    .count(),
-            ),
-            recent_runs: count(
-                runs()
-                    .filter(|r| now.duration_since(r.started) < window)
-                    .count(),
-            ),
+            sessions: o.sessions,
+            active_runs: count(o.live.len()),
+            recent_runs: count(o.started_within(Instant::now(), window)),
         })
     }
 
@@ -254,7 +289,7 @@ impl SessionStore for MemoryStore {
             .sessions
             .remove(id)
             .ok_or_else(|| StoreError::SessionNotFound(id.to_string()))?;
-        g.forget_ended_runs(&HashSet::from([id]));
+        g.forget(&s);
         Ok(s.session)
     }
 
@@ -309,12 +344,17 @@ impl SessionStore for MemoryStore {
         s.session.run_count += 1;
         s.session.last_active_unix_ms = now_ms();
         s.last_active = Instant::now();
+        s.runs.push(run_id.to_string());
+        let now = Instant::now();
+        let o = g.owners.entry(owner.clone()).or_default();
+        o.prune(now);
+        o.started.push_back((now, session_id.to_string()));
+        o.live.insert(run_id.to_string());
         g.runs.insert(
             run_id.to_string(),
             MemRun {
                 session_id: session_id.to_string(),
                 owner,
-                started: Instant::now(),
                 replica: replica.to_string(),
                 epoch: 1,
                 lease_expires: Instant::now() + self.options.lease,
@@ -402,7 +442,11 @@ impl SessionStore for MemoryStore {
         r.ended = true;
         r.end = Some((end.outcome, end.reason.clone()));
         r.pending_turn = None;
+        let owner = r.owner.clone();
         g.live.remove(&lease.run_id);
+        if let Some(o) = g.owners.get_mut(&owner) {
+            o.live.remove(&lease.run_id);
+        }
         for (state, _) in g
             .approvals
             .get_mut(&lease.run_id)
@@ -594,11 +638,9 @@ impl SessionStore for MemoryStore {
         let mut out = Vec::new();
         for id in &idle {
             if let Some(s) = g.sessions.remove(id) {
+                g.forget(&s);
                 out.push(s.session);
             }
-        }
-        if !out.is_empty() {
-            g.forget_ended_runs(&idle.iter().map(String::as_str).collect());
         }
         Ok(out)
     }
@@ -675,5 +717,50 @@ mod tests {
         let g = s.lock();
         assert!(!g.runs.contains_key("r0") && !g.approvals.contains_key("r0"));
         assert!(g.runs.contains_key("r1") && g.approvals.contains_key("r1"));
+    }
+
+    /// A quota check reads the owner's share, kept as runs start and end:
+    /// starts older than the quota window are dropped as new ones come, and
+    /// an owner whose sessions are all gone leaves nothing behind.
+    #[tokio::test(start_paused = true)]
+    async fn an_owners_usage_is_kept_not_counted() {
+        let s = MemoryStore::default();
+        s.create_session(&session("s0")).await.unwrap();
+        s.create_session(&session("s1")).await.unwrap();
+        for i in 0..3 {
+            let l = s.begin_run("s0", &format!("r{i}"), "A").await.unwrap();
+            s.end_run(&l, &[], &ended()).await.unwrap();
+            tokio::time::advance(Duration::from_secs(20)).await;
+        }
+        let usage = |s: &MemoryStore, window| {
+            let g = s.lock();
+            let o = &g.owners["o"];
+            (
+                o.sessions,
+                o.live.len(),
+                o.started_within(Instant::now(), window),
+                o.started.len(),
+            )
+        };
+        // Started 60, 40 and 20 s ago: the window counts the last two.
+        assert_eq!(usage(&s, quota::WINDOW), (2, 0, 2, 3));
+        assert_eq!(usage(&s, Duration::from_secs(30)), (2, 0, 1, 3));
+        // The next start drops the one no window keeps.
+        let held = s.begin_run("s1", "r3", "A").await.unwrap();
+        assert_eq!(usage(&s, quota::WINDOW), (2, 1, 3, 3));
+        assert_eq!(
+            s.owner_usage("o", quota::WINDOW).await.unwrap(),
+            OwnerUsage {
+                sessions: 2,
+                active_runs: 1,
+                recent_runs: 3,
+            }
+        );
+        s.end_run(&held, &[], &ended()).await.unwrap();
+        s.delete_session("s0").await.unwrap();
+        assert_eq!(usage(&s, quota::WINDOW), (1, 0, 1, 1));
+        s.delete_session("s1").await.unwrap();
+        let g = s.lock();
+        assert!(g.owners.is_empty() && g.runs.is_empty());
     }
 }
