@@ -763,4 +763,129 @@ mod tests {
         let g = s.lock();
         assert!(g.owners.is_empty() && g.runs.is_empty());
     }
+
+    /// What a step of the property below does.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Create { owner: u8 },
+        Begin { session: u8 },
+        End { run: u8 },
+        Delete { session: u8 },
+        Expire,
+        Wait { secs: u8 },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            1 => (0..3u8).prop_map(|owner| Op::Create { owner }),
+            3 => any::<u8>().prop_map(|session| Op::Begin { session }),
+            2 => any::<u8>().prop_map(|run| Op::End { run }),
+            1 => any::<u8>().prop_map(|session| Op::Delete { session }),
+            1 => Just(Op::Expire),
+            1 => (0..40u8).prop_map(|secs| Op::Wait { secs }),
+        ]
+    }
+
+    /// A run as the property's model sees it.
+    struct Modeled {
+        session: String,
+        owner: String,
+        started: Duration,
+        ended: bool,
+        lease: RunLease,
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Whatever sessions and runs come and go, each owner's usage is what
+        /// counting the way the SQL engines count gives: sessions that
+        /// exist, their runs not ended, and their runs started within the
+        /// window (checked at the whole window and a shorter one).
+        #[test]
+        fn an_owners_usage_is_what_counting_gives(ops in proptest::collection::vec(op(), 1..80)) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let s = MemoryStore::default();
+                let t0 = Instant::now();
+                let (mut sessions, mut runs) = (Vec::<(String, String)>::new(), Vec::<Modeled>::new());
+                let mut alive = HashSet::<String>::new();
+                for op in ops {
+                    match op {
+                        Op::Create { owner } => {
+                            let id = format!("s{}", sessions.len());
+                            let owner = format!("o{owner}");
+                            let mut n = session(&id);
+                            n.owner = owner.clone();
+                            s.create_session(&n).await.unwrap();
+                            alive.insert(id.clone());
+                            sessions.push((id, owner));
+                        }
+                        Op::Begin { session } if !sessions.is_empty() => {
+                            let (id, owner) = &sessions[session as usize % sessions.len()];
+                            let run = format!("r{}", runs.len());
+                            if let Ok(lease) = s.begin_run(id, &run, "A").await {
+                                runs.push(Modeled {
+                                    session: id.clone(),
+                                    owner: owner.clone(),
+                                    started: t0.elapsed(),
+                                    ended: false,
+                                    lease,
+                                });
+                            }
+                        }
+                        Op::End { run } if !runs.is_empty() => {
+                            let i = run as usize % runs.len();
+                            let r = &mut runs[i];
+                            if !r.ended {
+                                s.end_run(&r.lease, &[], &ended()).await.unwrap();
+                                r.ended = true;
+                            }
+                        }
+                        Op::Delete { session } if !sessions.is_empty() => {
+                            let (id, _) = &sessions[session as usize % sessions.len()];
+                            let gone = s.delete_session(id).await.is_ok();
+                            assert_eq!(gone, alive.remove(id));
+                        }
+                        Op::Expire => {
+                            for x in s.expire_sessions(Duration::from_secs(30), 100).await.unwrap() {
+                                assert!(alive.remove(&x.id));
+                            }
+                        }
+                        Op::Wait { secs } => {
+                            tokio::time::advance(Duration::from_secs(secs.into())).await;
+                        }
+                        _ => {}
+                    }
+                    let now = t0.elapsed();
+                    for owner in ["o0", "o1", "o2"] {
+                        for window in [quota::WINDOW, Duration::from_secs(25)] {
+                            let theirs = || {
+                                runs.iter().filter(|r| r.owner == owner && alive.contains(&r.session))
+                            };
+                            let want = OwnerUsage {
+                                sessions: sessions
+                                    .iter()
+                                    .filter(|(id, o)| o == owner && alive.contains(id))
+                                    .count() as u64,
+                                active_runs: theirs().filter(|r| !r.ended).count() as u64,
+                                recent_runs: theirs().filter(|r| now - r.started < window).count() as u64,
+                            };
+                            assert_eq!(s.owner_usage(owner, window).await.unwrap(), want, "{owner} {window:?}");
+                        }
+                    }
+                }
+                // Nothing is kept for an owner whose sessions are all gone.
+                let g = s.lock();
+                for o in g.owners.keys() {
+                    assert!(sessions.iter().any(|(id, x)| x == o && alive.contains(id)), "{o}");
+                }
+            });
+        }
+    }
 }
