@@ -346,7 +346,10 @@ impl SessionStore for MemoryStore {
         s.last_active = Instant::now();
         s.runs.push(run_id.to_string());
         let now = Instant::now();
-        let o = g.owners.entry(owner.clone()).or_default();
+        let o = match g.owners.get_mut(&owner) {
+            Some(o) => o,
+            None => g.owners.entry(owner.clone()).or_default(),
+        };
         o.prune(now);
         o.started.push_back((now, session_id.to_string()));
         o.live.insert(run_id.to_string());
@@ -438,15 +441,19 @@ impl SessionStore for MemoryStore {
         }) {
             return Ok(());
         }
-        let r = g.fenced(lease)?;
-        r.ended = true;
-        r.end = Some((end.outcome, end.reason.clone()));
-        r.pending_turn = None;
-        let owner = r.owner.clone();
-        g.live.remove(&lease.run_id);
-        if let Some(o) = g.owners.get_mut(&owner) {
-            o.live.remove(&lease.run_id);
+        g.fenced(lease)?;
+        let Inner {
+            runs, live, owners, ..
+        } = &mut *g;
+        if let Some(r) = runs.get_mut(&lease.run_id) {
+            r.ended = true;
+            r.end = Some((end.outcome, end.reason.clone()));
+            r.pending_turn = None;
+            if let Some(o) = owners.get_mut(&r.owner) {
+                o.live.remove(&lease.run_id);
+            }
         }
+        live.remove(&lease.run_id);
         for (state, _) in g
             .approvals
             .get_mut(&lease.run_id)
