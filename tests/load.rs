@@ -115,6 +115,16 @@ async fn load_reports_what_the_hook_saw_and_never_exceeds_its_concurrency() {
         report["runs_per_second"].as_f64().unwrap() > 0.0,
         "{report}"
     );
+    // The time until the last run ended, drain included, and the rate over it.
+    assert!(
+        report["elapsed_s"].as_f64().unwrap() >= report["duration_s"].as_f64().unwrap(),
+        "{report}"
+    );
+    let with_drain = report["runs_per_second_with_drain"].as_f64().unwrap();
+    assert!(
+        (with_drain - runs as f64 / report["elapsed_s"].as_f64().unwrap()).abs() < 1e-6,
+        "{report}"
+    );
     let l = &report["latency_ms"];
     let (p50, p99, max) = (
         l["p50"].as_f64().unwrap(),

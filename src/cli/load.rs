@@ -70,6 +70,13 @@ pub struct Report {
     pub runs: u64,
     /// Runs that ended within the duration, per second of it.
     pub runs_per_second: f64,
+    /// From the start to the last run's end, drain included (the
+    /// duration when nothing ended after it).
+    pub elapsed_s: f64,
+    /// Every run that ended with an outcome, per second of `elapsed_s`:
+    /// what to read when runs take about as long as the duration or
+    /// longer, and few or none end within it.
+    pub runs_per_second_with_drain: f64,
     pub latency_ms: Latency,
     /// Runs by outcome (`completed`, `hook_failed`, ...).
     pub outcomes: BTreeMap<String, u64>,
@@ -98,9 +105,24 @@ impl Report {
             self.agent, self.addr, self.concurrency, self.duration_s
         );
         out.push_str(&format!(
-            "runs: {} ({:.1} runs/s within the duration)\n",
+            "runs: {} ({:.1} runs/s within the duration",
             self.runs, self.runs_per_second
         ));
+        // Runs in flight at the end always end a little after it: worth a
+        // second rate only when the drain took a good part of the time.
+        if self.elapsed_s > self.duration_s * 1.1 {
+            out.push_str(&format!(
+                "; {:.1} runs/s over {:.1}s with the drain",
+                self.runs_per_second_with_drain, self.elapsed_s
+            ));
+        }
+        out.push_str(")\n");
+        if self.runs > 0 && self.latency_ms.p50 >= self.duration_s * 1e3 / 2.0 {
+            out.push_str(
+                "note: runs take half the duration or more; for a steady rate, \
+                 run for many times their latency (--duration)\n",
+            );
+        }
         let l = &self.latency_ms;
         out.push_str(&format!(
             "latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}\n",
@@ -254,7 +276,9 @@ fn report(opts: &Options, seen: Seen, unfinished: u64) -> Report {
     let mut errors = BTreeMap::new();
     let mut latencies: Vec<Duration> = Vec::with_capacity(seen.samples.len());
     let mut within = 0u64;
+    let mut last = opts.duration;
     for s in &seen.samples {
+        last = last.max(s.at);
         match &s.ended {
             Ended::Outcome(o) => {
                 *outcomes.entry(o.clone()).or_insert(0) += 1;
@@ -296,10 +320,84 @@ fn report(opts: &Options, seen: Seen, unfinished: u64) -> Report {
         duration_s: opts.duration.as_secs_f64(),
         runs: latencies.len() as u64,
         runs_per_second: within as f64 / opts.duration.as_secs_f64(),
+        elapsed_s: last.as_secs_f64(),
+        runs_per_second_with_drain: latencies.len() as f64 / last.as_secs_f64(),
         latency_ms,
         outcomes,
         errors,
         unfinished,
         first_error: seen.first_error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(duration: Duration) -> Options {
+        Options {
+            addr: "http://127.0.0.1:1".into(),
+            agent: "demo".into(),
+            concurrency: 2,
+            duration,
+            input: "hello".into(),
+            runs_per_session: 1,
+            drain: Duration::from_secs(60),
+            server: ServerOpts::default(),
+        }
+    }
+
+    fn run(at_ms: u64, latency_ms: u64) -> Sample {
+        Sample {
+            at: Duration::from_millis(at_ms),
+            latency: Duration::from_millis(latency_ms),
+            ended: Ended::Outcome("completed".into()),
+        }
+    }
+
+    /// Runs that outlast the duration still give a rate: over the time
+    /// until the last one ended, with a note to run longer.
+    #[test]
+    fn runs_ended_in_the_drain_give_a_rate_with_it() {
+        let seen = Seen {
+            samples: vec![run(2_500, 2_500), run(3_500, 3_500), run(4_000, 4_000)],
+            first_error: None,
+        };
+        let r = report(&options(Duration::from_secs(3)), seen, 0);
+        assert_eq!(r.runs, 3);
+        assert!((r.runs_per_second - 1.0 / 3.0).abs() < 1e-9, "{r:?}");
+        assert!((r.elapsed_s - 4.0).abs() < 1e-9, "{r:?}");
+        assert!((r.runs_per_second_with_drain - 0.75).abs() < 1e-9, "{r:?}");
+        let text = r.text();
+        assert!(
+            text.contains(
+                "runs: 3 (0.3 runs/s within the duration; 0.8 runs/s over 4.0s with the drain)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("note: runs take half the duration"), "{text}");
+    }
+
+    /// Short runs, the last ones ending just after the duration: one rate,
+    /// no note.
+    #[test]
+    fn runs_within_the_duration_give_one_rate() {
+        let seen = Seen {
+            samples: vec![run(100, 10), run(900, 10), run(1_000, 10), run(1_050, 10)],
+            first_error: None,
+        };
+        let r = report(&options(Duration::from_secs(1)), seen, 0);
+        assert!((r.elapsed_s - 1.05).abs() < 1e-9, "{r:?}");
+        assert!((r.runs_per_second - 3.0).abs() < 1e-9, "{r:?}");
+        assert!(
+            (r.runs_per_second_with_drain - 4.0 / 1.05).abs() < 1e-9,
+            "{r:?}"
+        );
+        let text = r.text();
+        assert!(
+            text.contains("runs: 4 (3.0 runs/s within the duration)\n"),
+            "{text}"
+        );
+        assert!(!text.contains("note:"), "{text}");
     }
 }
