@@ -256,6 +256,62 @@ async fn a_claimed_run_fences_out_its_old_holder(engine: &str) {
     s.close().await;
 }
 
+/// A replica renews all its runs' leases at once: each answer says whether
+/// that lease still held, in order, over more leases than one statement
+/// takes (ended runs, runs another replica took over, unknown runs: not).
+async fn many_leases_are_renewed_at_once(engine: &str) {
+    let s = open(engine, opts(SHORT_LEASE, 1 << 20)).await;
+    let mut leases = Vec::new();
+    for i in 0..600 {
+        let id = format!("s{i}");
+        s.create_session(&new_session(&id, "a", "o")).await.unwrap();
+        leases.push(s.begin_run(&id, &format!("r{i}"), "A").await.unwrap());
+    }
+    // Ended, on both sides of the first statement's end.
+    for i in [0, 499, 500, 599] {
+        s.end_run(&leases[i], &[], &end(RunOutcome::Completed))
+            .await
+            .unwrap();
+    }
+    let mut want: Vec<bool> = (0..600).map(|i| ![0, 499, 500, 599].contains(&i)).collect();
+    assert_eq!(s.renew_all(&leases).await.unwrap(), want);
+
+    // Taken over by B: the old holder's lease no longer holds, the new one's does.
+    tokio::time::sleep(EXPIRED).await;
+    let claimed = s.claim_expired("B", 1).await.unwrap();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    let taken: usize = claimed[0].lease.run_id[1..].parse().unwrap();
+    want[taken] = false;
+    leases.push(claimed[0].lease.clone());
+    want.push(true);
+    leases.push(store::RunLease {
+        run_id: "nobody".into(),
+        session_id: "s1".into(),
+        epoch: 1,
+    });
+    want.push(false);
+    assert_eq!(s.renew_all(&leases).await.unwrap(), want);
+    assert_eq!(s.renew_all(&[]).await.unwrap(), Vec::<bool>::new());
+    s.close().await;
+}
+
+/// A run that takes three of its leases completes: its replica renews the
+/// leases of all its runs in flight (`renew_all`) every third of one, and
+/// its own reaper, which would end a run whose lease expired, finds none.
+async fn a_run_longer_than_its_lease_keeps_it(engine: &str) {
+    let store = open(engine, opts(Duration::from_secs(1), 1 << 20)).await;
+    let engine = engine_on(store, "3s", "1s");
+    let (run, session) = start_one(&engine).await;
+    let report = run.task.await.unwrap();
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    let s = engine
+        .get_session(&hookwire::auth::Principal::anonymous(), &session)
+        .await
+        .unwrap();
+    assert_eq!(s.transcript.len(), 2, "{:?}", s.transcript);
+    engine.stop_background().await;
+}
+
 /// A run's end recorded twice under its lease is one end (the first call
 /// may have committed while its answer was lost with the connection), and
 /// a different end of the ended run is refused.
@@ -896,6 +952,8 @@ macro_rules! contract {
 
 contract!(
     sessions_are_created_read_listed_by_page_and_deleted,
+    many_leases_are_renewed_at_once,
+    a_run_longer_than_its_lease_keeps_it,
     one_active_run_per_session_and_transcript_in_order,
     a_claimed_run_fences_out_its_old_holder,
     the_same_end_twice_is_one_end,

@@ -381,6 +381,15 @@ impl SessionStore for MemoryStore {
         Ok(())
     }
 
+    async fn renew_all(&self, leases: &[RunLease]) -> Result<Vec<bool>, StoreError> {
+        let mut g = self.lock();
+        let until = Instant::now() + self.options.lease;
+        Ok(leases
+            .iter()
+            .map(|l| g.fenced(l).map(|r| r.lease_expires = until).is_ok())
+            .collect())
+    }
+
     async fn append(&self, lease: &RunLease, messages: &[Message]) -> Result<(), StoreError> {
         if messages.is_empty() {
             return Ok(());

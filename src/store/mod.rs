@@ -221,6 +221,22 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Extends the lease by `StoreOptions::lease` from now (the database's
     /// clock).
     async fn renew(&self, lease: &RunLease) -> Result<(), StoreError>;
+    /// Renews many leases at once (a replica's periodic renewal of its runs
+    /// in flight): for each, in order, whether it still held; `false` where
+    /// [`SessionStore::renew`] would answer [`StoreError::LeaseLost`] (the
+    /// run ended, or another replica took it over). The engines renew them
+    /// in a few statements; this default renews one at a time.
+    async fn renew_all(&self, leases: &[RunLease]) -> Result<Vec<bool>, StoreError> {
+        let mut held = Vec::with_capacity(leases.len());
+        for l in leases {
+            held.push(match self.renew(l).await {
+                Ok(()) => true,
+                Err(StoreError::LeaseLost(_)) => false,
+                Err(e) => return Err(e),
+            });
+        }
+        Ok(held)
+    }
     /// Appends committed messages to the transcript (all or nothing).
     async fn append(&self, lease: &RunLease, messages: &[Message]) -> Result<(), StoreError>;
     /// Records (or clears) the model turn whose tool batch is executing.

@@ -7,6 +7,7 @@
 //! by the old holder are serialized and exactly one of them wins.
 
 use crate::lock::LockExt;
+use std::collections::HashSet;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -35,6 +36,9 @@ const WAKE_CHANNEL: &str = "hookwire_wake";
 /// How long start-up keeps trying to reach Postgres (a database starting
 /// next to hookwire, as in the Kubernetes overlay).
 const CONNECT_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Leases renewed per statement by `renew_all`: a few tens of KiB of JSON.
+const RENEW_CHUNK: usize = 500;
 
 enum Pool {
     /// Boxed: it holds the connect options (to reopen), a pool is a handle.
@@ -613,6 +617,40 @@ impl SessionStore for SqlStore {
             return Err(StoreError::LeaseLost(lease.run_id.clone()));
         }
         Ok(())
+    }
+
+    async fn renew_all(&self, leases: &[RunLease]) -> Result<Vec<bool>, StoreError> {
+        // One statement per chunk: the leases as a JSON array of
+        // [id, epoch] pairs, joined to the runs by their primary key.
+        let pairs = if self.is_postgres() {
+            "SELECT e->>0 AS id, (e->>1)::bigint AS epoch FROM jsonb_array_elements($1::jsonb) AS e"
+        } else {
+            "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS epoch
+             FROM json_each($1)"
+        };
+        let sql = self.sql(&format!(
+            "UPDATE runs SET lease_expires_ms = {{now}} + $2 FROM ({pairs}) AS l
+             WHERE runs.id = l.id AND runs.epoch = l.epoch AND runs.ended_ms IS NULL
+             RETURNING runs.id"
+        ));
+        let mut held = Vec::with_capacity(leases.len());
+        for chunk in leases.chunks(RENEW_CHUNK) {
+            let list = serde_json::Value::Array(
+                chunk
+                    .iter()
+                    .map(|l| serde_json::json!([l.run_id, l.epoch]))
+                    .collect(),
+            )
+            .to_string();
+            let renewed: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(&sql)
+                .bind(list)
+                .bind(ms(self.options.lease))
+                .fetch_all(p)
+                .await?);
+            let renewed: HashSet<String> = renewed.into_iter().map(|(id,)| id).collect();
+            held.extend(chunk.iter().map(|l| renewed.contains(&l.run_id)));
+        }
+        Ok(held)
     }
 
     async fn append(&self, lease: &RunLease, messages: &[Message]) -> Result<(), StoreError> {

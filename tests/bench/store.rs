@@ -147,6 +147,10 @@ impl SessionStore for Counting {
         self.w();
         self.inner.renew(l).await
     }
+    async fn renew_all(&self, l: &[RunLease]) -> Result<Vec<bool>, StoreError> {
+        self.w();
+        self.inner.renew_all(l).await
+    }
     async fn append(&self, l: &RunLease, m: &[Message]) -> Result<(), StoreError> {
         self.w();
         self.inner.append(l, m).await
