@@ -312,6 +312,46 @@ async fn a_run_longer_than_its_lease_keeps_it(engine: &str) {
     engine.stop_background().await;
 }
 
+/// A lost replica's runs are all ended in the reaper's first pass, however
+/// many: a pass used to stop after one batch (16), so a replica that held
+/// 10 000 runs left their sessions busy for most of an hour.
+async fn a_lost_replicas_runs_are_all_ended_in_one_pass(engine: &str) {
+    let store = open(engine, opts(SHORT_LEASE, 1 << 20)).await;
+    let n = 100;
+    for i in 0..n {
+        let id = format!("s{i}");
+        store
+            .create_session(&new_session(&id, "a", "o"))
+            .await
+            .unwrap();
+        store
+            .begin_run(&id, &format!("r{i}"), "gone")
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(EXPIRED).await;
+    // With run_lease 60s the reaper passes every 5 s, the first at start.
+    let engine = engine_on(store.clone(), "0ms", "60s");
+    tokio::time::timeout(Duration::from_secs(4), async {
+        loop {
+            let mut busy = 0;
+            for i in 0..n {
+                let s = store.get_session(&format!("s{i}")).await.unwrap();
+                busy += usize::from(s.active_run.is_some());
+            }
+            if busy == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every lost run ended in the first pass (the next is 5 s later)");
+    let t = store.transcript("s7").await.unwrap();
+    assert!(t.is_empty(), "no tool batch was staged: {t:?}");
+    engine.stop_background().await;
+}
+
 /// A run's end recorded twice under its lease is one end (the first call
 /// may have committed while its answer was lost with the connection), and
 /// a different end of the ended run is refused.
@@ -954,6 +994,7 @@ contract!(
     sessions_are_created_read_listed_by_page_and_deleted,
     many_leases_are_renewed_at_once,
     a_run_longer_than_its_lease_keeps_it,
+    a_lost_replicas_runs_are_all_ended_in_one_pass,
     one_active_run_per_session_and_transcript_in_order,
     a_claimed_run_fences_out_its_old_holder,
     the_same_end_twice_is_one_end,

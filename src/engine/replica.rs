@@ -180,17 +180,27 @@ impl Engine {
     }
 
     /// Ends the runs of lost replicas.
+    ///
+    /// A batch at a time until none is left: one batch per pass (16 every
+    /// 5 s) took the best part of an hour to free the sessions of a lost
+    /// replica that held 10 000 runs.
     async fn reap(&self) {
-        let claimed = match self.store.claim_expired(&self.replica, REAP_BATCH).await {
-            Ok(c) => c,
-            Err(e) => {
-                self.store_warnings
-                    .warn_replica("cannot look for expired runs", &e);
+        loop {
+            let claimed = match self.store.claim_expired(&self.replica, REAP_BATCH).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.store_warnings
+                        .warn_replica("cannot look for expired runs", &e);
+                    return;
+                }
+            };
+            let more = claimed.len() >= REAP_BATCH as usize;
+            // A claimed run holds a fresh lease, so it is not claimed again
+            // in this loop even when its end cannot be written.
+            futures::future::join_all(claimed.into_iter().map(|c| self.end_lost_run(c))).await;
+            if !more || self.background.stop.is_cancelled() {
                 return;
             }
-        };
-        for c in claimed {
-            self.end_lost_run(c).await;
         }
     }
 
