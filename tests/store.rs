@@ -1072,6 +1072,46 @@ async fn a_renewal_refused_because_the_run_ended_meanwhile_is_not_a_lost_lease()
     engine.stop_background().await;
 }
 
+/// Idle sessions past their TTL are all expired in one sweep, however
+/// many: a sweep used to stop after one batch (100), once a minute with a
+/// TTL of 4 minutes or more, so a service that made more sessions than
+/// that kept more and more of them.
+#[tokio::test(start_paused = true)]
+async fn idle_sessions_past_their_ttl_all_expire_in_one_sweep() {
+    let store = open("memory", StoreOptions::default()).await;
+    let n = 250;
+    for i in 0..n {
+        store
+            .create_session(&new_session(&format!("s{i}"), "a", "o"))
+            .await
+            .unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(600)).await;
+    // A TTL of 5 minutes: a sweep every minute, the first at start. The
+    // clock stands still while this task keeps running, so no second
+    // sweep comes.
+    let yaml = "models:\n  - name: m\n    provider: scripted\n    rules:\n      - text: done\nagents:\n  - name: a\n    model: m\nserver:\n  session_ttl: 5m\n";
+    let config = hookwire::config::Config::parse(yaml, "test").unwrap();
+    let models = hookwire::server::build_models(&config).unwrap();
+    let inst = hookwire::telemetry::Instruments::new(&config.telemetry);
+    let engine =
+        Arc::new(hookwire::engine::Engine::new(config, models, inst, store.clone()).unwrap());
+    engine.start_background();
+    let mut left = n;
+    for _ in 0..10_000 {
+        tokio::task::yield_now().await;
+        left = 0;
+        for i in 0..n {
+            left += usize::from(store.get_session(&format!("s{i}")).await.is_ok());
+        }
+        if left == 0 {
+            break;
+        }
+    }
+    assert_eq!(left, 0, "sessions left after the first sweep");
+    engine.stop_background().await;
+}
+
 /// An engine on `store` whose one agent `a` answers "done" after `delay`,
 /// with runs leased for `lease`.
 fn engine_on(

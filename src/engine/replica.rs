@@ -262,18 +262,28 @@ impl Engine {
         hooks.close();
     }
 
+    /// Deletes the sessions idle past `ttl`, a batch at a time until none is
+    /// left: one batch per sweep (100 a minute with a TTL of 4 minutes or
+    /// more) fell behind any service that makes more sessions than that.
     async fn expire_sessions(&self, ttl: Duration) {
-        match self.store.expire_sessions(ttl, EXPIRE_BATCH).await {
-            Ok(gone) => {
-                for s in gone {
-                    tracing::info!(session = %s.id, "session expired (server.session_ttl)");
-                    self.transcripts.forget(&s.id);
-                    self.session_end(&s, "expired", None);
+        loop {
+            let gone = match self.store.expire_sessions(ttl, EXPIRE_BATCH).await {
+                Ok(gone) => gone,
+                Err(e) => {
+                    self.store_warnings
+                        .warn_replica("cannot expire idle sessions", &e);
+                    return;
                 }
+            };
+            let more = gone.len() >= EXPIRE_BATCH as usize;
+            for s in gone {
+                tracing::info!(session = %s.id, "session expired (server.session_ttl)");
+                self.transcripts.forget(&s.id);
+                self.session_end(&s, "expired", None);
             }
-            Err(e) => self
-                .store_warnings
-                .warn_replica("cannot expire idle sessions", &e),
+            if !more || self.background.stop.is_cancelled() {
+                return;
+            }
         }
     }
 }
