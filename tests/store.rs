@@ -316,6 +316,7 @@ async fn a_run_longer_than_its_lease_keeps_it(engine: &str) {
 /// many: a pass used to stop after one batch (16), so a replica that held
 /// 10 000 runs left their sessions busy for most of an hour.
 async fn a_lost_replicas_runs_are_all_ended_in_one_pass(engine: &str) {
+    let (logs, _guard) = support::logwatch::LogWatch::install("hookwire=info");
     let store = open(engine, opts(SHORT_LEASE, 1 << 20)).await;
     let n = 100;
     for i in 0..n {
@@ -349,6 +350,25 @@ async fn a_lost_replicas_runs_are_all_ended_in_one_pass(engine: &str) {
     .expect("every lost run ended in the first pass (the next is 5 s later)");
     let t = store.transcript("s7").await.unwrap();
     assert!(t.is_empty(), "no tool batch was staged: {t:?}");
+    // Each run at info; one warning for the pass, with the count.
+    let summary = [
+        "WARN",
+        "ended a lost replica's runs as interrupted",
+        "lost=gone",
+    ];
+    tokio::time::timeout(Duration::from_secs(4), logs.wait_for(&summary))
+        .await
+        .unwrap_or_else(|_| panic!("no summary in:\n{}", logs.contents()));
+    let warned = logs.lines_with(&summary);
+    assert!(
+        warned.len() == 1 && warned[0].contains("runs=100"),
+        "{warned:?}"
+    );
+    assert_eq!(
+        logs.lines_with(&["INFO", "ended a lost replica's run as interrupted"])
+            .len(),
+        n
+    );
     engine.stop_background().await;
 }
 

@@ -185,6 +185,7 @@ impl Engine {
     /// 5 s) took the best part of an hour to free the sessions of a lost
     /// replica that held 10 000 runs.
     async fn reap(&self) {
+        let mut ended = std::collections::BTreeMap::new();
         loop {
             let claimed = match self.store.claim_expired(&self.replica, REAP_BATCH).await {
                 Ok(c) => c,
@@ -197,14 +198,25 @@ impl Engine {
             let more = claimed.len() >= REAP_BATCH as usize;
             // A claimed run holds a fresh lease, so it is not claimed again
             // in this loop even when its end cannot be written.
-            futures::future::join_all(claimed.into_iter().map(|c| self.end_lost_run(c))).await;
-            if !more || self.background.stop.is_cancelled() {
-                return;
+            let lost =
+                futures::future::join_all(claimed.into_iter().map(|c| self.end_lost_run(c))).await;
+            for replica in lost.into_iter().flatten() {
+                *ended.entry(replica).or_insert(0u64) += 1;
             }
+            if !more || self.background.stop.is_cancelled() {
+                break;
+            }
+        }
+        // One warning per pass, however many runs a lost replica held (each
+        // run is logged at info).
+        for (lost, runs) in ended {
+            tracing::warn!(lost = %lost, runs, "ended a lost replica's runs as interrupted");
         }
     }
 
-    async fn end_lost_run(&self, c: ClaimedRun) {
+    /// Ends a claimed run; the replica it was lost with, if its end was
+    /// recorded.
+    async fn end_lost_run(&self, c: ClaimedRun) -> Option<String> {
         // Our own run whose lease we failed to renew: it stops here too (its
         // next write would be refused anyway).
         if let Some(r) = self.local_run(&c.lease.run_id) {
@@ -224,21 +236,24 @@ impl Engine {
         if let Err(e) = self.store.end_run(&c.lease, &messages, &end).await {
             self.store_warnings
                 .warn("cannot end a lost replica's run", &c.lease.run_id, &e);
-            return;
+            return None;
         }
-        tracing::warn!(
+        tracing::info!(
             run = %c.lease.run_id,
             session = %c.lease.session_id,
             lost = %c.lost_replica,
             "ended a lost replica's run as interrupted"
         );
-        let Some(session) = c.session else { return };
+        let lost = Some(c.lost_replica);
+        let Some(session) = c.session else {
+            return lost;
+        };
         let Ok(agent) = self.agent(&session.agent) else {
-            return;
+            return lost;
         };
         let clients = self.session_hooks(agent, &session.extra_hooks);
         if clients.is_empty() {
-            return;
+            return lost;
         }
         let hooks = RunHooks::new(
             clients,
@@ -260,6 +275,7 @@ impl Engine {
             turns: 0,
         });
         hooks.close();
+        lost
     }
 
     /// Deletes the sessions idle past `ttl`, a batch at a time until none is
