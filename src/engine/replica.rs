@@ -192,7 +192,7 @@ impl Engine {
                 Err(e) => {
                     self.store_warnings
                         .warn_replica("cannot look for expired runs", &e);
-                    return;
+                    break;
                 }
             };
             let more = claimed.len() >= REAP_BATCH as usize;
