@@ -28,10 +28,12 @@ use crate::store::{close_pending_turn, ClaimedRun, RunEnd, Signal};
 /// Fallback polling for signals recorded by other replicas.
 pub const POLL: Duration = Duration::from_millis(500);
 
-/// Runs claimed per reaper pass.
+/// Runs claimed at a time; a reaper pass claims until a batch comes back
+/// short, ending each batch's runs together.
 const REAP_BATCH: u32 = 16;
 
-/// Sessions expired per sweep.
+/// Sessions expired per store call (one transaction); a sweep goes on
+/// until a batch comes back short.
 const EXPIRE_BATCH: u32 = 100;
 
 /// A name for this process in the store: the host (the pod's name under
