@@ -270,7 +270,10 @@ impl Engine {
         if !needed {
             return Ok(Held::default());
         }
-        let u = self.store.owner_usage(&p.name, quota::WINDOW).await?;
+        let u = self
+            .store
+            .owner_usage(&p.name, quota::WINDOW, self.quotas.count_cap())
+            .await?;
         Ok(Held {
             sessions: u.sessions,
             active_runs: u.active_runs,

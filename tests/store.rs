@@ -747,8 +747,9 @@ impl SessionStore for Recording {
         &self,
         owner: &str,
         window: std::time::Duration,
+        cap: u64,
     ) -> Result<store::OwnerUsage, StoreError> {
-        self.inner.owner_usage(owner, window).await
+        self.inner.owner_usage(owner, window, cap).await
     }
     async fn delete_session(&self, id: &str) -> Result<hookwire::session::Session, StoreError> {
         self.inner.delete_session(id).await
@@ -952,7 +953,7 @@ async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
         StoreError::RunNotFound("nope".into())
     );
     let minute = Duration::from_secs(60);
-    let alice = s.owner_usage("alice", minute).await.unwrap();
+    let alice = s.owner_usage("alice", minute, u64::MAX).await.unwrap();
     assert_eq!(
         alice,
         store::OwnerUsage {
@@ -961,7 +962,7 @@ async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
             recent_runs: 1
         }
     );
-    let bob = s.owner_usage("bob", minute).await.unwrap();
+    let bob = s.owner_usage("bob", minute, u64::MAX).await.unwrap();
     assert_eq!((bob.sessions, bob.active_runs, bob.recent_runs), (4, 0, 0));
     s.end_run(&lease, &[Message::user("hi")], &end(RunOutcome::Completed))
         .await
@@ -971,24 +972,44 @@ async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
         StoreError::RunNotFound("r1".into()),
         "an ended run leads nowhere"
     );
-    let alice = s.owner_usage("alice", minute).await.unwrap();
+    let alice = s.owner_usage("alice", minute, u64::MAX).await.unwrap();
     assert_eq!((alice.active_runs, alice.recent_runs), (0, 1));
-    let empty_window = s.owner_usage("alice", Duration::ZERO).await.unwrap();
+    let empty_window = s
+        .owner_usage("alice", Duration::ZERO, u64::MAX)
+        .await
+        .unwrap();
     assert_eq!(empty_window.recent_runs, 0, "outside the window");
     s.delete_session("a2").await.unwrap();
-    assert_eq!(s.owner_usage("alice", minute).await.unwrap().sessions, 4);
+    assert_eq!(
+        s.owner_usage("alice", minute, u64::MAX)
+            .await
+            .unwrap()
+            .sessions,
+        4
+    );
 
     // A deleted session's runs no longer count, ended or still in flight.
     let _held = s.begin_run("a3", "r3", "A").await.unwrap();
-    let alice = s.owner_usage("alice", minute).await.unwrap();
+    let alice = s.owner_usage("alice", minute, u64::MAX).await.unwrap();
     assert_eq!(
         (alice.sessions, alice.active_runs, alice.recent_runs),
         (4, 1, 2)
     );
+    // Counts stop at the cap a quota asks for.
+    let capped = s.owner_usage("alice", minute, 1).await.unwrap();
+    assert_eq!(
+        (capped.sessions, capped.active_runs, capped.recent_runs),
+        (1, 1, 1)
+    );
+    let capped = s.owner_usage("alice", minute, 3).await.unwrap();
+    assert_eq!(
+        (capped.sessions, capped.active_runs, capped.recent_runs),
+        (3, 1, 2)
+    );
     s.delete_session("a1").await.unwrap();
     s.delete_session("a3").await.unwrap();
     assert_eq!(
-        s.owner_usage("alice", minute).await.unwrap(),
+        s.owner_usage("alice", minute, u64::MAX).await.unwrap(),
         store::OwnerUsage {
             sessions: 2,
             active_runs: 0,
@@ -996,6 +1017,98 @@ async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
         }
     );
     s.close().await;
+}
+
+/// Runs kept without an owner (started before migration 2, or by an older
+/// binary during a rolling upgrade: the column is NULL) count for their
+/// session's owner while the session exists, like those that have one.
+async fn runs_without_an_owner_count_through_their_session(engine: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = match engine {
+        "sqlite" => format!("sqlite://{}", dir.path().join("h.db").display()),
+        _ => support::postgres::database(),
+    };
+    let s = store::open(
+        &StoreSetting::parse(&url, false).unwrap(),
+        StoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    for (id, owner) in [
+        ("a1", "alice"),
+        ("a2", "alice"),
+        ("a3", "alice"),
+        ("b1", "bob"),
+    ] {
+        s.create_session(&new_session(id, "a", owner))
+            .await
+            .unwrap();
+    }
+    let ended = s.begin_run("a1", "r1", "A").await.unwrap();
+    s.end_run(&ended, &[], &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+    let _in_flight = s.begin_run("a2", "r2", "A").await.unwrap();
+    let _bobs = s.begin_run("b1", "rb", "A").await.unwrap();
+    // What the check reads directly, without the join through sessions.
+    let sql = |q: &'static str| {
+        let url = url.clone();
+        async move {
+            match engine {
+                "sqlite" => {
+                    use sqlx::Connection as _;
+                    let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+                    let v: Option<String> = sqlx::query_scalar(q)
+                        .fetch_optional(&mut c)
+                        .await
+                        .unwrap()
+                        .flatten();
+                    v.unwrap_or_default()
+                }
+                _ => support::postgres::server().query(&url, q),
+            }
+        }
+    };
+    assert_eq!(sql("SELECT owner FROM runs WHERE id = 'r2'").await, "alice");
+    sql("UPDATE runs SET owner = NULL").await;
+    // One started by this binary next to them.
+    let _new = s.begin_run("a3", "r3", "A").await.unwrap();
+    let minute = Duration::from_secs(60);
+    let usage = |u: store::OwnerUsage| (u.sessions, u.active_runs, u.recent_runs);
+    let alice = s.owner_usage("alice", minute, u64::MAX).await.unwrap();
+    assert_eq!(usage(alice), (3, 2, 3));
+    let bob = s.owner_usage("bob", minute, u64::MAX).await.unwrap();
+    assert_eq!(usage(bob), (1, 1, 1));
+    assert_eq!(
+        usage(s.owner_usage("alice", minute, 2).await.unwrap()),
+        (2, 2, 2),
+        "capped"
+    );
+    assert_eq!(
+        usage(
+            s.owner_usage("alice", Duration::ZERO, u64::MAX)
+                .await
+                .unwrap()
+        ),
+        (3, 2, 0),
+        "outside the window"
+    );
+    // A deleted session takes its runs out of the count, ended or not.
+    s.delete_session("a1").await.unwrap();
+    s.delete_session("a2").await.unwrap();
+    let alice = s.owner_usage("alice", minute, u64::MAX).await.unwrap();
+    assert_eq!(usage(alice), (1, 1, 1));
+    s.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_runs_without_an_owner_count_through_their_session() {
+    runs_without_an_owner_count_through_their_session("sqlite").await
+}
+
+#[tokio::test]
+async fn postgres_runs_without_an_owner_count_through_their_session() {
+    runs_without_an_owner_count_through_their_session("postgres").await
 }
 
 macro_rules! contract {
@@ -1045,7 +1158,8 @@ async fn postgres_two_stores_migrating_at_once_migrate_once() {
     let pg = support::postgres::server();
     assert_eq!(
         pg.query(&url, "SELECT count(*) FROM _sqlx_migrations WHERE success"),
-        "1"
+        "2",
+        "each of the two migrations applied once"
     );
     a.close().await;
     b.close().await;

@@ -81,6 +81,18 @@ impl QuotaLedger {
         self.limits.max_sessions.is_some()
     }
 
+    /// How far the store needs to count: to the largest limit set (a held
+    /// count capped there decides every limit as the full count would).
+    pub fn count_cap(&self) -> u64 {
+        let l = &self.limits;
+        [l.max_sessions, l.max_concurrent_runs, l.runs_per_minute]
+            .into_iter()
+            .flatten()
+            .map(u64::from)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Whether starts need the store's counts.
     pub fn limits_runs(&self) -> bool {
         self.limits.max_concurrent_runs.is_some() || self.limits.runs_per_minute.is_some()
@@ -233,6 +245,40 @@ mod tests {
         );
         assert!(l.begin_run(&b, none).is_ok(), "b's own quota");
         assert!(l.begin_run(&a, none).is_ok(), "all released");
+    }
+
+    /// Counts capped at the largest limit decide every limit as the full
+    /// counts do: at the cap, each limit (all at most the cap) is reached.
+    #[test]
+    fn counts_capped_at_the_largest_limit_decide_as_full_counts() {
+        let l = Arc::new(QuotaLedger::new(Quotas {
+            max_sessions: Some(3),
+            max_concurrent_runs: Some(2),
+            runs_per_minute: Some(5),
+        }));
+        let cap = l.count_cap();
+        assert_eq!(cap, 5);
+        let a = Principal::new("a", Vec::<String>::new());
+        for n in 0..=12u64 {
+            let full = Held {
+                sessions: n,
+                active_runs: n / 2,
+                recent_runs: n,
+            };
+            let capped = Held {
+                sessions: full.sessions.min(cap),
+                active_runs: full.active_runs.min(cap),
+                recent_runs: full.recent_runs.min(cap),
+            };
+            let decide = |h: Held| {
+                (
+                    l.begin_session(&a, h).map(drop).map_err(|e| e.limit),
+                    l.begin_run(&a, h).map(drop).map_err(|e| e.limit),
+                )
+            };
+            assert_eq!(decide(full), decide(capped), "{n}");
+        }
+        assert_eq!(QuotaLedger::new(Quotas::default()).count_cap(), 0);
     }
 
     #[test]

@@ -270,14 +270,19 @@ impl SessionStore for MemoryStore {
             .ok_or_else(|| StoreError::RunNotFound(run_id.to_string()))
     }
 
-    async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError> {
+    async fn owner_usage(
+        &self,
+        owner: &str,
+        window: Duration,
+        cap: u64,
+    ) -> Result<OwnerUsage, StoreError> {
         let g = self.lock();
         let Some(o) = g.owners.get(owner) else {
             return Ok(OwnerUsage::default());
         };
-        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX).min(cap);
         Ok(OwnerUsage {
-            sessions: o.sessions,
+            sessions: o.sessions.min(cap),
             active_runs: count(o.live.len()),
             recent_runs: count(o.started_within(Instant::now(), window)),
         })
@@ -765,7 +770,7 @@ mod tests {
         let held = s.begin_run("s1", "r3", "A").await.unwrap();
         assert_eq!(usage(&s, quota::WINDOW), (2, 1, 3, 3));
         assert_eq!(
-            s.owner_usage("o", quota::WINDOW).await.unwrap(),
+            s.owner_usage("o", quota::WINDOW, u64::MAX).await.unwrap(),
             OwnerUsage {
                 sessions: 2,
                 active_runs: 1,
@@ -892,7 +897,13 @@ mod tests {
                                 active_runs: theirs().filter(|r| !r.ended).count() as u64,
                                 recent_runs: theirs().filter(|r| now - r.started < window).count() as u64,
                             };
-                            assert_eq!(s.owner_usage(owner, window).await.unwrap(), want, "{owner} {window:?}");
+                            assert_eq!(s.owner_usage(owner, window, u64::MAX).await.unwrap(), want, "{owner} {window:?}");
+                            let capped = OwnerUsage {
+                                sessions: want.sessions.min(2),
+                                active_runs: want.active_runs.min(2),
+                                recent_runs: want.recent_runs.min(2),
+                            };
+                            assert_eq!(s.owner_usage(owner, window, 2).await.unwrap(), capped, "{owner} {window:?} capped");
                         }
                     }
                 }

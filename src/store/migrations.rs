@@ -15,17 +15,31 @@ use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
 /// (version, description, SQL)
 type Embedded = &'static [(i64, &'static str, &'static str)];
 
-const SQLITE: Embedded = &[(
-    1,
-    "sessions runs transcript approvals",
-    include_str!("migrations/sqlite/0001_sessions.sql"),
-)];
+const SQLITE: Embedded = &[
+    (
+        1,
+        "sessions runs transcript approvals",
+        include_str!("migrations/sqlite/0001_sessions.sql"),
+    ),
+    (
+        2,
+        "the owner on each run, for quota checks",
+        include_str!("migrations/sqlite/0002_run_owner.sql"),
+    ),
+];
 
-const POSTGRES: Embedded = &[(
-    1,
-    "sessions runs transcript approvals",
-    include_str!("migrations/postgres/0001_sessions.sql"),
-)];
+const POSTGRES: Embedded = &[
+    (
+        1,
+        "sessions runs transcript approvals",
+        include_str!("migrations/postgres/0001_sessions.sql"),
+    ),
+    (
+        2,
+        "the owner on each run, for quota checks",
+        include_str!("migrations/postgres/0002_run_owner.sql"),
+    ),
+];
 
 #[derive(Debug)]
 struct Source(Embedded);

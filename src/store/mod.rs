@@ -190,8 +190,16 @@ pub trait SessionStore: Send + Sync + 'static {
     /// [`StoreError::RunNotFound`] when the run is unknown or has ended.
     async fn run_session(&self, run_id: &str) -> Result<Session, StoreError>;
     /// What `owner` holds now: sessions, active runs, and runs started
-    /// within `window` (quotas that hold across replicas).
-    async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError>;
+    /// within `window` (quotas that hold across replicas). Each count stops
+    /// at `cap`: a quota only asks whether its limit is reached, and a
+    /// count that reads no further than the limit costs no more than it,
+    /// however much the principal keeps.
+    async fn owner_usage(
+        &self,
+        owner: &str,
+        window: Duration,
+        cap: u64,
+    ) -> Result<OwnerUsage, StoreError>;
     /// Deletes the session, its transcript and its approvals; returns what
     /// it was. A run still active is left to end (its writes to the
     /// transcript become no-ops); call [`SessionStore::request_cancel`] first.

@@ -450,26 +450,49 @@ impl SessionStore for SqlStore {
         }
     }
 
-    async fn owner_usage(&self, owner: &str, window: Duration) -> Result<OwnerUsage, StoreError> {
-        // sessions_owner_page and the runs' session index serve these.
+    async fn owner_usage(
+        &self,
+        owner: &str,
+        window: Duration,
+        cap: u64,
+    ) -> Result<OwnerUsage, StoreError> {
+        // Each count reads at most `cap` entries of an index:
+        // sessions_owner_page, runs_owner_ended, runs_owner_started. Runs
+        // without an owner (see migration 2) are found through the same
+        // indexes, only those in flight or in the window, and counted if
+        // their session is the owner's; after an upgrade they are few.
+        // The window's start is a subquery so that PostgreSQL evaluates
+        // its volatile clock once and can bound the index scan with it.
         let sql = self.sql(
             "SELECT
-               (SELECT COUNT(*) FROM sessions WHERE owner = $1),
-               (SELECT COUNT(*) FROM runs r JOIN sessions s ON s.id = r.session_id
-                 WHERE s.owner = $1 AND r.ended_ms IS NULL),
-               (SELECT COUNT(*) FROM runs r JOIN sessions s ON s.id = r.session_id
-                 WHERE s.owner = $1 AND r.started_ms > {now} - $2)",
+               (SELECT COUNT(*) FROM
+                 (SELECT 1 FROM sessions WHERE owner = $1 LIMIT $3) AS s),
+               (SELECT COUNT(*) FROM
+                 (SELECT 1 FROM runs WHERE owner = $1 AND ended_ms IS NULL LIMIT $3) AS r),
+               (SELECT COUNT(*) FROM runs r WHERE r.owner IS NULL AND r.ended_ms IS NULL
+                 AND (SELECT s.owner FROM sessions s WHERE s.id = r.session_id) = $1),
+               (SELECT COUNT(*) FROM
+                 (SELECT 1 FROM runs WHERE owner = $1 AND started_ms > (SELECT {now} - $2) LIMIT $3) AS r),
+               (SELECT COUNT(*) FROM runs r WHERE r.owner IS NULL AND r.started_ms > (SELECT {now} - $2)
+                 AND (SELECT s.owner FROM sessions s WHERE s.id = r.session_id) = $1)",
         );
-        let (sessions, active, recent): (i64, i64, i64) = with_pool!(self, p => sqlx::query_as(&sql)
+        let (sessions, active, active_ownerless, recent, recent_ownerless): (
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        ) = with_pool!(self, p => sqlx::query_as(&sql)
             .bind(owner)
             .bind(ms(window))
+            .bind(i64::try_from(cap).unwrap_or(i64::MAX))
             .fetch_one(p)
             .await?);
-        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        let n = |a: i64, b: i64| u64::try_from(a.saturating_add(b)).unwrap_or(0).min(cap);
         Ok(OwnerUsage {
-            sessions: n(sessions),
-            active_runs: n(active),
-            recent_runs: n(recent),
+            sessions: n(sessions, 0),
+            active_runs: n(active, active_ownerless),
+            recent_runs: n(recent, recent_ownerless),
         })
     }
 
@@ -483,8 +506,14 @@ impl SessionStore for SqlStore {
                 return Err(StoreError::SessionNotFound(id.to_string()));
             };
             // Ended runs go with the session (their approvals cascade); an
-            // active one stays until it ends.
+            // active one stays until it ends, but no longer counts for the
+            // owner's quotas (without an owner it counts through its
+            // session, which is gone).
             sqlx::query("DELETE FROM runs WHERE session_id = $1 AND ended_ms IS NOT NULL")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE runs SET owner = NULL WHERE session_id = $1 AND ended_ms IS NULL")
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
@@ -537,22 +566,22 @@ impl SessionStore for SqlStore {
     ) -> Result<RunLease, StoreError> {
         let claim = self.sql(
             "UPDATE sessions SET run_count = run_count + 1, active_run = $2, last_active_ms = {now}
-             WHERE id = $1 AND active_run IS NULL RETURNING transcript_bytes",
+             WHERE id = $1 AND active_run IS NULL RETURNING transcript_bytes, owner",
         );
         let insert = self.sql(
-            "INSERT INTO runs (id, session_id, replica, epoch, lease_expires_ms, started_ms)
-             VALUES ($1, $2, $3, 1, {now} + $4, {now})",
+            "INSERT INTO runs (id, session_id, replica, epoch, lease_expires_ms, started_ms, owner)
+             VALUES ($1, $2, $3, 1, {now} + $4, {now}, $5)",
         );
         let lease_ms = ms(self.options.lease);
         let limit = self.options.max_transcript_bytes;
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
-            let bytes: Option<(i64,)> = sqlx::query_as(&claim)
+            let claimed: Option<(i64, String)> = sqlx::query_as(&claim)
                 .bind(session_id)
                 .bind(run_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-            let Some((bytes,)) = bytes else {
+            let Some((bytes, owner)) = claimed else {
                 let active: Option<(Option<String>,)> =
                     sqlx::query_as("SELECT active_run FROM sessions WHERE id = $1")
                         .bind(session_id)
@@ -579,6 +608,7 @@ impl SessionStore for SqlStore {
                 .bind(session_id)
                 .bind(replica)
                 .bind(lease_ms)
+                .bind(owner)
                 .execute(&mut *tx)
                 .await;
             match inserted {

@@ -10,7 +10,10 @@
 //!   estimating tokens) as a real provider encodes it: that part grows
 //!   with the session by nature;
 //! - store writes (transactions) per run and messages read from the store
-//!   per run, counted by a wrapper.
+//!   per run, counted by a wrapper;
+//! - a quota check (`owner_usage`, limits of 100) for a principal that
+//!   keeps 5 000 sessions against one that keeps 50, on SQLite and
+//!   Postgres: it reads no further than the limit, target ≤ 2×.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -123,8 +126,9 @@ impl SessionStore for Counting {
         &self,
         owner: &str,
         window: std::time::Duration,
+        cap: u64,
     ) -> Result<store::OwnerUsage, StoreError> {
-        self.inner.owner_usage(owner, window).await
+        self.inner.owner_usage(owner, window, cap).await
     }
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
         self.inner.delete_session(id).await
@@ -444,8 +448,87 @@ pub async fn measure(plan: &Plan) -> Vec<Row> {
             Spread::of(&reads[i]),
         ));
     }
+    for (name, b, _) in benches.iter().skip(1) {
+        rows.push(quota_check(plan, name, &b.store.inner).await);
+    }
     for (_, b, _) in &benches {
         b.store.close().await;
     }
     rows
+}
+
+/// Sessions the small and the large principal of the quota rows keep (the
+/// smoke pass: 500).
+const QUOTA_SMALL: usize = 50;
+const QUOTA_LARGE: usize = 5_000;
+/// The limit the checks count to (the engine passes its largest one).
+const QUOTA_LIMIT: u64 = 100;
+
+/// A quota check's cost for a principal keeping [`QUOTA_LARGE`] sessions
+/// of one run each, all started within the window (so each count meets
+/// the limit), against one keeping [`QUOTA_SMALL`]: checks of the two
+/// alternate, per round the median of each.
+async fn quota_check(plan: &Plan, engine: &str, st: &Arc<dyn SessionStore>) -> Row {
+    let large_n = if plan.full { QUOTA_LARGE } else { 500 };
+    for (owner, n) in [("quota-small", QUOTA_SMALL), ("quota-large", large_n)] {
+        for i in 0..n {
+            let id = format!("{owner}-{i}");
+            st.create_session(&NewSession {
+                id: id.clone(),
+                agent: "solo".into(),
+                owner: owner.into(),
+                extra_hooks: vec![],
+                metadata: Default::default(),
+            })
+            .await
+            .expect("session");
+            let lease = st
+                .begin_run(&id, &format!("{id}-run"), "bench")
+                .await
+                .unwrap();
+            st.end_run(
+                &lease,
+                &[],
+                &RunEnd {
+                    outcome: hookwire::agent::outcome::RunOutcome::Completed,
+                    reason: String::new(),
+                    usage: Default::default(),
+                    turns: 0,
+                },
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let checks = if plan.full { 200 } else { 20 };
+    let (mut small, mut large) = (Vec::new(), Vec::new());
+    for _ in 0..plan.rounds {
+        let (mut s, mut l) = (Vec::new(), Vec::new());
+        for _ in 0..checks {
+            for (owner, into) in [("quota-small", &mut s), ("quota-large", &mut l)] {
+                let t = Instant::now();
+                let u = st
+                    .owner_usage(owner, Duration::from_secs(60), QUOTA_LIMIT)
+                    .await
+                    .expect("usage");
+                into.push(t.elapsed().as_secs_f64() * 1e6);
+                std::hint::black_box(u);
+            }
+        }
+        small.push(Spread::of(&s).median);
+        large.push(Spread::of(&l).median);
+    }
+    let ratios: Vec<f64> = large.iter().zip(&small).map(|(l, s)| l / s).collect();
+    Row::new(
+        8,
+        format!("quota check, a principal keeping {large_n} sessions, {engine}"),
+        "us",
+        Spread::of(&large),
+    )
+    .against(
+        format!("one keeping {QUOTA_SMALL}"),
+        Spread::of(&small),
+        &ratios,
+    )
+    .target(Target::ratio_at_most(2.0))
 }
