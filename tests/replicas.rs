@@ -484,8 +484,8 @@ async fn postgres_two_replicas_starting_at_once_migrate_once() {
     assert_eq!(
         support::postgres::server()
             .query(url, "SELECT count(*) FROM _sqlx_migrations WHERE success"),
-        "2",
-        "each of the two migrations applied once"
+        "3",
+        "each of the three migrations applied once"
     );
     let mut ca = a.client().await;
     let s = session(&mut ca, "a").await;

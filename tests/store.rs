@@ -420,6 +420,72 @@ async fn a_settled_batch_is_no_longer_staged(engine: &str) {
     s.close().await;
 }
 
+/// A replica whose runs wait for more approvals than one statement looks
+/// up (500) gets every answer, and only answers to what waits.
+async fn many_waiting_approvals_are_read_at_once(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    let mut waits = Vec::new();
+    for i in 0..510 {
+        let (sid, rid) = (format!("s{i}"), format!("r{i}"));
+        s.create_session(&new_session(&sid, "a", "o"))
+            .await
+            .unwrap();
+        let l = s.begin_run(&sid, &rid, "A").await.unwrap();
+        s.request_approval(&l, "c").await.unwrap();
+        if i % 2 == 0 {
+            let d = Decision {
+                approve: i % 4 == 0,
+                note: format!("n{i}"),
+            };
+            s.resolve_approval(&rid, "c", &d).await.unwrap();
+        }
+        // An answered call nobody waits for any more is not read.
+        s.request_approval(&l, "gone").await.unwrap();
+        s.resolve_approval(
+            &rid,
+            "gone",
+            &Decision {
+                approve: true,
+                note: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+        waits.push((rid, "c".to_string()));
+    }
+    let sig = s.signals("A", &waits).await.unwrap();
+    let mut got: Vec<(String, bool, String)> = sig
+        .into_iter()
+        .map(|x| match x {
+            Signal::Approval {
+                run_id,
+                call_id,
+                decision,
+            } => {
+                assert_eq!(call_id, "c");
+                (run_id, decision.approve, decision.note)
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    got.sort();
+    let mut want: Vec<(String, bool, String)> = (0..510)
+        .filter(|i| i % 2 == 0)
+        .map(|i| (format!("r{i}"), i % 4 == 0, format!("n{i}")))
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+    s.close().await;
+}
+
+/// The (run, call) approvals a replica's runs wait for.
+fn waiting(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(r, c)| (r.to_string(), c.to_string()))
+        .collect()
+}
+
 async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
     let s = open(engine, StoreOptions::default()).await;
     s.create_session(&new_session("s", "a", "o")).await.unwrap();
@@ -447,15 +513,25 @@ async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
         s.resolve_approval("r", "never-asked", &yes).await,
         Err(StoreError::ApprovalNotPending { .. })
     ));
+    let c1 = waiting(&[("r", "c1")]);
     assert_eq!(
-        s.signals("A").await.unwrap(),
+        s.signals("A", &c1).await.unwrap(),
         vec![Signal::Approval {
             run_id: "r".into(),
             call_id: "c1".into(),
             decision: yes.clone()
         }]
     );
-    assert!(s.signals("B").await.unwrap().is_empty());
+    assert!(s.signals("B", &c1).await.unwrap().is_empty(), "not B's run");
+    assert!(
+        s.signals("A", &[]).await.unwrap().is_empty(),
+        "answers are read for what waits only"
+    );
+    assert!(s
+        .signals("A", &waiting(&[("r", "other"), ("elsewhere", "c1")]))
+        .await
+        .unwrap()
+        .is_empty());
     // Answered before the wait gave up: the answer stands.
     assert_eq!(s.expire_approval(&l, "c1").await.unwrap(), Some(yes));
     // Timed out first: a later answer is refused.
@@ -476,7 +552,7 @@ async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
     // A cancel is a signal for the run's replica and denies what waits.
     s.request_approval(&l, "c3").await.unwrap();
     s.request_cancel("r", "cancelled by client").await.unwrap();
-    let sig = s.signals("A").await.unwrap();
+    let sig = s.signals("A", &waiting(&[("r", "c3")])).await.unwrap();
     assert!(sig.contains(&Signal::Cancel {
         run_id: "r".into(),
         reason: "cancelled by client".into()
@@ -502,7 +578,10 @@ async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
         StoreError::RunNotFound("r".into())
     );
     assert!(
-        s.signals("A").await.unwrap().is_empty(),
+        s.signals("A", &waiting(&[("r", "c3")]))
+            .await
+            .unwrap()
+            .is_empty(),
         "ended runs signal nothing"
     );
     s.close().await;
@@ -826,8 +905,12 @@ impl SessionStore for Recording {
     async fn request_cancel(&self, r: &str, why: &str) -> Result<(), StoreError> {
         self.inner.request_cancel(r, why).await
     }
-    async fn signals(&self, rep: &str) -> Result<Vec<Signal>, StoreError> {
-        self.inner.signals(rep).await
+    async fn signals(
+        &self,
+        rep: &str,
+        waiting: &[(String, String)],
+    ) -> Result<Vec<Signal>, StoreError> {
+        self.inner.signals(rep, waiting).await
     }
     async fn claim_expired(&self, rep: &str, n: u32) -> Result<Vec<store::ClaimedRun>, StoreError> {
         if self.ends.as_ref().is_some_and(|f| f.no_claims) {
@@ -1127,6 +1210,7 @@ macro_rules! contract {
 
 contract!(
     sessions_are_created_read_listed_by_page_and_deleted,
+    many_waiting_approvals_are_read_at_once,
     many_leases_are_renewed_at_once,
     a_run_longer_than_its_lease_keeps_it,
     a_lost_replicas_runs_are_all_ended_in_one_pass,
@@ -1158,8 +1242,8 @@ async fn postgres_two_stores_migrating_at_once_migrate_once() {
     let pg = support::postgres::server();
     assert_eq!(
         pg.query(&url, "SELECT count(*) FROM _sqlx_migrations WHERE success"),
-        "2",
-        "each of the two migrations applied once"
+        "3",
+        "each of the three migrations applied once"
     );
     a.close().await;
     b.close().await;

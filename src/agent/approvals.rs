@@ -89,6 +89,12 @@ impl Approvals {
         self.entries().retain(|(run, _), _| run != run_id);
     }
 
+    /// The (run, call) pairs waiting here: what the replica asks the store
+    /// for answers to.
+    pub fn waiting(&self) -> Vec<(String, String)> {
+        self.entries().keys().cloned().collect()
+    }
+
     /// Approvals this replica's runs wait for, over all runs.
     pub fn pending(&self) -> usize {
         self.entries().len()

@@ -119,7 +119,8 @@ impl Engine {
         if self.active_runs() == 0 {
             return;
         }
-        let signals = match self.store.signals(&self.replica).await {
+        let waiting = self.approvals.waiting();
+        let signals = match self.store.signals(&self.replica, &waiting).await {
             Ok(s) => s,
             Err(e) => {
                 self.store_warnings

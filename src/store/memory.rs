@@ -576,33 +576,38 @@ impl SessionStore for MemoryStore {
         Ok(())
     }
 
-    async fn signals(&self, replica: &str) -> Result<Vec<Signal>, StoreError> {
+    async fn signals(
+        &self,
+        replica: &str,
+        waiting: &[(String, String)],
+    ) -> Result<Vec<Signal>, StoreError> {
         let g = self.lock();
-        let mut cancels = Vec::new();
-        let mut answers = Vec::new();
+        let mine = |id: &str| g.runs.get(id).filter(|r| !r.ended && r.replica == replica);
+        let mut out = Vec::new();
         for id in &g.live {
-            let Some(r) = g.runs.get(id).filter(|r| r.replica == replica) else {
-                continue;
-            };
-            if let Some(reason) = &r.cancel_reason {
-                cancels.push(Signal::Cancel {
+            if let Some(reason) = mine(id).and_then(|r| r.cancel_reason.as_ref()) {
+                out.push(Signal::Cancel {
                     run_id: id.clone(),
                     reason: reason.clone(),
                 });
             }
-            for (call, (state, d)) in g.approvals.get(id).into_iter().flatten() {
-                if let (Approval::Answered, Some(d)) = (state, d) {
-                    answers.push(Signal::Approval {
-                        run_id: id.clone(),
-                        call_id: call.clone(),
-                        decision: d.clone(),
-                    });
-                }
+        }
+        // Cancels first, as the SQL engines answer.
+        for (run, call) in waiting {
+            if mine(run).is_none() {
+                continue;
+            }
+            if let Some((Approval::Answered, Some(d))) =
+                g.approvals.get(run).and_then(|a| a.get(call))
+            {
+                out.push(Signal::Approval {
+                    run_id: run.clone(),
+                    call_id: call.clone(),
+                    decision: d.clone(),
+                });
             }
         }
-        // Cancels first, as before and as the SQL engines answer.
-        cancels.append(&mut answers);
-        Ok(cancels)
+        Ok(out)
     }
 
     async fn claim_expired(
@@ -722,7 +727,10 @@ mod tests {
         .unwrap();
         s.request_cancel("r1", "stop").await.unwrap();
         assert_eq!(s.lock().live, HashSet::from(["r1".to_string()]));
-        let signals = s.signals("A").await.unwrap();
+        let signals = s
+            .signals("A", &[("r1".to_string(), "c".to_string())])
+            .await
+            .unwrap();
         assert!(
             matches!(&signals[..], [Signal::Cancel { run_id, .. }, Signal::Approval { call_id, .. }] if run_id == "r1" && call_id == "c"),
             "{signals:?}"

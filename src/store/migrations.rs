@@ -26,6 +26,11 @@ const SQLITE: Embedded = &[
         "the owner on each run, for quota checks",
         include_str!("migrations/sqlite/0002_run_owner.sql"),
     ),
+    (
+        3,
+        "an index of the cancels runs in flight wait for",
+        include_str!("migrations/sqlite/0003_cancel_signals.sql"),
+    ),
 ];
 
 const POSTGRES: Embedded = &[
@@ -38,6 +43,11 @@ const POSTGRES: Embedded = &[
         2,
         "the owner on each run, for quota checks",
         include_str!("migrations/postgres/0002_run_owner.sql"),
+    ),
+    (
+        3,
+        "an index of the cancels runs in flight wait for",
+        include_str!("migrations/postgres/0003_cancel_signals.sql"),
     ),
 ];
 

@@ -280,9 +280,16 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<Option<Decision>, StoreError>;
     /// Records a cancel for an active run and denies its pending approvals.
     async fn request_cancel(&self, run_id: &str, reason: &str) -> Result<(), StoreError>;
-    /// Cancels and approval decisions recorded for the active runs leased
-    /// to `replica`.
-    async fn signals(&self, replica: &str) -> Result<Vec<Signal>, StoreError>;
+    /// Cancels recorded for the active runs leased to `replica`, then the
+    /// decisions recorded for `waiting`, the (run, call) approvals its runs
+    /// wait for (of those runs only). What a replica polls: it reads what
+    /// is cancelled or waited for, not every run in flight nor every
+    /// approval ever answered.
+    async fn signals(
+        &self,
+        replica: &str,
+        waiting: &[(String, String)],
+    ) -> Result<Vec<Signal>, StoreError>;
 
     /// Claims up to `limit` runs whose lease expired, for `replica` to end
     /// (its own too: one whose end could not be recorded, or whose renewals

@@ -37,8 +37,9 @@ const WAKE_CHANNEL: &str = "hookwire_wake";
 /// next to hookwire, as in the Kubernetes overlay).
 const CONNECT_PATIENCE: Duration = Duration::from_secs(20);
 
-/// Leases renewed per statement by `renew_all`: a few tens of KiB of JSON.
-const RENEW_CHUNK: usize = 500;
+/// Leases renewed per statement by `renew_all`, and approvals looked up per
+/// statement by `signals`: a few tens of KiB of JSON.
+const JSON_CHUNK: usize = 500;
 
 enum Pool {
     /// Boxed: it holds the connect options (to reopen), a pool is a handle.
@@ -664,7 +665,7 @@ impl SessionStore for SqlStore {
              RETURNING runs.id"
         ));
         let mut held = Vec::with_capacity(leases.len());
-        for chunk in leases.chunks(RENEW_CHUNK) {
+        for chunk in leases.chunks(JSON_CHUNK) {
             let list = serde_json::Value::Array(
                 chunk
                     .iter()
@@ -1007,7 +1008,40 @@ impl SessionStore for SqlStore {
         Ok(())
     }
 
-    async fn signals(&self, replica: &str) -> Result<Vec<Signal>, StoreError> {
+    async fn signals(
+        &self,
+        replica: &str,
+        waiting: &[(String, String)],
+    ) -> Result<Vec<Signal>, StoreError> {
+        // runs_cancelled (migration 3) holds only runs in flight with a
+        // cancel; the answers are looked up by primary key for what the
+        // replica's runs wait for, as a JSON list of [run, call] pairs.
+        let pairs = if self.is_postgres() {
+            "SELECT e->>0 AS run_id, e->>1 AS call_id FROM jsonb_array_elements($2::jsonb) AS e"
+        } else {
+            "SELECT json_extract(value, '$[0]') AS run_id, json_extract(value, '$[1]') AS call_id
+             FROM json_each($2)"
+        };
+        // The run's check is a scalar subquery so that PostgreSQL looks
+        // each run up by key; as a join it hashed every run in flight.
+        let answers_sql = format!(
+            "SELECT a.run_id, a.call_id, a.state, a.note FROM ({pairs}) AS w
+             JOIN approvals a ON a.run_id = w.run_id AND a.call_id = w.call_id
+             WHERE a.state IN ('approved', 'denied')
+               AND (SELECT r.replica FROM runs r WHERE r.id = a.run_id AND r.ended_ms IS NULL) = $1"
+        );
+        let lists: Vec<String> = waiting
+            .chunks(JSON_CHUNK)
+            .map(|chunk| {
+                serde_json::Value::Array(
+                    chunk
+                        .iter()
+                        .map(|(run, call)| serde_json::json!([run, call]))
+                        .collect(),
+                )
+                .to_string()
+            })
+            .collect();
         let (cancels, approvals): (Vec<(String, String)>, Vec<(String, String, String, String)>) = with_pool!(self, p => {
             let c = sqlx::query_as(
                 "SELECT id, cancel_reason FROM runs
@@ -1016,14 +1050,16 @@ impl SessionStore for SqlStore {
             .bind(replica)
             .fetch_all(&mut *p)
             .await?;
-            let a = sqlx::query_as(
-                "SELECT a.run_id, a.call_id, a.state, a.note FROM approvals a
-                     JOIN runs r ON r.id = a.run_id
-                     WHERE r.replica = $1 AND r.ended_ms IS NULL AND a.state IN ('approved', 'denied')",
-            )
-            .bind(replica)
-            .fetch_all(p)
-            .await?;
+            let mut a = Vec::new();
+            for list in &lists {
+                a.extend(
+                    sqlx::query_as(&answers_sql)
+                        .bind(replica)
+                        .bind(list)
+                        .fetch_all(&mut *p)
+                        .await?,
+                );
+            }
             (c, a)
         });
         let mut out: Vec<Signal> = cancels

@@ -183,8 +183,12 @@ impl SessionStore for Counting {
         self.w();
         self.inner.request_cancel(r, why).await
     }
-    async fn signals(&self, rep: &str) -> Result<Vec<Signal>, StoreError> {
-        self.inner.signals(rep).await
+    async fn signals(
+        &self,
+        rep: &str,
+        waiting: &[(String, String)],
+    ) -> Result<Vec<Signal>, StoreError> {
+        self.inner.signals(rep, waiting).await
     }
     async fn claim_expired(&self, rep: &str, n: u32) -> Result<Vec<ClaimedRun>, StoreError> {
         self.inner.claim_expired(rep, n).await
