@@ -258,22 +258,21 @@ async fn sessions(b: &Bench, agent: &str, n: usize, prior: usize) -> Vec<String>
                 })
                 .collect();
             st.append(&lease, &msgs).await.unwrap();
-            st.end_run(
-                &lease,
-                &[],
-                &RunEnd {
-                    outcome: hookwire::agent::outcome::RunOutcome::Completed,
-                    reason: String::new(),
-                    usage: Default::default(),
-                    turns: 0,
-                },
-            )
-            .await
-            .unwrap();
+            st.end_run(&lease, &[], &completed()).await.unwrap();
         }
         out.push(s.id);
     }
     out
+}
+
+/// The end of a run written straight through the store.
+fn completed() -> RunEnd {
+    RunEnd {
+        outcome: hookwire::agent::outcome::RunOutcome::Completed,
+        reason: String::new(),
+        usage: Default::default(),
+        turns: 0,
+    }
 }
 
 /// Per run, over `runs` runs spread over `sessions`: mean µs, store writes,
@@ -490,18 +489,7 @@ async fn quota_check(plan: &Plan, engine: &str, st: &Arc<dyn SessionStore>) -> R
                 .begin_run(&id, &format!("{id}-run"), "bench")
                 .await
                 .unwrap();
-            st.end_run(
-                &lease,
-                &[],
-                &RunEnd {
-                    outcome: hookwire::agent::outcome::RunOutcome::Completed,
-                    reason: String::new(),
-                    usage: Default::default(),
-                    turns: 0,
-                },
-            )
-            .await
-            .unwrap();
+            st.end_run(&lease, &[], &completed()).await.unwrap();
         }
     }
     let checks = if plan.full { 200 } else { 20 };
