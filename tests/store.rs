@@ -1184,6 +1184,138 @@ async fn runs_without_an_owner_count_through_their_session(engine: &str) {
     s.close().await;
 }
 
+/// Migration 1 alone, as a database that an older hookwire created.
+#[derive(Debug)]
+struct FirstMigration(&'static str);
+
+impl<'s> sqlx::migrate::MigrationSource<'s> for FirstMigration {
+    fn resolve(
+        self,
+    ) -> futures::future::BoxFuture<
+        's,
+        Result<Vec<sqlx::migrate::Migration>, sqlx::error::BoxDynError>,
+    > {
+        Box::pin(async move {
+            Ok(vec![sqlx::migrate::Migration::new(
+                1,
+                "sessions runs transcript approvals".into(),
+                sqlx::migrate::MigrationType::Simple,
+                self.0.into(),
+                false,
+            )])
+        })
+    }
+}
+
+/// A database an older hookwire left (migration 1 only, a run in flight
+/// with a cancel, an ended one) is migrated when a store opens it, and
+/// what it held keeps counting: quotas through the runs' sessions, the
+/// cancel through the index migration 3 builds over existing rows.
+async fn a_database_from_before_the_run_owner_is_upgraded_in_place(engine: &str) {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, first) = match engine {
+        "sqlite" => (
+            format!("sqlite://{}", dir.path().join("h.db").display()),
+            FirstMigration(include_str!(
+                "../src/store/migrations/sqlite/0001_sessions.sql"
+            )),
+        ),
+        _ => (
+            support::postgres::database(),
+            FirstMigration(include_str!(
+                "../src/store/migrations/postgres/0001_sessions.sql"
+            )),
+        ),
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let far = now + 3_600_000;
+    // What the older binary wrote: no owner on its runs.
+    let old = format!(
+        "INSERT INTO sessions (id, agent, owner, extra_hooks, metadata, created_ms, last_active_ms, active_run)
+           VALUES ('a1', 'a', 'alice', '[]', '{{}}', {now}, {now}, 'r-old'),
+                  ('a2', 'a', 'alice', '[]', '{{}}', {now}, {now}, NULL),
+                  ('b1', 'a', 'bob', '[]', '{{}}', {now}, {now}, NULL);
+         INSERT INTO runs (id, session_id, replica, epoch, lease_expires_ms, started_ms, ended_ms, outcome, cancel_reason)
+           VALUES ('r-old', 'a1', 'A', 1, {far}, {now}, NULL, NULL, 'stop'),
+                  ('r-done', 'a2', 'A', 1, {now}, {now}, {now}, 'completed', NULL);"
+    );
+    let migrator = sqlx::migrate::Migrator::new(first).await.unwrap();
+    match engine {
+        "sqlite" => {
+            let opts = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)
+                .unwrap()
+                .create_if_missing(true);
+            let mut c = sqlx::SqliteConnection::connect_with(&opts).await.unwrap();
+            migrator.run_direct(&mut c).await.unwrap();
+            sqlx::raw_sql(&old).execute(&mut c).await.unwrap();
+            c.close().await.unwrap();
+        }
+        _ => {
+            let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+            migrator.run_direct(&mut c).await.unwrap();
+            sqlx::raw_sql(&old).execute(&mut c).await.unwrap();
+            c.close().await.unwrap();
+        }
+    }
+    let s = store::open(
+        &StoreSetting::parse(&url, false).unwrap(),
+        StoreOptions::default(),
+    )
+    .await
+    .expect("an older database opens and migrates");
+    let minute = Duration::from_secs(60);
+    let usage = |u: store::OwnerUsage| (u.sessions, u.active_runs, u.recent_runs);
+    assert_eq!(
+        usage(s.owner_usage("alice", minute, u64::MAX).await.unwrap()),
+        (2, 1, 2)
+    );
+    assert_eq!(
+        usage(s.owner_usage("bob", minute, u64::MAX).await.unwrap()),
+        (1, 0, 0)
+    );
+    assert_eq!(
+        s.signals("A", &[]).await.unwrap(),
+        vec![Signal::Cancel {
+            run_id: "r-old".into(),
+            reason: "stop".into()
+        }]
+    );
+    // A run of this binary next to the older ones, then the older one ends.
+    let _new = s.begin_run("a2", "r-new", "A").await.unwrap();
+    assert_eq!(
+        usage(s.owner_usage("alice", minute, u64::MAX).await.unwrap()),
+        (2, 2, 3)
+    );
+    let old_lease = store::RunLease {
+        run_id: "r-old".into(),
+        session_id: "a1".into(),
+        epoch: 1,
+    };
+    s.end_run(&old_lease, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    assert_eq!(
+        usage(s.owner_usage("alice", minute, u64::MAX).await.unwrap()),
+        (2, 1, 3)
+    );
+    assert!(s.signals("A", &[]).await.unwrap().is_empty());
+    s.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_a_database_from_before_the_run_owner_is_upgraded_in_place() {
+    a_database_from_before_the_run_owner_is_upgraded_in_place("sqlite").await
+}
+
+#[tokio::test]
+async fn postgres_a_database_from_before_the_run_owner_is_upgraded_in_place() {
+    a_database_from_before_the_run_owner_is_upgraded_in_place("postgres").await
+}
+
 #[tokio::test]
 async fn sqlite_runs_without_an_owner_count_through_their_session() {
     runs_without_an_owner_count_through_their_session("sqlite").await

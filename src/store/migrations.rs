@@ -28,7 +28,7 @@ const SQLITE: Embedded = &[
     ),
     (
         3,
-        "an index of the cancels runs in flight wait for",
+        "runs in flight with a cancel, indexed for the signal poll",
         include_str!("migrations/sqlite/0003_cancel_signals.sql"),
     ),
 ];
@@ -46,7 +46,7 @@ const POSTGRES: Embedded = &[
     ),
     (
         3,
-        "an index of the cancels runs in flight wait for",
+        "runs in flight with a cancel, indexed for the signal poll",
         include_str!("migrations/postgres/0003_cancel_signals.sql"),
     ),
 ];
