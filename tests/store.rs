@@ -665,6 +665,11 @@ async fn deleting_a_session_with_an_active_run_lets_the_run_end(engine: &str) {
     s.end_run(&l, &[Message::user("x")], &end(RunOutcome::Cancelled))
         .await
         .unwrap();
+    // A retry whose first attempt committed (its answer lost) is still
+    // that end, though the run went with its session.
+    s.end_run(&l, &[Message::user("x")], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
     s.close().await;
 }
 
@@ -1314,6 +1319,91 @@ async fn sqlite_a_database_from_before_the_run_owner_is_upgraded_in_place() {
 #[tokio::test]
 async fn postgres_a_database_from_before_the_run_owner_is_upgraded_in_place() {
     a_database_from_before_the_run_owner_is_upgraded_in_place("postgres").await
+}
+
+/// A run in flight when its session is deleted goes when it ends, with
+/// its approvals, as the session's ended runs went: ended by its replica
+/// or, that replica lost, by the reaper. Nothing of it stays behind.
+async fn a_deleted_sessions_run_goes_when_it_ends(engine: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = match engine {
+        "sqlite" => format!("sqlite://{}", dir.path().join("h.db").display()),
+        _ => support::postgres::database(),
+    };
+    let s = store::open(
+        &StoreSetting::parse(&url, false).unwrap(),
+        opts(SHORT_LEASE, 1 << 20),
+    )
+    .await
+    .unwrap();
+    let count = |q: &'static str| {
+        let url = url.clone();
+        async move {
+            match engine {
+                "sqlite" => {
+                    use sqlx::Connection as _;
+                    let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+                    let n: i64 = sqlx::query_scalar(q).fetch_one(&mut c).await.unwrap();
+                    n.to_string()
+                }
+                _ => support::postgres::server().query(&url, q),
+            }
+        }
+    };
+    for id in ["s1", "s2", "kept"] {
+        s.create_session(&new_session(id, "a", "o")).await.unwrap();
+    }
+    let ends = s.begin_run("s1", "r1", "A").await.unwrap();
+    let lost = s.begin_run("s2", "r2", "B").await.unwrap();
+    let kept = s.begin_run("kept", "rk", "A").await.unwrap();
+    for l in [&ends, &lost, &kept] {
+        s.request_approval(l, "c").await.unwrap();
+    }
+    s.delete_session("s1").await.unwrap();
+    s.delete_session("s2").await.unwrap();
+    s.end_run(&ends, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    // B is gone: its lease expires and the reaper ends r2 (and rk, whose
+    // lease is as short: it stays, its session does).
+    tokio::time::sleep(EXPIRED).await;
+    let claimed = s.claim_expired("A", 10).await.unwrap();
+    let mut ids: Vec<&str> = claimed.iter().map(|c| c.lease.run_id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["r2", "rk"]);
+    for c in &claimed {
+        assert_eq!(c.session.is_none(), c.lease.run_id == "r2");
+        s.end_run(&c.lease, &[], &end(RunOutcome::Interrupted))
+            .await
+            .unwrap();
+    }
+    assert_eq!(count("SELECT COUNT(*) FROM runs").await, "1", "only rk");
+    assert_eq!(
+        count("SELECT COUNT(*) FROM approvals").await,
+        "1",
+        "only rk's"
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM runs WHERE id = 'rk'").await,
+        "1"
+    );
+    // B, the holder before the reaper, ending late: nothing of the run or
+    // its session is left to refuse it with, so it answers Ok, as a retry
+    // of an end that committed does.
+    s.end_run(&lost, &[], &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+    s.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_a_deleted_sessions_run_goes_when_it_ends() {
+    a_deleted_sessions_run_goes_when_it_ends("sqlite").await
+}
+
+#[tokio::test]
+async fn postgres_a_deleted_sessions_run_goes_when_it_ends() {
+    a_deleted_sessions_run_goes_when_it_ends("postgres").await
 }
 
 #[tokio::test]

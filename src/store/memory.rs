@@ -455,6 +455,12 @@ impl SessionStore for MemoryStore {
         }) {
             return Ok(());
         }
+        if !g.runs.contains_key(&lease.run_id) && !g.sessions.contains_key(&lease.session_id) {
+            // Neither the run nor its session is left: the session was
+            // deleted and the run's end recorded (and the run forgotten
+            // with it, below) already.
+            return Ok(());
+        }
         g.fenced(lease)?;
         let Inner {
             runs, live, owners, ..
@@ -478,13 +484,21 @@ impl SessionStore for MemoryStore {
                 *state = Approval::Expired;
             }
         }
-        if let Some(s) = g.sessions.get_mut(&lease.session_id) {
-            if s.session.active_run.as_deref() == Some(lease.run_id.as_str()) {
-                s.session.active_run = None;
-                s.bytes += adding;
-                s.transcript.extend_from_slice(messages);
-                s.session.last_active_unix_ms = now_ms();
-                s.last_active = Instant::now();
+        match g.sessions.get_mut(&lease.session_id) {
+            Some(s) => {
+                if s.session.active_run.as_deref() == Some(lease.run_id.as_str()) {
+                    s.session.active_run = None;
+                    s.bytes += adding;
+                    s.transcript.extend_from_slice(messages);
+                    s.session.last_active_unix_ms = now_ms();
+                    s.last_active = Instant::now();
+                }
+            }
+            // Deleted meanwhile: the run goes as its session's ended runs
+            // went, instead of staying behind for good.
+            None => {
+                g.runs.remove(&lease.run_id);
+                g.approvals.remove(&lease.run_id);
             }
         }
         Ok(())
@@ -699,6 +713,21 @@ mod tests {
             usage: Default::default(),
             turns: 1,
         }
+    }
+
+    /// A run in flight when its session is deleted is forgotten when it
+    /// ends, with its approvals, as the SQL engines delete its row.
+    #[tokio::test]
+    async fn a_deleted_sessions_run_is_forgotten_when_it_ends() {
+        let s = MemoryStore::default();
+        s.create_session(&session("s")).await.unwrap();
+        let l = s.begin_run("s", "r", "A").await.unwrap();
+        s.request_approval(&l, "c").await.unwrap();
+        s.delete_session("s").await.unwrap();
+        assert!(s.lock().runs.contains_key("r"), "in flight, it stays");
+        s.end_run(&l, &[], &ended()).await.unwrap();
+        let g = s.lock();
+        assert!(!g.runs.contains_key("r") && !g.approvals.contains_key("r"));
     }
 
     /// What the replicas read every few hundred milliseconds (signals,

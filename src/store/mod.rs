@@ -202,7 +202,8 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<OwnerUsage, StoreError>;
     /// Deletes the session, its transcript and its approvals; returns what
     /// it was. A run still active is left to end (its writes to the
-    /// transcript become no-ops); call [`SessionStore::request_cancel`] first.
+    /// transcript become no-ops, and it goes when it ends); call
+    /// [`SessionStore::request_cancel`] first.
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError>;
     /// The committed transcript, in order.
     async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError>;
@@ -254,6 +255,9 @@ pub trait SessionStore: Send + Sync + 'static {
     /// The same end again under the same lease (outcome and reason equal)
     /// is `Ok` and changes nothing, so a call whose answer was lost can be
     /// repeated; any other end of an ended run is [`StoreError::LeaseLost`].
+    /// A run whose session was deleted meanwhile is deleted as it ends
+    /// (with its approvals); after that, any end of it is `Ok`: nothing is
+    /// left to record or to refuse.
     async fn end_run(
         &self,
         lease: &RunLease,

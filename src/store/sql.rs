@@ -837,6 +837,20 @@ impl SessionStore for SqlStore {
                     // function then answers Ok.
                     return Ok(());
                 }
+                // Neither the run nor its session is left: the session was
+                // deleted and the run's end recorded (then deleted with
+                // it, below) by a first attempt or another replica.
+                let (run, session): (i64, i64) = sqlx::query_as(
+                    "SELECT (SELECT COUNT(*) FROM runs WHERE id = $1),
+                            (SELECT COUNT(*) FROM sessions WHERE id = $2)",
+                )
+                .bind(&lease.run_id)
+                .bind(&lease.session_id)
+                .fetch_one(&mut *tx)
+                .await?;
+                if run == 0 && session == 0 {
+                    return Ok(());
+                }
                 return Err(StoreError::LeaseLost(lease.run_id.clone()));
             }
             sqlx::query("UPDATE approvals SET state = 'expired' WHERE run_id = $1 AND state = 'pending'")
@@ -850,7 +864,18 @@ impl SessionStore for SqlStore {
                 .bind(&lease.run_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-            // No row: the session was deleted meanwhile; nothing to append.
+            // No row: the session was deleted meanwhile; nothing to append,
+            // and the run goes as its session's ended runs went (its
+            // approvals cascade), instead of staying behind for good.
+            if next.is_none() {
+                sqlx::query(
+                    "DELETE FROM runs WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM sessions WHERE id = $2)",
+                )
+                .bind(&lease.run_id)
+                .bind(&lease.session_id)
+                .execute(&mut *tx)
+                .await?;
+            }
             if let Some((next,)) = next {
                 for (i, body) in bodies.iter().enumerate() {
                     sqlx::query("INSERT INTO messages (session_id, seq, run_id, body) VALUES ($1, $2, $3, $4)")
