@@ -1107,21 +1107,46 @@ async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
     s.close().await;
 }
 
+/// Where a SQL engine's test database is: a file in `dir`, or a fresh
+/// database on the binary's PostgreSQL.
+fn sql_url(engine: &str, dir: &std::path::Path) -> String {
+    match engine {
+        "sqlite" => format!("sqlite://{}", dir.join("h.db").display()),
+        _ => support::postgres::database(),
+    }
+}
+
+async fn open_sql(url: &str, o: StoreOptions) -> Arc<dyn SessionStore> {
+    store::open(&StoreSetting::parse(url, false).unwrap(), o)
+        .await
+        .unwrap()
+}
+
+/// `q` run straight on the database behind the store (what its API does
+/// not show): the first column of the first row as text, "" for none.
+async fn raw(engine: &str, url: &str, q: &str) -> String {
+    match engine {
+        "sqlite" => {
+            use sqlx::Connection as _;
+            let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+            let v: Option<String> = sqlx::query_scalar(q)
+                .fetch_optional(&mut c)
+                .await
+                .unwrap()
+                .flatten();
+            v.unwrap_or_default()
+        }
+        _ => support::postgres::server().query(url, q),
+    }
+}
+
 /// Runs kept without an owner (started before migration 2, or by an older
 /// binary during a rolling upgrade: the column is NULL) count for their
 /// session's owner while the session exists, like those that have one.
 async fn runs_without_an_owner_count_through_their_session(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let url = match engine {
-        "sqlite" => format!("sqlite://{}", dir.path().join("h.db").display()),
-        _ => support::postgres::database(),
-    };
-    let s = store::open(
-        &StoreSetting::parse(&url, false).unwrap(),
-        StoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let url = sql_url(engine, dir.path());
+    let s = open_sql(&url, StoreOptions::default()).await;
     for (id, owner) in [
         ("a1", "alice"),
         ("a2", "alice"),
@@ -1139,26 +1164,11 @@ async fn runs_without_an_owner_count_through_their_session(engine: &str) {
     let _in_flight = s.begin_run("a2", "r2", "A").await.unwrap();
     let _bobs = s.begin_run("b1", "rb", "A").await.unwrap();
     // What the check reads directly, without the join through sessions.
-    let sql = |q: &'static str| {
-        let url = url.clone();
-        async move {
-            match engine {
-                "sqlite" => {
-                    use sqlx::Connection as _;
-                    let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
-                    let v: Option<String> = sqlx::query_scalar(q)
-                        .fetch_optional(&mut c)
-                        .await
-                        .unwrap()
-                        .flatten();
-                    v.unwrap_or_default()
-                }
-                _ => support::postgres::server().query(&url, q),
-            }
-        }
-    };
-    assert_eq!(sql("SELECT owner FROM runs WHERE id = 'r2'").await, "alice");
-    sql("UPDATE runs SET owner = NULL").await;
+    assert_eq!(
+        raw(engine, &url, "SELECT owner FROM runs WHERE id = 'r2'").await,
+        "alice"
+    );
+    raw(engine, &url, "UPDATE runs SET owner = NULL").await;
     // One started by this binary next to them.
     let _new = s.begin_run("a3", "r3", "A").await.unwrap();
     let minute = Duration::from_secs(60);
@@ -1219,20 +1229,11 @@ impl<'s> sqlx::migrate::MigrationSource<'s> for FirstMigration {
 async fn a_database_from_before_the_run_owner_is_upgraded_in_place(engine: &str) {
     use sqlx::Connection as _;
     let dir = tempfile::tempdir().unwrap();
-    let (url, first) = match engine {
-        "sqlite" => (
-            format!("sqlite://{}", dir.path().join("h.db").display()),
-            FirstMigration(include_str!(
-                "../src/store/migrations/sqlite/0001_sessions.sql"
-            )),
-        ),
-        _ => (
-            support::postgres::database(),
-            FirstMigration(include_str!(
-                "../src/store/migrations/postgres/0001_sessions.sql"
-            )),
-        ),
-    };
+    let url = sql_url(engine, dir.path());
+    let first = FirstMigration(match engine {
+        "sqlite" => include_str!("../src/store/migrations/sqlite/0001_sessions.sql"),
+        _ => include_str!("../src/store/migrations/postgres/0001_sessions.sql"),
+    });
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -1326,30 +1327,9 @@ async fn postgres_a_database_from_before_the_run_owner_is_upgraded_in_place() {
 /// or, that replica lost, by the reaper. Nothing of it stays behind.
 async fn a_deleted_sessions_run_goes_when_it_ends(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let url = match engine {
-        "sqlite" => format!("sqlite://{}", dir.path().join("h.db").display()),
-        _ => support::postgres::database(),
-    };
-    let s = store::open(
-        &StoreSetting::parse(&url, false).unwrap(),
-        opts(SHORT_LEASE, 1 << 20),
-    )
-    .await
-    .unwrap();
-    let count = |q: &'static str| {
-        let url = url.clone();
-        async move {
-            match engine {
-                "sqlite" => {
-                    use sqlx::Connection as _;
-                    let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
-                    let n: i64 = sqlx::query_scalar(q).fetch_one(&mut c).await.unwrap();
-                    n.to_string()
-                }
-                _ => support::postgres::server().query(&url, q),
-            }
-        }
-    };
+    let url = sql_url(engine, dir.path());
+    let s = open_sql(&url, opts(SHORT_LEASE, 1 << 20)).await;
+    let count = |q: &'static str| raw(engine, &url, q);
     for id in ["s1", "s2", "kept"] {
         s.create_session(&new_session(id, "a", "o")).await.unwrap();
     }
@@ -1377,14 +1357,18 @@ async fn a_deleted_sessions_run_goes_when_it_ends(engine: &str) {
             .await
             .unwrap();
     }
-    assert_eq!(count("SELECT COUNT(*) FROM runs").await, "1", "only rk");
     assert_eq!(
-        count("SELECT COUNT(*) FROM approvals").await,
+        count("SELECT CAST(COUNT(*) AS TEXT) FROM runs").await,
+        "1",
+        "only rk"
+    );
+    assert_eq!(
+        count("SELECT CAST(COUNT(*) AS TEXT) FROM approvals").await,
         "1",
         "only rk's"
     );
     assert_eq!(
-        count("SELECT COUNT(*) FROM runs WHERE id = 'rk'").await,
+        count("SELECT CAST(COUNT(*) AS TEXT) FROM runs WHERE id = 'rk'").await,
         "1"
     );
     // B, the holder before the reaper, ending late: nothing of the run or
