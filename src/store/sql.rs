@@ -29,6 +29,15 @@ use crate::agent::approvals::Decision;
 use crate::message::Message;
 use crate::session::Session;
 
+/// `items` as JSON arrays of at most [`JSON_CHUNK`] each: the parameters
+/// of [`SqlStore::json_pairs`], one statement each.
+fn json_lists<T: serde::Serialize>(items: &[T]) -> Result<Vec<String>, StoreError> {
+    items
+        .chunks(JSON_CHUNK)
+        .map(|chunk| serde_json::to_string(chunk).map_err(StoreError::from))
+        .collect()
+}
+
 /// The NOTIFY channel whose payload is the id of a replica to wake ("*":
 /// every replica).
 const WAKE_CHANNEL: &str = "hookwire_wake";
@@ -313,6 +322,22 @@ impl SqlStore {
 
     fn is_postgres(&self) -> bool {
         matches!(self.pool, Pool::Postgres(_))
+    }
+
+    /// A table of `[a, b]` pairs sent as one JSON parameter (`$n`, from
+    /// [`json_lists`]): how a list of keys goes in one statement on both
+    /// engines. `b_type` is the second column's PostgreSQL type.
+    fn json_pairs(&self, n: u8, a: &str, b: &str, b_type: &str) -> String {
+        if self.is_postgres() {
+            format!(
+                "SELECT e->>0 AS {a}, (e->>1)::{b_type} AS {b} FROM jsonb_array_elements(${n}::jsonb) AS e"
+            )
+        } else {
+            format!(
+                "SELECT json_extract(value, '$[0]') AS {a}, json_extract(value, '$[1]') AS {b}
+                 FROM json_each(${n})"
+            )
+        }
     }
 
     /// In-process wake-up for the engines without NOTIFY (after commit).
@@ -653,26 +678,18 @@ impl SessionStore for SqlStore {
     async fn renew_all(&self, leases: &[RunLease]) -> Result<Vec<bool>, StoreError> {
         // One statement per chunk: the leases as a JSON array of
         // [id, epoch] pairs, joined to the runs by their primary key.
-        let pairs = if self.is_postgres() {
-            "SELECT e->>0 AS id, (e->>1)::bigint AS epoch FROM jsonb_array_elements($1::jsonb) AS e"
-        } else {
-            "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS epoch
-             FROM json_each($1)"
-        };
+        let pairs = self.json_pairs(1, "id", "epoch", "bigint");
         let sql = self.sql(&format!(
             "UPDATE runs SET lease_expires_ms = {{now}} + $2 FROM ({pairs}) AS l
              WHERE runs.id = l.id AND runs.epoch = l.epoch AND runs.ended_ms IS NULL
              RETURNING runs.id"
         ));
+        let keys: Vec<(&str, i64)> = leases
+            .iter()
+            .map(|l| (l.run_id.as_str(), l.epoch))
+            .collect();
         let mut held = Vec::with_capacity(leases.len());
-        for chunk in leases.chunks(JSON_CHUNK) {
-            let list = serde_json::Value::Array(
-                chunk
-                    .iter()
-                    .map(|l| serde_json::json!([l.run_id, l.epoch]))
-                    .collect(),
-            )
-            .to_string();
+        for (chunk, list) in leases.chunks(JSON_CHUNK).zip(json_lists(&keys)?) {
             let renewed: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(&sql)
                 .bind(list)
                 .bind(ms(self.options.lease))
@@ -1041,12 +1058,7 @@ impl SessionStore for SqlStore {
         // runs_cancelled (migration 3) holds only runs in flight with a
         // cancel; the answers are looked up by primary key for what the
         // replica's runs wait for, as a JSON list of [run, call] pairs.
-        let pairs = if self.is_postgres() {
-            "SELECT e->>0 AS run_id, e->>1 AS call_id FROM jsonb_array_elements($2::jsonb) AS e"
-        } else {
-            "SELECT json_extract(value, '$[0]') AS run_id, json_extract(value, '$[1]') AS call_id
-             FROM json_each($2)"
-        };
+        let pairs = self.json_pairs(2, "run_id", "call_id", "text");
         // The run's check is a scalar subquery so that PostgreSQL looks
         // each run up by key; as a join it hashed every run in flight.
         let answers_sql = format!(
@@ -1055,18 +1067,7 @@ impl SessionStore for SqlStore {
              WHERE a.state IN ('approved', 'denied')
                AND (SELECT r.replica FROM runs r WHERE r.id = a.run_id AND r.ended_ms IS NULL) = $1"
         );
-        let lists: Vec<String> = waiting
-            .chunks(JSON_CHUNK)
-            .map(|chunk| {
-                serde_json::Value::Array(
-                    chunk
-                        .iter()
-                        .map(|(run, call)| serde_json::json!([run, call]))
-                        .collect(),
-                )
-                .to_string()
-            })
-            .collect();
+        let lists = json_lists(waiting)?;
         let (cancels, approvals): (Vec<(String, String)>, Vec<(String, String, String, String)>) = with_pool!(self, p => {
             let c = sqlx::query_as(
                 "SELECT id, cancel_reason FROM runs
