@@ -200,10 +200,11 @@ impl Pool {
 
 impl Inner {
     /// Changes the placement, then wakes waiters and refreshes the gauges.
+    /// Taken even when poisoned (`crate::lock`): a lease dropped after a
+    /// panic elsewhere must still free its slot, or the hook's streams would
+    /// leak until every run waits for a slot that never frees.
     fn update(&self, f: impl FnOnce(&mut Placement)) {
-        let Ok(mut s) = self.state.lock() else {
-            return;
-        };
+        let mut s = self.state.locked();
         f(&mut s.placement);
         self.publish(&s);
         drop(s);
@@ -249,5 +250,58 @@ async fn sweep(pool: Weak<Inner>) {
         if done {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HookCredentials;
+    use crate::hooks::client::Dialer;
+    use crate::hooks::credentials::Credentials;
+    use tonic::service::interceptor::InterceptedService;
+
+    /// A pool of one connection carrying one stream, to a server never
+    /// dialled (the channel is lazy and no call is made).
+    fn one_slot() -> Pool {
+        let dialer = Dialer::new("http://127.0.0.1:9", Duration::from_secs(1), None).unwrap();
+        let credentials =
+            Credentials::new("h", &HookCredentials::default(), Duration::MAX).unwrap();
+        let closed = Arc::new(Notify::new());
+        let connect: Connect = Box::new(move |report| {
+            InterceptedService::new(dialer.channel(closed.clone(), report), credentials.clone())
+        });
+        let config = ConnectionsConfig {
+            max: 1,
+            max_streams_per_connection: 1,
+            idle_timeout: Duration::from_secs(60),
+        };
+        Pool::new("h", &config, connect)
+    }
+
+    #[tokio::test]
+    async fn a_slot_is_freed_after_a_panic_while_the_pool_was_locked() {
+        let pool = one_slot();
+        let lease = pool
+            .acquire(Instant::now() + Duration::from_secs(5))
+            .await
+            .expect("the free slot");
+        lease.opened();
+        assert_eq!(pool.load(), (1, 1));
+
+        let inner = pool.inner.clone();
+        let panicked = std::thread::spawn(move || {
+            let _held = inner.state.lock().unwrap();
+            panic!("a holder of the pool's lock panics");
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert!(pool.inner.state.is_poisoned());
+
+        drop(lease);
+        assert_eq!(pool.load(), (1, 0), "the dropped lease freed its slot");
+        pool.acquire(Instant::now() + Duration::from_secs(5))
+            .await
+            .expect("the freed slot is taken again");
     }
 }
