@@ -2,7 +2,7 @@
 //! keepalive, `Describe` at start-up and after reconnects, the circuit
 //! breaker (with background probing while it is open), and `CallTool`.
 
-use crate::lock::LockExt;
+use crate::lock::{LockExt, RwLockExt};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -412,7 +412,7 @@ impl HookClient {
     }
 
     pub fn description(&self) -> Option<Description> {
-        self.described.read().unwrap().clone()
+        self.described.read_locked().clone()
     }
 
     /// Calls Describe once and caches the answer.
@@ -444,7 +444,7 @@ impl HookClient {
                         .collect(),
                     tools: d.tools.into_iter().map(Into::into).collect(),
                 };
-                *self.described.write().unwrap() = Some(desc.clone());
+                *self.described.write_locked() = Some(desc.clone());
                 {
                     let mut s = self.status.locked();
                     s.state = ConnState::Connected;
@@ -572,7 +572,7 @@ impl HookClient {
     /// Configured events the server's Describe does not list (empty before
     /// the first Describe, or when the config names no events).
     pub fn unsubscribed_events(&self) -> Vec<EventKind> {
-        match &*self.described.read().unwrap() {
+        match &*self.described.read_locked() {
             Some(d) => self
                 .config
                 .events
@@ -591,8 +591,7 @@ impl HookClient {
         self.config.events.contains(&kind)
             && self
                 .described
-                .read()
-                .unwrap()
+                .read_locked()
                 .as_ref()
                 .is_some_and(|d| !d.events.contains(&kind))
     }
@@ -634,7 +633,7 @@ impl HookClient {
     /// every event).
     pub fn subscribes(&self, kind: EventKind) -> Option<bool> {
         let configured = &self.config.events;
-        match &*self.described.read().unwrap() {
+        match &*self.described.read_locked() {
             Some(d) => Some(
                 d.events.contains(&kind) && (configured.is_empty() || configured.contains(&kind)),
             ),
