@@ -15,6 +15,7 @@ use hookwire::hook_server::{self, Reply};
 use hookwire::pb;
 use pb::EventKind as K;
 use support::certs::{write_pem, Ca, Use};
+use support::fault::{FaultHook, Misbehave};
 use support::python::PythonHook;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -376,4 +377,104 @@ async fn thirty_runs_through_the_python_example_capped_at_10_streams_all_complet
         "30 runs over connections of 10 streams:\n{metrics}"
     );
     server.stop().await;
+}
+
+/// One run through the hook at `endpoint` (configured as `limited` with
+/// `hook_lines`) fails closed, and hookwire then gives the run's stream
+/// slot back although the server never ends the stream: a hook that
+/// misbehaves on every run would otherwise use up its slots
+/// (connections.max × the per-connection limit) and every later run would
+/// wait for one.
+async fn fails_closed_and_gives_its_slot_back(endpoint: &str, hook_lines: &str, input: &str) {
+    let yaml = config(&[("limited", endpoint, hook_lines)], "");
+    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, input).await;
+    assert_eq!(outcome(&r), pb::RunOutcome::HookFailed, "{}", r.reason);
+    assert!(r.reason.contains("deadline"), "{}", r.reason);
+    // Given back after the stream's close grace (5 s); waited for, at most
+    // twice that.
+    let mut streams = f64::NAN;
+    for _ in 0..400 {
+        streams = gauge(&http_get(admin, "/metrics").await, "hookwire_hook_streams");
+        if streams == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(streams, 0.0, "the run's stream still holds its slot");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_that_never_answers_gives_its_stream_slot_back_once_the_run_ended() {
+    // The handler hangs while the server stays up (HTTP/2 pings answered)
+    // and never ends its side after hookwire half-closed the stream.
+    let hook = FnHook::new("limited", &[K::RunStart])
+        .on_run_start(|_, _| async { std::future::pending().await });
+    let (addr, server_task) = limited_server_with(hook, None, None).await;
+    fails_closed_and_gives_its_slot_back(
+        &format!("http://{addr}"),
+        "events: [run_start]\ntimeout: 200ms",
+        "hi",
+    )
+    .await;
+    server_task.abort();
+}
+
+/// A hook server whose `Process` handler never returns, so the call's
+/// response headers never come (grpcio sends them only with a first reply).
+struct NoHeaders;
+
+#[tonic::async_trait]
+impl pb::hook_service_server::HookService for NoHeaders {
+    async fn describe(
+        &self,
+        _: tonic::Request<pb::DescribeRequest>,
+    ) -> Result<tonic::Response<pb::DescribeResponse>, tonic::Status> {
+        Err(tonic::Status::unavailable("describe is down"))
+    }
+    type ProcessStream = tokio_stream::Pending<Result<pb::HookVerdict, tonic::Status>>;
+    async fn process(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::HookEvent>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+        std::future::pending().await
+    }
+    async fn call_tool(
+        &self,
+        _: tonic::Request<pb::CallToolRequest>,
+    ) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no tools"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_that_never_opens_the_stream_gives_its_slot_back_once_the_run_ended() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server_task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::hook_service_server::HookServiceServer::new(NoHeaders))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    fails_closed_and_gives_its_slot_back(
+        &format!("http://{addr}"),
+        "events: [run_start]\ntimeout: 200ms",
+        "hi",
+    )
+    .await;
+    server_task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_that_never_reads_gives_its_stream_slot_back_once_the_run_ended() {
+    // An event larger than the server's HTTP/2 window, never read: the
+    // stream's request body stays blocked on flow control.
+    let (addr, server_task) = FaultHook::new(K::ModelRequest, Misbehave::Deaf, &[])
+        .start()
+        .await;
+    fails_closed_and_gives_its_slot_back(&addr, "timeout: 200ms", &"x".repeat(200 * 1024)).await;
+    server_task.abort();
 }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::event::EventKind;
@@ -89,6 +89,9 @@ type Queued = Arc<WireEvent>;
 pub struct RunStream {
     tx: Mutex<Option<mpsc::Sender<Queued>>>,
     routing: Arc<Mutex<Routing>>,
+    /// Tells the reader that the run half-closed the stream, so that from
+    /// then on the close grace bounds its wait for the server.
+    closed: Arc<Notify>,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -168,6 +171,8 @@ impl RunStream {
             ..Default::default()
         }));
         let r = routing.clone();
+        let closed = Arc::new(Notify::new());
+        let half_closed = closed.clone();
         let owner = Owner {
             hook,
             metrics,
@@ -177,8 +182,19 @@ impl RunStream {
             // Boxed: the open phase's futures are larger than the reading
             // loop's, and inline they would stay in the task for the
             // run's whole life.
-            let open = open_on_pool(pool, rx, metadata, slot_wait, r.clone());
-            let Some((_lease, mut inbound)) = Box::pin(open).await else {
+            let mut open = Box::pin(open_on_pool(pool, rx, metadata, slot_wait, r.clone()));
+            // A server that has not answered the call when the run ends
+            // gets the close grace to do so, no more: a hung server would
+            // otherwise keep the stream and its slot for good.
+            let opened = tokio::select! {
+                biased;
+                o = &mut open => o,
+                () = half_closed.notified() => {
+                    tokio::time::timeout(CLOSE_GRACE, &mut open).await.ok().flatten()
+                }
+            };
+            drop(open);
+            let Some((_lease, mut inbound)) = opened else {
                 return;
             };
             loop {
@@ -189,7 +205,12 @@ impl RunStream {
                         Err(_) => return,
                     }
                 } else {
-                    inbound.message().await
+                    tokio::select! {
+                        biased;
+                        m = inbound.message() => m,
+                        // Half-closed while waiting: wait again, bounded.
+                        () = half_closed.notified() => continue,
+                    }
                 };
                 match next {
                     Ok(Some(v)) => route(&r, v, &owner),
@@ -219,6 +240,7 @@ impl RunStream {
         RunStream {
             tx: Mutex::new(Some(tx)),
             routing,
+            closed,
             reader,
         }
     }
@@ -362,17 +384,21 @@ impl RunStream {
         self.routing.locked().late
     }
 
-    /// Half-closes the stream (after run_end); the reader lingers briefly for
-    /// the hook to end its side.
+    /// Half-closes the stream (after run_end); the reader lingers at most
+    /// [`CLOSE_GRACE`] for the hook to end its side, then resets the
+    /// stream and gives its slot back.
     pub fn close(&self) {
         self.routing.locked().closing = true;
         self.tx.locked().take();
+        // A permit if the reader is not waiting yet: it sees it next.
+        self.closed.notify_one();
     }
 }
 
 impl Drop for RunStream {
     fn drop(&mut self) {
-        if !self.routing.lock().map(|g| g.closing).unwrap_or(true) {
+        // A closed stream's reader ends by itself within the close grace.
+        if !self.routing.locked().closing {
             self.reader.abort();
         }
     }
@@ -780,6 +806,7 @@ mod tests {
                 next_seq: 1,
                 ..Default::default()
             })),
+            closed: Arc::default(),
             reader: tokio::spawn(async {}),
         };
         assert!(matches!(s.send_blocking(event()), Ok(Sent::Queued(_))));
