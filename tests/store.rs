@@ -1390,6 +1390,105 @@ async fn postgres_a_deleted_sessions_run_goes_when_it_ends() {
     a_deleted_sessions_run_goes_when_it_ends("postgres").await
 }
 
+/// Waits until a statement on the database at `url` waits for a row lock
+/// (the store's call is then blocked behind the test's open transaction).
+async fn until_a_statement_waits_for_a_lock(watch: &mut sqlx::PgConnection) {
+    for _ in 0..2000 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut *watch)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("no statement waited for the open transaction's lock");
+}
+
+/// PostgreSQL, where another replica's transactions interleave with a
+/// session's deletion: a run whose end (or start) holds its session when
+/// the session is deleted is neither left behind nor counted for the
+/// owner afterwards. The other replica is an open transaction doing what
+/// `end_run` and `begin_run` do, committed once the delete waits for it.
+#[tokio::test]
+async fn postgres_a_session_deleted_while_its_run_ends_or_starts_leaves_nothing_behind() {
+    use sqlx::Connection as _;
+    let url = support::postgres::database();
+    let s = open_sql(&url, opts(Duration::from_secs(60), 1 << 20)).await;
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut watch = sqlx::PgConnection::connect(&url).await.unwrap();
+    let now = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
+
+    // The run's end has marked the run ended and freed the session, not
+    // yet committed, when the delete comes.
+    s.create_session(&new_session("s1", "a", "o"))
+        .await
+        .unwrap();
+    s.begin_run("s1", "r1", "A").await.unwrap();
+    let mut end = other.begin().await.unwrap();
+    for q in [
+        format!("UPDATE runs SET ended_ms = {now}, outcome = 'completed' WHERE id = 'r1'"),
+        "UPDATE sessions SET active_run = NULL WHERE id = 's1'".to_string(),
+    ] {
+        sqlx::query(&q).execute(&mut *end).await.unwrap();
+    }
+    let deleting = tokio::spawn({
+        let s = s.clone();
+        async move { s.delete_session("s1").await }
+    });
+    until_a_statement_waits_for_a_lock(&mut watch).await;
+    end.commit().await.unwrap();
+    deleting.await.unwrap().unwrap();
+    assert_eq!(
+        raw(
+            "postgres",
+            &url,
+            "SELECT CAST(COUNT(*) AS TEXT) FROM runs WHERE id = 'r1'"
+        )
+        .await,
+        "0",
+        "the ended run went with its session"
+    );
+
+    // A run's start has claimed the session and inserted the run, not yet
+    // committed, when the delete comes.
+    s.create_session(&new_session("s2", "a", "o"))
+        .await
+        .unwrap();
+    let mut start = other.begin().await.unwrap();
+    for q in [
+        "UPDATE sessions SET active_run = 'r2', run_count = run_count + 1 WHERE id = 's2'"
+            .to_string(),
+        format!(
+            "INSERT INTO runs (id, session_id, replica, epoch, lease_expires_ms, started_ms, owner)
+             VALUES ('r2', 's2', 'A', 1, {now} + 60000, {now}, 'o')"
+        ),
+    ] {
+        sqlx::query(&q).execute(&mut *start).await.unwrap();
+    }
+    let deleting = tokio::spawn({
+        let s = s.clone();
+        async move { s.delete_session("s2").await }
+    });
+    until_a_statement_waits_for_a_lock(&mut watch).await;
+    start.commit().await.unwrap();
+    deleting.await.unwrap().unwrap();
+    let usage = s
+        .owner_usage("o", Duration::from_secs(60), 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        (usage.sessions, usage.active_runs, usage.recent_runs),
+        (0, 0, 0),
+        "the run in flight of a deleted session is not the owner's any more"
+    );
+    s.close().await;
+}
+
 #[tokio::test]
 async fn sqlite_runs_without_an_owner_count_through_their_session() {
     runs_without_an_owner_count_through_their_session("sqlite").await

@@ -486,7 +486,10 @@ impl SessionStore for SqlStore {
         // sessions_owner_page, runs_owner_ended, runs_owner_started. Runs
         // without an owner (see migration 2) are found through the same
         // indexes, only those in flight or in the window, and counted if
-        // their session is the owner's; after an upgrade they are few.
+        // their session is the owner's; after an upgrade they are few. A
+        // run counts only while its session exists (a primary-key probe
+        // per run counted): a run in flight keeps its owner when its
+        // session is deleted (see `delete_session`), and goes when it ends.
         // The window's start is a subquery so that PostgreSQL evaluates
         // its volatile clock once and can bound the index scan with it.
         let sql = self.sql(
@@ -494,11 +497,15 @@ impl SessionStore for SqlStore {
                (SELECT COUNT(*) FROM
                  (SELECT 1 FROM sessions WHERE owner = $1 LIMIT $3) AS s),
                (SELECT COUNT(*) FROM
-                 (SELECT 1 FROM runs WHERE owner = $1 AND ended_ms IS NULL LIMIT $3) AS r),
+                 (SELECT 1 FROM runs WHERE owner = $1 AND ended_ms IS NULL
+                   AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = runs.session_id)
+                   LIMIT $3) AS r),
                (SELECT COUNT(*) FROM runs r WHERE r.owner IS NULL AND r.ended_ms IS NULL
                  AND (SELECT s.owner FROM sessions s WHERE s.id = r.session_id) = $1),
                (SELECT COUNT(*) FROM
-                 (SELECT 1 FROM runs WHERE owner = $1 AND started_ms > (SELECT {now} - $2) LIMIT $3) AS r),
+                 (SELECT 1 FROM runs WHERE owner = $1 AND started_ms > (SELECT {now} - $2)
+                   AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = runs.session_id)
+                   LIMIT $3) AS r),
                (SELECT COUNT(*) FROM runs r WHERE r.owner IS NULL AND r.started_ms > (SELECT {now} - $2)
                  AND (SELECT s.owner FROM sessions s WHERE s.id = r.session_id) = $1)",
         );
@@ -523,27 +530,26 @@ impl SessionStore for SqlStore {
     }
 
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
-        let select = self.sql("SELECT {session_cols} FROM sessions WHERE id = $1");
+        // The session row first: its lock waits for a run's start, commit
+        // or end that holds it, so the runs are read after those
+        // committed. Ended runs go with the session (their approvals
+        // cascade). A run in flight stays until it ends, which then
+        // deletes it, and is not touched here: an end takes its run's lock
+        // and then the session's, so a delete holding the session and
+        // waiting for the run could deadlock with it; `owner_usage` counts
+        // only runs whose session exists instead. (Before, the delete
+        // cleared the run's owner before it deleted the session, and on
+        // PostgreSQL a run's end that committed in between was left behind
+        // for good.)
+        let delete = self.sql("DELETE FROM sessions WHERE id = $1 RETURNING {session_cols}");
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
             let row: Option<SessionRow> =
-                sqlx::query_as(&select).bind(id).fetch_optional(&mut *tx).await?;
+                sqlx::query_as(&delete).bind(id).fetch_optional(&mut *tx).await?;
             let Some(row) = row else {
                 return Err(StoreError::SessionNotFound(id.to_string()));
             };
-            // Ended runs go with the session (their approvals cascade); an
-            // active one stays until it ends, but no longer counts for the
-            // owner's quotas (without an owner it counts through its
-            // session, which is gone).
             sqlx::query("DELETE FROM runs WHERE session_id = $1 AND ended_ms IS NOT NULL")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("UPDATE runs SET owner = NULL WHERE session_id = $1 AND ended_ms IS NULL")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("DELETE FROM sessions WHERE id = $1")
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
