@@ -83,6 +83,22 @@ pub struct RunHandle {
     pub task: tokio::task::JoinHandle<RunReport>,
 }
 
+/// A run's place on this replica (`Engine::runs`), given up when dropped.
+struct Leaving {
+    engine: Arc<Engine>,
+    run: Arc<Run>,
+}
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        let mut runs = self.engine.runs.locked();
+        runs.remove(&self.run.run_id);
+        if runs.is_empty() {
+            self.engine.idle.notify_waiters();
+        }
+    }
+}
+
 pub struct Engine {
     config: Config,
     agents: HashMap<String, Arc<AgentRuntime>>,
@@ -585,7 +601,14 @@ impl Engine {
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
         let task = tokio::spawn(async move {
-            let report = drive_contained(run.clone(), transcript, input)
+            // Taken off this replica at the end, or if what follows the
+            // contained run panics: left behind, the run would hold up a
+            // drain for its whole grace.
+            let leaving = Leaving {
+                engine,
+                run: run.clone(),
+            };
+            let report = drive_contained(run, transcript, input)
                 .instrument(span.clone())
                 .await;
             let outcome = report.outcome.name();
@@ -598,18 +621,15 @@ impl Engine {
             // whoever waits for that (a drain, a test about to flush the
             // exporter) then finds the span closed and handed to export.
             drop(span);
-            engine
+            leaving
+                .engine
                 .inst
                 .metrics
                 .run_finished(&agent_name, outcome, started.elapsed());
             drop(active);
             // drive recorded the run's end; only now does it leave this
             // replica (a drain waits for the record).
-            let mut runs = engine.runs.locked();
-            runs.remove(&report.run_id);
-            if runs.is_empty() {
-                engine.idle.notify_waiters();
-            }
+            drop(leaving);
             report
         });
         Ok(RunHandle {

@@ -110,10 +110,10 @@ fn panicked(run: &Run, payload: &(dyn Any + Send)) -> RunReport {
         "run panicked; ended with outcome failed (internal error)"
     );
     tracing::debug!(run_id = %run.run_id, panic = %panic_text(payload), "panic payload");
-    run.inst.metrics.run_panicked(agent);
+    quietly(|| run.inst.metrics.run_panicked(agent));
     // Nothing may start for this run any more.
     run.cancel.cancel();
-    run.approvals.withdraw_run(&run.run_id);
+    quietly(|| run.approvals.withdraw_run(&run.run_id));
     RunReport {
         run_id: run.run_id.clone(),
         session_id: run.session_id.clone(),
@@ -152,6 +152,28 @@ fn quietly<T>(step: impl FnOnce() -> T) -> Option<T> {
         Ok(v) => Some(v),
         Err(p) => {
             tracing::error!("clean-up after a run panic panicked too");
+            tracing::debug!(panic = %panic_text(p.as_ref()), "panic payload");
+            None
+        }
+    }
+}
+
+/// One pass of a replica's background work (lease renewal, the reaper,
+/// signal delivery, a hook's Describe): a panic in it is logged and the
+/// pass counts as failed (`None`), so the loop around it goes on. Unwound,
+/// a loop would stop for the life of the process: no lease renewed, no
+/// lost run reaped, no cancel delivered.
+pub async fn contained<T>(
+    what: &'static str,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match AssertUnwindSafe(work).catch_unwind().await {
+        Ok(v) => Some(v),
+        Err(p) => {
+            tracing::error!(
+                work = what,
+                "background work panicked; it runs again at its next pass"
+            );
             tracing::debug!(panic = %panic_text(p.as_ref()), "panic payload");
             None
         }

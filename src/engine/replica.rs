@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
+use crate::agent::contain::contained;
 use crate::agent::outcome::RunOutcome;
 use crate::event::EventKind;
 use crate::hooks::dispatch::RunHooks;
@@ -92,6 +93,7 @@ impl Engine {
             weak.clone(),
             stop.clone(),
             lease / 3,
+            "lease renewal",
             |e| async move { e.renew_leases().await },
         )));
         // Expired leases are looked for a few times per lease period: a
@@ -101,6 +103,7 @@ impl Engine {
             weak.clone(),
             stop.clone(),
             reap,
+            "the reaper",
             |e| async move { e.reap().await },
         )));
         if let Some(ttl) = self.config.server.session_ttl {
@@ -109,6 +112,7 @@ impl Engine {
                 weak,
                 stop,
                 sweep,
+                "the session TTL sweep",
                 move |e| async move { e.expire_sessions(ttl).await },
             )));
         }
@@ -333,14 +337,20 @@ async fn signal_loop(
             },
         }
         let Some(e) = engine.upgrade() else { return };
-        e.deliver_signals().await;
+        contained("signal delivery", e.deliver_signals()).await;
     }
 }
 
-/// Calls `f` every `period` until stopped (first call at once).
-async fn every<F, Fut>(engine: Weak<Engine>, stop: CancellationToken, period: Duration, f: F)
-where
-    F: Fn(Arc<Engine>) -> Fut,
+/// Calls `f` every `period` until stopped or `target` is gone (first call
+/// at once); a call that panics is logged, and the next comes on time.
+async fn every<T, F, Fut>(
+    target: Weak<T>,
+    stop: CancellationToken,
+    period: Duration,
+    what: &'static str,
+    f: F,
+) where
+    F: Fn(Arc<T>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let mut tick = tokio::time::interval(period.max(Duration::from_millis(10)));
@@ -350,7 +360,41 @@ where
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let Some(e) = engine.upgrade() else { return };
-        f(e).await;
+        let Some(t) = target.upgrade() else { return };
+        contained(what, f(t)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test(start_paused = true)]
+    async fn periodic_work_goes_on_after_a_pass_panicked() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(every(
+            Arc::downgrade(&calls),
+            stop.clone(),
+            Duration::from_secs(1),
+            "a test's work",
+            |c: Arc<AtomicUsize>| async move {
+                if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("the first pass panics");
+                }
+            },
+        ));
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert!(
+            calls.load(Ordering::SeqCst) >= 3,
+            "passes after the panic: {}",
+            calls.load(Ordering::SeqCst)
+        );
+        stop.cancel();
+        task.await
+            .expect("the loop ended on its stop, not on the panic");
     }
 }

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 
+use crate::agent::contain::contained;
 use crate::config::{self, HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
@@ -480,7 +481,9 @@ impl HookClient {
     pub async fn maintain(self: Arc<Self>, cancel: CancellationToken) {
         let mut backoff = Duration::from_millis(200);
         loop {
-            let ok = self.describe(DESCRIBE_TIMEOUT).await.is_ok();
+            let ok = contained("a hook's Describe", self.describe(DESCRIBE_TIMEOUT))
+                .await
+                .is_some_and(|r| r.is_ok());
             let wait = if ok {
                 backoff = Duration::from_millis(200);
                 None
@@ -526,7 +529,10 @@ impl HookClient {
             if !self.breaker_open() {
                 return;
             }
-            if self.describe(PROBE_TIMEOUT).await.is_ok() {
+            if contained("a hook's probe", self.describe(PROBE_TIMEOUT))
+                .await
+                .is_some_and(|r| r.is_ok())
+            {
                 if self.breaker.locked().recover() {
                     self.publish_breaker(false);
                     tracing::info!(hook = %self.name(), "hook server answers again; circuit breaker closed");
