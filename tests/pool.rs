@@ -385,7 +385,12 @@ async fn thirty_runs_through_the_python_example_capped_at_10_streams_all_complet
 /// misbehaves on every run would otherwise use up its slots
 /// (connections.max × the per-connection limit) and every later run would
 /// wait for one.
-async fn fails_closed_and_gives_its_slot_back(endpoint: &str, hook_lines: &str, input: &str) {
+async fn fails_closed_and_gives_its_slot_back(
+    endpoint: &str,
+    hook_lines: &str,
+    input: &str,
+    hook_server: tokio::task::JoinHandle<()>,
+) {
     let yaml = config(&[("limited", endpoint, hook_lines)], "");
     let (server, admin) = TestServer::start_with_admin(&yaml).await;
     let mut c = server.client().await;
@@ -405,7 +410,11 @@ async fn fails_closed_and_gives_its_slot_back(endpoint: &str, hook_lines: &str, 
     }
     assert_eq!(streams, 0.0, "the run's stream still holds its slot");
     server.stop().await;
+    hook_server.abort();
 }
+
+/// A hook on run_start that fails closed after 200 ms.
+const RUN_START_200MS: &str = "events: [run_start]\ntimeout: 200ms";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hook_that_never_answers_gives_its_stream_slot_back_once_the_run_ended() {
@@ -416,11 +425,11 @@ async fn a_hook_that_never_answers_gives_its_stream_slot_back_once_the_run_ended
     let (addr, server_task) = limited_server_with(hook, None, None).await;
     fails_closed_and_gives_its_slot_back(
         &format!("http://{addr}"),
-        "events: [run_start]\ntimeout: 200ms",
+        RUN_START_200MS,
         "hi",
+        server_task,
     )
     .await;
-    server_task.abort();
 }
 
 /// A hook server whose `Process` handler never returns, so the call's
@@ -454,18 +463,19 @@ impl pb::hook_service_server::HookService for NoHeaders {
 async fn a_hook_that_never_opens_the_stream_gives_its_slot_back_once_the_run_ended() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server_task = tokio::spawn(
-        tonic::transport::Server::builder()
+    let server_task = tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
             .add_service(pb::hook_service_server::HookServiceServer::new(NoHeaders))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await;
+    });
     fails_closed_and_gives_its_slot_back(
         &format!("http://{addr}"),
-        "events: [run_start]\ntimeout: 200ms",
+        RUN_START_200MS,
         "hi",
+        server_task,
     )
     .await;
-    server_task.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,6 +485,11 @@ async fn a_hook_that_never_reads_gives_its_stream_slot_back_once_the_run_ended()
     let (addr, server_task) = FaultHook::new(K::ModelRequest, Misbehave::Deaf, &[])
         .start()
         .await;
-    fails_closed_and_gives_its_slot_back(&addr, "timeout: 200ms", &"x".repeat(200 * 1024)).await;
-    server_task.abort();
+    fails_closed_and_gives_its_slot_back(
+        &addr,
+        "timeout: 200ms",
+        &"x".repeat(200 * 1024),
+        server_task,
+    )
+    .await;
 }

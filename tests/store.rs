@@ -1409,6 +1409,26 @@ async fn until_a_statement_waits_for_a_lock(watch: &mut sqlx::PgConnection) {
     panic!("no statement waited for the open transaction's lock");
 }
 
+/// Deletes session `id` while another connection's open transaction has
+/// run `statements` (what another replica's store call does), committing
+/// that transaction once the delete waits for it.
+async fn delete_while_open(s: &Arc<dyn SessionStore>, url: &str, id: &str, statements: &[String]) {
+    use sqlx::Connection as _;
+    let mut other = sqlx::PgConnection::connect(url).await.unwrap();
+    let mut watch = sqlx::PgConnection::connect(url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    for q in statements {
+        sqlx::query(q).execute(&mut *tx).await.unwrap();
+    }
+    let deleting = tokio::spawn({
+        let (s, id) = (s.clone(), id.to_string());
+        async move { s.delete_session(&id).await }
+    });
+    until_a_statement_waits_for_a_lock(&mut watch).await;
+    tx.commit().await.unwrap();
+    deleting.await.unwrap().unwrap();
+}
+
 /// PostgreSQL, where another replica's transactions interleave with a
 /// session's deletion: a run whose end (or start) holds its session when
 /// the session is deleted is neither left behind nor counted for the
@@ -1416,11 +1436,8 @@ async fn until_a_statement_waits_for_a_lock(watch: &mut sqlx::PgConnection) {
 /// `end_run` and `begin_run` do, committed once the delete waits for it.
 #[tokio::test]
 async fn postgres_a_session_deleted_while_its_run_ends_or_starts_leaves_nothing_behind() {
-    use sqlx::Connection as _;
     let url = support::postgres::database();
     let s = open_sql(&url, opts(Duration::from_secs(60), 1 << 20)).await;
-    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut watch = sqlx::PgConnection::connect(&url).await.unwrap();
     let now = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
 
     // The run's end has marked the run ended and freed the session, not
@@ -1429,20 +1446,11 @@ async fn postgres_a_session_deleted_while_its_run_ends_or_starts_leaves_nothing_
         .await
         .unwrap();
     s.begin_run("s1", "r1", "A").await.unwrap();
-    let mut end = other.begin().await.unwrap();
-    for q in [
+    let end = [
         format!("UPDATE runs SET ended_ms = {now}, outcome = 'completed' WHERE id = 'r1'"),
         "UPDATE sessions SET active_run = NULL WHERE id = 's1'".to_string(),
-    ] {
-        sqlx::query(&q).execute(&mut *end).await.unwrap();
-    }
-    let deleting = tokio::spawn({
-        let s = s.clone();
-        async move { s.delete_session("s1").await }
-    });
-    until_a_statement_waits_for_a_lock(&mut watch).await;
-    end.commit().await.unwrap();
-    deleting.await.unwrap().unwrap();
+    ];
+    delete_while_open(&s, &url, "s1", &end).await;
     assert_eq!(
         raw(
             "postgres",
@@ -1459,24 +1467,15 @@ async fn postgres_a_session_deleted_while_its_run_ends_or_starts_leaves_nothing_
     s.create_session(&new_session("s2", "a", "o"))
         .await
         .unwrap();
-    let mut start = other.begin().await.unwrap();
-    for q in [
+    let start = [
         "UPDATE sessions SET active_run = 'r2', run_count = run_count + 1 WHERE id = 's2'"
             .to_string(),
         format!(
             "INSERT INTO runs (id, session_id, replica, epoch, lease_expires_ms, started_ms, owner)
              VALUES ('r2', 's2', 'A', 1, {now} + 60000, {now}, 'o')"
         ),
-    ] {
-        sqlx::query(&q).execute(&mut *start).await.unwrap();
-    }
-    let deleting = tokio::spawn({
-        let s = s.clone();
-        async move { s.delete_session("s2").await }
-    });
-    until_a_statement_waits_for_a_lock(&mut watch).await;
-    start.commit().await.unwrap();
-    deleting.await.unwrap().unwrap();
+    ];
+    delete_while_open(&s, &url, "s2", &start).await;
     let usage = s
         .owner_usage("o", Duration::from_secs(60), 100)
         .await
