@@ -183,13 +183,19 @@ impl RunStream {
             // loop's, and inline they would stay in the task for the
             // run's whole life.
             let mut open = Box::pin(open_on_pool(pool, rx, metadata, slot_wait, r.clone()));
+            // Registered once for the stream's life, not per message: the
+            // close is seen whether the reader waits or routes a verdict.
+            let half_closed = half_closed.notified();
+            tokio::pin!(half_closed);
+            let mut told = false;
             // A server that has not answered the call when the run ends
             // gets the close grace to do so, no more: a hung server would
             // otherwise keep the stream and its slot for good.
             let opened = tokio::select! {
                 biased;
                 o = &mut open => o,
-                () = half_closed.notified() => {
+                () = half_closed.as_mut() => {
+                    told = true;
                     tokio::time::timeout(CLOSE_GRACE, &mut open).await.ok().flatten()
                 }
             };
@@ -198,8 +204,7 @@ impl RunStream {
                 return;
             };
             loop {
-                let closing = r.locked().closing;
-                let next = if closing {
+                let next = if told || r.locked().closing {
                     match tokio::time::timeout(CLOSE_GRACE, inbound.message()).await {
                         Ok(m) => m,
                         Err(_) => return,
@@ -209,7 +214,10 @@ impl RunStream {
                         biased;
                         m = inbound.message() => m,
                         // Half-closed while waiting: wait again, bounded.
-                        () = half_closed.notified() => continue,
+                        () = half_closed.as_mut() => {
+                            told = true;
+                            continue;
+                        }
                     }
                 };
                 match next {
