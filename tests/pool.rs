@@ -413,8 +413,16 @@ async fn fails_closed_and_gives_its_slot_back(
     hook_server.abort();
 }
 
-/// A hook on run_start that fails closed after 200 ms.
-const RUN_START_200MS: &str = "events: [run_start]\ntimeout: 200ms";
+/// `fails_closed_and_gives_its_slot_back` for the hook server at `addr`
+/// configured on run_start, failing closed after 200 ms.
+async fn run_start_fails_closed_and_gives_its_slot_back(
+    addr: impl std::fmt::Display,
+    hook_server: tokio::task::JoinHandle<()>,
+) {
+    let endpoint = format!("http://{addr}");
+    let lines = "events: [run_start]\ntimeout: 200ms";
+    fails_closed_and_gives_its_slot_back(&endpoint, lines, "hi", hook_server).await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hook_that_never_answers_gives_its_stream_slot_back_once_the_run_ended() {
@@ -423,13 +431,7 @@ async fn a_hook_that_never_answers_gives_its_stream_slot_back_once_the_run_ended
     let hook = FnHook::new("limited", &[K::RunStart])
         .on_run_start(|_, _| async { std::future::pending().await });
     let (addr, server_task) = limited_server_with(hook, None, None).await;
-    fails_closed_and_gives_its_slot_back(
-        &format!("http://{addr}"),
-        RUN_START_200MS,
-        "hi",
-        server_task,
-    )
-    .await;
+    run_start_fails_closed_and_gives_its_slot_back(addr, server_task).await;
 }
 
 /// A hook server whose `Process` handler never returns, so the call's
@@ -469,13 +471,7 @@ async fn a_hook_that_never_opens_the_stream_gives_its_slot_back_once_the_run_end
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await;
     });
-    fails_closed_and_gives_its_slot_back(
-        &format!("http://{addr}"),
-        RUN_START_200MS,
-        "hi",
-        server_task,
-    )
-    .await;
+    run_start_fails_closed_and_gives_its_slot_back(addr, server_task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -203,7 +203,7 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Deletes the session, its transcript and its approvals; returns what
     /// it was. A run still active is left to end (its writes to the
     /// transcript become no-ops, and it goes when it ends); call
-    /// [`SessionStore::request_cancel`] first.
+    /// [`SessionStore::request_cancel`] for it too, so its replica stops it.
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError>;
     /// The committed transcript, in order.
     async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError>;
