@@ -526,7 +526,7 @@ async fn quotas_are_hit_per_principal_and_recover() {
         .unwrap();
     let e = alice
         .invoke(pb::RunRequest {
-            session_id: s2,
+            session_id: s2.clone(),
             input: "hi".into(),
         })
         .await
@@ -536,12 +536,32 @@ async fn quotas_are_hit_per_principal_and_recover() {
         e.message().contains("quota `runs_per_minute` reached (3)"),
         "{e:?}"
     );
+    // Deleting the sessions those runs ran in does not lower the rate.
+    for session_id in [s1, s2] {
+        alice
+            .delete_session(pb::DeleteSessionRequest { session_id })
+            .await
+            .unwrap();
+    }
+    let s3 = sa::new_session(&mut alice, "a").await.unwrap();
+    let e = alice
+        .invoke(pb::RunRequest {
+            session_id: s3,
+            input: "hi".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(
+        e.message().contains("quota `runs_per_minute` reached (3)"),
+        "after deleting the sessions: {e:?}"
+    );
 
     let metrics = http_get(admin, "/metrics").await;
     for line in [
         r#"hookwire_quota_rejections_total{limit="max_sessions",class="user"} 1"#,
         r#"hookwire_quota_rejections_total{limit="max_concurrent_runs",class="user"} 1"#,
-        r#"hookwire_quota_rejections_total{limit="runs_per_minute",class="user"} 1"#,
+        r#"hookwire_quota_rejections_total{limit="runs_per_minute",class="user"} 2"#,
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }

@@ -1076,8 +1076,7 @@ async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
         4
     );
 
-    // A deleted session's runs no longer count, ended or still in flight.
-    let _held = s.begin_run("a3", "r3", "A").await.unwrap();
+    let held = s.begin_run("a3", "r3", "A").await.unwrap();
     let alice = s.owner_usage("alice", minute, u64::MAX).await.unwrap();
     assert_eq!(
         (alice.sessions, alice.active_runs, alice.recent_runs),
@@ -1094,6 +1093,8 @@ async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
         (capped.sessions, capped.active_runs, capped.recent_runs),
         (3, 1, 2)
     );
+    // Deleting a session takes its run in flight (cancelled, ending) out
+    // of the active count, but not its runs out of the run rate.
     s.delete_session("a1").await.unwrap();
     s.delete_session("a3").await.unwrap();
     assert_eq!(
@@ -1101,8 +1102,32 @@ async fn sessions_are_owned_listed_by_owner_and_counted(engine: &str) {
         store::OwnerUsage {
             sessions: 2,
             active_runs: 0,
-            recent_runs: 0
+            recent_runs: 2
         }
+    );
+    // Once each: the deleted session's run ending changes nothing.
+    s.end_run(&held, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.owner_usage("alice", minute, u64::MAX).await.unwrap(),
+        store::OwnerUsage {
+            sessions: 2,
+            active_runs: 0,
+            recent_runs: 2
+        }
+    );
+    assert_eq!(
+        s.owner_usage("alice", Duration::ZERO, u64::MAX)
+            .await
+            .unwrap()
+            .recent_runs,
+        0,
+        "outside the window"
+    );
+    assert_eq!(
+        s.owner_usage("alice", minute, 1).await.unwrap().recent_runs,
+        1
     );
     s.close().await;
 }
@@ -1191,11 +1216,15 @@ async fn runs_without_an_owner_count_through_their_session(engine: &str) {
         (3, 2, 0),
         "outside the window"
     );
-    // A deleted session takes its runs out of the count, ended or not.
+    // A deleted session takes its run in flight out of the active count;
+    // its runs' starts, ended or not, still count for the rate, under the
+    // session's owner.
     s.delete_session("a1").await.unwrap();
     s.delete_session("a2").await.unwrap();
     let alice = s.owner_usage("alice", minute, u64::MAX).await.unwrap();
-    assert_eq!(usage(alice), (1, 1, 1));
+    assert_eq!(usage(alice), (1, 1, 3));
+    let bob = s.owner_usage("bob", minute, u64::MAX).await.unwrap();
+    assert_eq!(usage(bob), (1, 1, 1));
     s.close().await;
 }
 
@@ -1482,10 +1511,89 @@ async fn postgres_a_session_deleted_while_its_run_ends_or_starts_leaves_nothing_
         .unwrap();
     assert_eq!(
         (usage.sessions, usage.active_runs, usage.recent_runs),
-        (0, 0, 0),
-        "the run in flight of a deleted session is not the owner's any more"
+        (0, 0, 2),
+        "the run in flight of a deleted session is not active for the owner \
+         any more, but both runs (the one started while the delete waited \
+         too) count for its run rate, once each"
     );
     s.close().await;
+}
+
+/// The starts a deleted (or expired) session leaves for its owner's run
+/// rate are kept only while a window can count them: each deletion drops
+/// those that left it, whoever owned them.
+async fn deleted_sessions_starts_are_kept_for_the_window_only(engine: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sql_url(engine, dir.path());
+    let s = open_sql(&url, StoreOptions::default()).await;
+    let kept = |q: &'static str| raw(engine, &url, q);
+    for (id, owner) in [("a1", "alice"), ("a2", "alice"), ("b1", "bob")] {
+        s.create_session(&new_session(id, "a", owner))
+            .await
+            .unwrap();
+    }
+    let r1 = s.begin_run("a1", "r1", "A").await.unwrap();
+    s.end_run(&r1, &[], &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+    let r2 = s.begin_run("a2", "r2", "A").await.unwrap();
+    s.end_run(&r2, &[], &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+    // A start of carol's deleted session, two minutes old.
+    kept("INSERT INTO deleted_run_starts (owner, started_ms) VALUES ('carol', 0)").await;
+    s.delete_session("a1").await.unwrap();
+    assert_eq!(
+        kept("SELECT CAST(COUNT(*) AS TEXT) FROM deleted_run_starts").await,
+        "1",
+        "r1's start kept, carol's old one dropped"
+    );
+    // The session TTL's sweep keeps them the same way (the sessions were
+    // idle a second; the clock is the database's).
+    kept("UPDATE sessions SET last_active_ms = last_active_ms - 1000").await;
+    let expired = s
+        .expire_sessions(Duration::from_millis(500), 10)
+        .await
+        .unwrap();
+    let mut ids: Vec<&str> = expired.iter().map(|x| x.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["a2", "b1"]);
+    let minute = Duration::from_secs(60);
+    let usage = |u: store::OwnerUsage| (u.sessions, u.active_runs, u.recent_runs);
+    assert_eq!(
+        usage(s.owner_usage("alice", minute, u64::MAX).await.unwrap()),
+        (0, 0, 2)
+    );
+    assert_eq!(
+        usage(s.owner_usage("bob", minute, u64::MAX).await.unwrap()),
+        (0, 0, 0)
+    );
+    assert_eq!(kept("SELECT CAST(COUNT(*) AS TEXT) FROM runs").await, "0");
+    // A minute later they count no more, and the next deletion drops them.
+    kept("UPDATE deleted_run_starts SET started_ms = started_ms - 60000").await;
+    assert_eq!(
+        usage(s.owner_usage("alice", minute, u64::MAX).await.unwrap()),
+        (0, 0, 0)
+    );
+    s.create_session(&new_session("b2", "a", "bob"))
+        .await
+        .unwrap();
+    s.delete_session("b2").await.unwrap();
+    assert_eq!(
+        kept("SELECT CAST(COUNT(*) AS TEXT) FROM deleted_run_starts").await,
+        "0"
+    );
+    s.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_deleted_sessions_starts_are_kept_for_the_window_only() {
+    deleted_sessions_starts_are_kept_for_the_window_only("sqlite").await
+}
+
+#[tokio::test]
+async fn postgres_deleted_sessions_starts_are_kept_for_the_window_only() {
+    deleted_sessions_starts_are_kept_for_the_window_only("postgres").await
 }
 
 #[tokio::test]
@@ -1546,8 +1654,8 @@ async fn postgres_two_stores_migrating_at_once_migrate_once() {
     let pg = support::postgres::server();
     assert_eq!(
         pg.query(&url, "SELECT count(*) FROM _sqlx_migrations WHERE success"),
-        "3",
-        "each of the three migrations applied once"
+        "4",
+        "each of the four migrations applied once"
     );
     a.close().await;
     b.close().await;

@@ -79,10 +79,11 @@ struct Owned {
     sessions: u64,
     /// The owner's runs not ended, of sessions that still exist.
     live: HashSet<String>,
-    /// When the owner's runs started (and their session), oldest first:
-    /// starts older than [`quota::WINDOW`] are dropped as new ones come, a
-    /// deleted session's starts with it.
-    started: VecDeque<(Instant, String)>,
+    /// When the owner's runs started, oldest first, deleted sessions'
+    /// runs included (deleting sessions does not lower the run rate):
+    /// starts older than [`quota::WINDOW`] are dropped as runs start and
+    /// sessions go.
+    started: VecDeque<Instant>,
 }
 
 impl Owned {
@@ -91,10 +92,15 @@ impl Owned {
         while self
             .started
             .front()
-            .is_some_and(|(t, _)| now.duration_since(*t) >= quota::WINDOW)
+            .is_some_and(|t| now.duration_since(*t) >= quota::WINDOW)
         {
             self.started.pop_front();
         }
+    }
+
+    /// Whether nothing is left for a quota to count.
+    fn is_empty(&self) -> bool {
+        self.sessions == 0 && self.live.is_empty() && self.started.is_empty()
     }
 
     /// Runs started within `window` of `now` (at most [`quota::WINDOW`]:
@@ -103,7 +109,7 @@ impl Owned {
         // Oldest first, so the ones within the window are a suffix.
         let older = self
             .started
-            .partition_point(|(t, _)| now.duration_since(*t) >= window);
+            .partition_point(|t| now.duration_since(*t) >= window);
         self.started.len() - older
     }
 }
@@ -178,9 +184,8 @@ impl Inner {
         for id in &s.runs {
             o.live.remove(id);
         }
-        let id = &s.session.id;
-        o.started.retain(|(_, session)| session != id);
-        if o.sessions == 0 && o.live.is_empty() && o.started.is_empty() {
+        o.prune(Instant::now());
+        if o.is_empty() {
             self.owners.remove(owner);
         }
     }
@@ -276,15 +281,23 @@ impl SessionStore for MemoryStore {
         window: Duration,
         cap: u64,
     ) -> Result<OwnerUsage, StoreError> {
-        let g = self.lock();
-        let Some(o) = g.owners.get(owner) else {
+        let mut g = self.lock();
+        let Some(o) = g.owners.get_mut(owner) else {
             return Ok(OwnerUsage::default());
         };
+        // An owner whose sessions are all gone is kept only for its recent
+        // starts; the check that finds them expired lets it go.
+        let now = Instant::now();
+        o.prune(now);
+        if o.is_empty() {
+            g.owners.remove(owner);
+            return Ok(OwnerUsage::default());
+        }
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX).min(cap);
         Ok(OwnerUsage {
             sessions: o.sessions.min(cap),
             active_runs: count(o.live.len()),
-            recent_runs: count(o.started_within(Instant::now(), window)),
+            recent_runs: count(o.started_within(now, window)),
         })
     }
 
@@ -356,7 +369,7 @@ impl SessionStore for MemoryStore {
             None => g.owners.entry(owner.clone()).or_default(),
         };
         o.prune(now);
-        o.started.push_back((now, session_id.to_string()));
+        o.started.push_back(now);
         o.live.insert(run_id.to_string());
         g.runs.insert(
             run_id.to_string(),
@@ -778,8 +791,9 @@ mod tests {
     }
 
     /// A quota check reads the owner's share, kept as runs start and end:
-    /// starts older than the quota window are dropped as new ones come, and
-    /// an owner whose sessions are all gone leaves nothing behind.
+    /// starts older than the quota window are dropped as new ones come,
+    /// deleted sessions' starts stay for the window, and an owner whose
+    /// sessions are all gone leaves nothing behind once they are older.
     #[tokio::test(start_paused = true)]
     async fn an_owners_usage_is_kept_not_counted() {
         let s = MemoryStore::default();
@@ -815,11 +829,21 @@ mod tests {
             }
         );
         s.end_run(&held, &[], &ended()).await.unwrap();
+        // Deleted sessions' starts stay for the window: deleting sessions
+        // does not lower the run rate.
         s.delete_session("s0").await.unwrap();
-        assert_eq!(usage(&s, quota::WINDOW), (1, 0, 1, 1));
+        assert_eq!(usage(&s, quota::WINDOW), (1, 0, 3, 3));
         s.delete_session("s1").await.unwrap();
-        let g = s.lock();
-        assert!(g.owners.is_empty() && g.runs.is_empty());
+        assert_eq!(usage(&s, quota::WINDOW), (0, 0, 3, 3));
+        assert!(s.lock().runs.is_empty());
+        // Once they are older than the window, the next check lets the
+        // owner go.
+        tokio::time::advance(quota::WINDOW).await;
+        assert_eq!(
+            s.owner_usage("o", quota::WINDOW, u64::MAX).await.unwrap(),
+            OwnerUsage::default()
+        );
+        assert!(s.lock().owners.is_empty());
     }
 
     /// What a step of the property below does.
@@ -859,8 +883,9 @@ mod tests {
 
         /// Whatever sessions and runs come and go, each owner's usage is what
         /// counting the way the SQL engines count gives: sessions that
-        /// exist, their runs not ended, and their runs started within the
-        /// window (checked at the whole window and a shorter one).
+        /// exist, their runs not ended, and the owner's runs started within
+        /// the window, deleted sessions' included (checked at the whole
+        /// window and a shorter one).
         #[test]
         fn an_owners_usage_is_what_counting_gives(ops in proptest::collection::vec(op(), 1..80)) {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -923,15 +948,16 @@ mod tests {
                     let now = t0.elapsed();
                     for owner in ["o0", "o1", "o2"] {
                         for window in [quota::WINDOW, Duration::from_secs(25)] {
-                            let theirs = || {
-                                runs.iter().filter(|r| r.owner == owner && alive.contains(&r.session))
-                            };
+                            let theirs = || runs.iter().filter(|r| r.owner == owner);
                             let want = OwnerUsage {
                                 sessions: sessions
                                     .iter()
                                     .filter(|(id, o)| o == owner && alive.contains(id))
                                     .count() as u64,
-                                active_runs: theirs().filter(|r| !r.ended).count() as u64,
+                                active_runs: theirs()
+                                    .filter(|r| !r.ended && alive.contains(&r.session))
+                                    .count() as u64,
+                                // Deleted sessions' runs too.
                                 recent_runs: theirs().filter(|r| now - r.started < window).count() as u64,
                             };
                             assert_eq!(s.owner_usage(owner, window, u64::MAX).await.unwrap(), want, "{owner} {window:?}");
@@ -944,7 +970,12 @@ mod tests {
                         }
                     }
                 }
-                // Nothing is kept for an owner whose sessions are all gone.
+                // Nothing is kept for an owner whose sessions are all gone
+                // once its starts are older than the window.
+                tokio::time::advance(quota::WINDOW).await;
+                for owner in ["o0", "o1", "o2"] {
+                    s.owner_usage(owner, quota::WINDOW, u64::MAX).await.unwrap();
+                }
                 let g = s.lock();
                 for o in g.owners.keys() {
                     assert!(sessions.iter().any(|(id, x)| x == o && alive.contains(id)), "{o}");

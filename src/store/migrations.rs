@@ -31,6 +31,11 @@ const SQLITE: Embedded = &[
         "runs in flight with a cancel, indexed for the signal poll",
         include_str!("migrations/sqlite/0003_cancel_signals.sql"),
     ),
+    (
+        4,
+        "start times of deleted sessions' runs, for the run-rate quota",
+        include_str!("migrations/sqlite/0004_deleted_run_starts.sql"),
+    ),
 ];
 
 const POSTGRES: Embedded = &[
@@ -48,6 +53,11 @@ const POSTGRES: Embedded = &[
         3,
         "runs in flight with a cancel, indexed for the signal poll",
         include_str!("migrations/postgres/0003_cancel_signals.sql"),
+    ),
+    (
+        4,
+        "start times of deleted sessions' runs, for the run-rate quota",
+        include_str!("migrations/postgres/0004_deleted_run_starts.sql"),
     ),
 ];
 

@@ -159,10 +159,15 @@ pub struct ClaimedRun {
 pub struct OwnerUsage {
     /// Sessions it owns.
     pub sessions: u64,
-    /// Active runs in its sessions.
+    /// Active runs in its sessions (a deleted session's run, cancelled
+    /// and ending, no longer counts).
     pub active_runs: u64,
-    /// Runs started in its sessions within the window asked for (runs of
-    /// sessions deleted since are not counted).
+    /// Runs it started within the window asked for, in sessions deleted
+    /// since too: deleting sessions does not lower a principal's run
+    /// rate. A deleted session's starts are kept for [`quota::WINDOW`]
+    /// only, so a longer window counts those no further back.
+    ///
+    /// [`quota::WINDOW`]: crate::auth::quota::WINDOW
     pub recent_runs: u64,
 }
 
@@ -201,7 +206,8 @@ pub trait SessionStore: Send + Sync + 'static {
         cap: u64,
     ) -> Result<OwnerUsage, StoreError>;
     /// Deletes the session, its transcript and its approvals; returns what
-    /// it was. A run still active is left to end (its writes to the
+    /// it was. Its runs' starts within [`crate::auth::quota::WINDOW`] stay
+    /// counted in the owner's [`OwnerUsage::recent_runs`]. A run still active is left to end (its writes to the
     /// transcript become no-ops, and it goes when it ends); call
     /// [`SessionStore::request_cancel`] for it too, so its replica stops it.
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError>;
@@ -301,7 +307,8 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn claim_expired(&self, replica: &str, limit: u32)
         -> Result<Vec<ClaimedRun>, StoreError>;
     /// Deletes up to `limit` sessions idle (no run, no activity) for longer
-    /// than `ttl`; returns them.
+    /// than `ttl`; returns them. As with [`SessionStore::delete_session`],
+    /// their runs' recent starts stay counted.
     async fn expire_sessions(&self, ttl: Duration, limit: u32) -> Result<Vec<Session>, StoreError>;
 
     /// Wake-up hints: the id of a replica that has something to act on.

@@ -26,6 +26,7 @@ use super::{
     SessionFilter, SessionPage, SessionStore, Signal, StoreError, StoreOptions,
 };
 use crate::agent::approvals::Decision;
+use crate::auth::quota;
 use crate::message::Message;
 use crate::session::Session;
 
@@ -87,6 +88,45 @@ macro_rules! with_pool {
             }
         }
     };
+}
+
+/// In the open transaction `$tx`, what deleting session `$id` (owned by
+/// `$owner`) does to its runs: the start times of those within the quota
+/// window are kept for the owner's run rate (`deleted_run_starts`, see
+/// migration 4), and the ended ones go (their approvals cascade). A run
+/// in flight stays until it ends; see `delete_session`.
+macro_rules! forget_runs {
+    ($self:ident, $tx:expr, $id:expr, $owner:expr) => {{
+        let keep = $self.sql(
+            "INSERT INTO deleted_run_starts (owner, started_ms)
+             SELECT $2, started_ms FROM runs
+             WHERE session_id = $1 AND started_ms > (SELECT {now} - $3)",
+        );
+        sqlx::query(&keep)
+            .bind($id)
+            .bind($owner)
+            .bind(ms(quota::WINDOW))
+            .execute(&mut *$tx)
+            .await?;
+        sqlx::query("DELETE FROM runs WHERE session_id = $1 AND ended_ms IS NOT NULL")
+            .bind($id)
+            .execute(&mut *$tx)
+            .await?;
+    }};
+}
+
+/// In the open transaction `$tx`: drops the kept starts no window counts
+/// any more (bounded by the index on their age, so each deletion pays for
+/// what expired since the last one).
+macro_rules! prune_deleted_starts {
+    ($self:ident, $tx:expr) => {{
+        let prune =
+            $self.sql("DELETE FROM deleted_run_starts WHERE started_ms <= (SELECT {now} - $1)");
+        sqlx::query(&prune)
+            .bind(ms(quota::WINDOW))
+            .execute(&mut *$tx)
+            .await?;
+    }};
 }
 
 pub struct SqlStore {
@@ -490,7 +530,9 @@ impl SessionStore for SqlStore {
         // run counts only while its session exists (a primary-key probe
         // per run counted): a run in flight keeps its owner when its
         // session is deleted (see `delete_session`), and goes when it ends.
-        // The window's start is a subquery so that PostgreSQL evaluates
+        // Deleting a session kept its runs' recent starts in
+        // deleted_run_starts (its own index), so they still count for the
+        // run rate, once each. The window's start is a subquery so that PostgreSQL evaluates
         // its volatile clock once and can bound the index scan with it.
         let sql = self.sql(
             "SELECT
@@ -507,9 +549,13 @@ impl SessionStore for SqlStore {
                    AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = runs.session_id)
                    LIMIT $3) AS r),
                (SELECT COUNT(*) FROM runs r WHERE r.owner IS NULL AND r.started_ms > (SELECT {now} - $2)
-                 AND (SELECT s.owner FROM sessions s WHERE s.id = r.session_id) = $1)",
+                 AND (SELECT s.owner FROM sessions s WHERE s.id = r.session_id) = $1),
+               (SELECT COUNT(*) FROM
+                 (SELECT 1 FROM deleted_run_starts WHERE owner = $1 AND started_ms > (SELECT {now} - $2)
+                   LIMIT $3) AS d)",
         );
-        let (sessions, active, active_ownerless, recent, recent_ownerless): (
+        let (sessions, active, active_ownerless, recent, recent_ownerless, recent_deleted): (
+            i64,
             i64,
             i64,
             i64,
@@ -525,7 +571,7 @@ impl SessionStore for SqlStore {
         Ok(OwnerUsage {
             sessions: n(sessions, 0),
             active_runs: n(active, active_ownerless),
-            recent_runs: n(recent, recent_ownerless),
+            recent_runs: n(recent, recent_ownerless.saturating_add(recent_deleted)),
         })
     }
 
@@ -549,10 +595,8 @@ impl SessionStore for SqlStore {
             let Some(row) = row else {
                 return Err(StoreError::SessionNotFound(id.to_string()));
             };
-            sqlx::query("DELETE FROM runs WHERE session_id = $1 AND ended_ms IS NOT NULL")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+            forget_runs!(self, tx, id, &row.2);
+            prune_deleted_starts!(self, tx);
             tx.commit().await?;
             session(row)
         })
@@ -1195,12 +1239,12 @@ impl SessionStore for SqlStore {
                     .await?
                     .rows_affected();
                 if n == 1 {
-                    sqlx::query("DELETE FROM runs WHERE session_id = $1 AND ended_ms IS NOT NULL")
-                        .bind(&r.0)
-                        .execute(&mut *tx)
-                        .await?;
+                    forget_runs!(self, tx, &r.0, &r.2);
                     gone.push(r);
                 }
+            }
+            if !gone.is_empty() {
+                prune_deleted_starts!(self, tx);
             }
             tx.commit().await?;
             gone
