@@ -159,8 +159,9 @@ fn quietly<T>(step: impl FnOnce() -> T) -> Option<T> {
 }
 
 /// One pass of a replica's background work (lease renewal, the reaper,
-/// signal delivery, a hook's Describe): a panic in it is logged and the
-/// pass counts as failed (`None`), so the loop around it goes on. Unwound,
+/// signal delivery, a hook's Describe, a hook pool's idle sweep): a panic
+/// in it is logged and the pass counts as failed (`None`), so the loop
+/// around it goes on. Unwound,
 /// a loop would stop for the life of the process: no lease renewed, no
 /// lost run reaped, no cancel delivered.
 pub async fn contained<T>(

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use crate::agent::contain::contained;
 use crate::config::ConnectionsConfig;
 use crate::hooks::client::HookChannel;
 use crate::hooks::failure::{FailureClass, Fault};
@@ -231,26 +232,35 @@ async fn sweep(pool: Weak<Inner>) {
         };
         tokio::time::sleep(period).await;
         let Some(p) = pool.upgrade() else { return };
-        let mut s = p.state.locked();
-        let closed = s.placement.sweep(std::time::Instant::now());
-        for id in &closed {
-            // No lease holds it (it carried no stream): dropping the last
-            // channel handle closes the connection.
-            s.channels.remove(id);
-        }
-        let done = s.placement.connections() <= 1;
-        if done {
-            s.sweeping = false;
-        }
-        p.publish(&s);
-        drop(s);
-        if !closed.is_empty() {
-            tracing::debug!(hook = %p.hook, closed = closed.len(), "closed idle hook connections");
-        }
-        if done {
+        // A panic (a bug) is logged and the next pass comes: unwound, the
+        // sweep would end with `sweeping` set, and the pool would keep its
+        // idle connections for good.
+        let done = contained("hook pool idle sweep", async { sweep_once(&p) }).await;
+        if done == Some(true) {
             return;
         }
     }
+}
+
+/// One pass of [`sweep`]; whether the pool is down to one connection.
+fn sweep_once(p: &Inner) -> bool {
+    let mut s = p.state.locked();
+    let closed = s.placement.sweep(std::time::Instant::now());
+    for id in &closed {
+        // No lease holds it (it carried no stream): dropping the last
+        // channel handle closes the connection.
+        s.channels.remove(id);
+    }
+    let done = s.placement.connections() <= 1;
+    if done {
+        s.sweeping = false;
+    }
+    p.publish(&s);
+    drop(s);
+    if !closed.is_empty() {
+        tracing::debug!(hook = %p.hook, closed = closed.len(), "closed idle hook connections");
+    }
+    done
 }
 
 #[cfg(test)]

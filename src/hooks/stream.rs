@@ -70,6 +70,31 @@ impl Routing {
     }
 }
 
+/// What a stream's reader task holds. If the task panics (a bug in
+/// hookwire), dropping it on the way out fails the events waiting for a
+/// verdict at once, and the stream with them: unwound without it, the
+/// reader would leave them to wait for their deadlines.
+struct Reader {
+    routing: Arc<Mutex<Routing>>,
+    owner: Owner,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The panic's text is not logged here: it may quote content.
+            tracing::error!(hook = %self.owner.hook, "a hook stream's reader panicked; the stream is failed");
+            self.routing.locked().poison(
+                Fault::new(
+                    FailureClass::StreamReset,
+                    "hookwire's stream reader stopped on a bug",
+                ),
+                None,
+            );
+        }
+    }
+}
+
 /// Whose stream this is, for what is counted and logged when nobody waits.
 struct Owner {
     hook: String,
@@ -179,6 +204,8 @@ impl RunStream {
             failure_log,
         };
         let reader = tokio::spawn(async move {
+            let guard = Reader { routing: r, owner };
+            let (r, owner) = (&guard.routing, &guard.owner);
             // Boxed: the open phase's futures are larger than the reading
             // loop's, and inline they would stay in the task for the
             // run's whole life.
@@ -221,7 +248,7 @@ impl RunStream {
                     }
                 };
                 match next {
-                    Ok(Some(v)) => route(&r, v, &owner),
+                    Ok(Some(v)) => route(r, v, owner),
                     Ok(None) => {
                         let mut g = r.locked();
                         if !g.closing || !g.waiting.is_empty() {
@@ -847,6 +874,36 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             failure_log: Arc::default(),
         }
+    }
+
+    /// A bug that panics in a stream's reader task fails the events
+    /// waiting for a verdict at once (not at their deadlines) and the
+    /// stream with them, so later events do not go to it.
+    #[tokio::test]
+    async fn a_reader_that_panics_fails_its_waiting_events_at_once() {
+        let routing = Arc::new(Mutex::new(Routing::default()));
+        let (tx, mut rx) = oneshot::channel();
+        routing
+            .locked()
+            .waiting
+            .insert(1, (tx, pb::EventKind::ToolCall as i32));
+        let reader = Reader {
+            routing: routing.clone(),
+            owner: owner(),
+        };
+        let task = tokio::spawn(async move {
+            let _reader = reader;
+            // Held across an await, as the real reader holds it.
+            tokio::task::yield_now().await;
+            panic!("a bug in the reader");
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        let fault = rx
+            .try_recv()
+            .expect("answered when the reader panicked")
+            .unwrap_err();
+        assert_eq!(fault.class, FailureClass::StreamReset);
+        assert!(routing.locked().poisoned.is_some(), "the stream is broken");
     }
 
     fn verdict(seq: u64) -> pb::HookVerdict {

@@ -27,6 +27,7 @@ pub mod hook_span;
 pub mod metrics;
 pub mod otlp_export;
 pub mod otlp_wire;
+pub mod panic_log;
 pub mod propagation;
 pub mod setup;
 pub mod spans;

@@ -434,7 +434,8 @@ impl Drop for Telemetry {
 
 /// Installs the global subscriber (logs to stdout, where container runtimes
 /// and log shippers expect a service's lines; export when configured),
-/// the W3C TraceContext propagator and the global tracer provider. Call once,
+/// the panic hook that logs through it ([`super::panic_log`]), the W3C
+/// TraceContext propagator and the global tracer provider. Call once,
 /// from inside the Tokio runtime.
 pub fn init(cfg: &TelemetryConfig, format: LogFormat) -> Result<Telemetry, TelemetryError> {
     let mut opts = TelemetryOptions::from_env(cfg, format);
@@ -444,6 +445,7 @@ pub fn init(cfg: &TelemetryConfig, format: LogFormat) -> Result<Telemetry, Telem
     subscriber
         .try_init()
         .map_err(TelemetryError::AlreadyInstalled)?;
+    super::panic_log::install();
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     if let Some(provider) = &telemetry.provider {
         opentelemetry::global::set_tracer_provider(provider.clone());
