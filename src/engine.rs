@@ -281,14 +281,14 @@ impl Engine {
         e.into()
     }
 
-    /// What `p` holds in the store, when a quota needs it.
-    async fn held(&self, p: &Principal, needed: bool) -> Result<Held, EngineError> {
+    /// What `owner` holds in the store, when a quota needs it.
+    async fn held(&self, owner: &str, needed: bool) -> Result<Held, EngineError> {
         if !needed {
             return Ok(Held::default());
         }
         let u = self
             .store
-            .owner_usage(&p.name, quota::WINDOW, self.quotas.count_cap())
+            .owner_usage(owner, quota::WINDOW, self.quotas.count_cap())
             .await?;
         Ok(Held {
             sessions: u.sessions,
@@ -346,7 +346,9 @@ impl Engine {
         }
         // Held until the session is stored (or refused), so concurrent
         // creations here cannot both take the last slot.
-        let held = self.held(principal, self.quotas.limits_sessions()).await?;
+        let held = self
+            .held(&principal.name, self.quotas.limits_sessions())
+            .await?;
         let _slot = self
             .quotas
             .begin_session(principal, held)
@@ -511,10 +513,13 @@ impl Engine {
             });
         }
         let (session, grant) = self.grant(principal, Action::Run, session_id).await?;
-        let held = self.held(principal, self.quotas.limits_runs()).await?;
+        // The session's owner's quotas, whoever starts the run (an admin
+        // may): the store counts the run for the owner, so checking the
+        // caller's would let an admin's and the owner's starts overshoot.
+        let held = self.held(&session.owner, self.quotas.limits_runs()).await?;
         let starting = self
             .quotas
-            .begin_run(principal, held)
+            .begin_run(&session.owner, held)
             .map_err(|e| self.quota(principal, e))?;
         let run_id = uuid::Uuid::new_v4().to_string();
         let lease = self

@@ -569,6 +569,73 @@ async fn quotas_are_hit_per_principal_and_recover() {
     server.stop().await;
 }
 
+/// Run quotas are the session owner's, whoever starts the run: the store
+/// counts a run for its session's owner, so an admin's runs in alice's
+/// sessions take alice's slots, and an admin's and alice's starts together
+/// cannot run more than alice's limit.
+#[tokio::test]
+async fn an_admins_runs_in_a_users_sessions_count_for_that_user() {
+    let tokens = Tokens::write();
+    let asker = asker("may I?", 0).start().await;
+    let owner = weather_owner().start().await;
+    let mut yaml = config(
+        &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
+        "tools: [get_weather]",
+    );
+    yaml.push_str(&tokens.auth_yaml());
+    yaml.push_str("quotas: {max_concurrent_runs: 1}\n");
+    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let mut alice = sa::client(&server.addr, Some(ALICE)).await;
+    let mut root = sa::client(&server.addr, Some(ROOT)).await;
+    let s1 = sa::new_session(&mut alice, "a").await.unwrap();
+    let s2 = sa::new_session(&mut alice, "a").await.unwrap();
+
+    // root's run in alice's first session waits for approval.
+    let (run_id, _, mut stream) = paused_run(&mut root, &s1).await;
+    for (who, c) in [("root", &mut root), ("alice", &mut alice)] {
+        let e = c
+            .invoke(pb::RunRequest {
+                session_id: s2.clone(),
+                input: "hi".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{who}: {e:?}");
+        assert!(
+            e.message()
+                .contains("quota `max_concurrent_runs` reached (1) for principal `alice`"),
+            "{who}: {e:?}"
+        );
+    }
+    // root's own sessions are root's.
+    let r1 = sa::new_session(&mut root, "a").await.unwrap();
+    root.invoke(pb::RunRequest {
+        session_id: r1,
+        input: "hi".into(),
+    })
+    .await
+    .expect("root's own quota");
+    root.cancel_run(pb::CancelRunRequest { run_id })
+        .await
+        .unwrap();
+    while stream.message().await.unwrap().is_some() {}
+    alice
+        .invoke(pb::RunRequest {
+            session_id: s2,
+            input: "hi".into(),
+        })
+        .await
+        .expect("alice's slot is free again");
+    let metrics = http_get(admin, "/metrics").await;
+    for line in [
+        r#"hookwire_quota_rejections_total{limit="max_concurrent_runs",class="admin"} 1"#,
+        r#"hookwire_quota_rejections_total{limit="max_concurrent_runs",class="user"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    server.stop().await;
+}
+
 mod jwt_mode {
     use super::*;
     use support::certs::write_atomic;

@@ -133,22 +133,25 @@ impl QuotaLedger {
         })
     }
 
-    /// Reserves a run start, given what `p` holds in the store now.
+    /// Reserves a run start in a session of `owner`, given what `owner`
+    /// holds in the store now. Runs count for their session's owner
+    /// (the store charges them there), whoever starts them: an admin's
+    /// run in alice's session takes one of alice's slots.
     pub fn begin_run(
         self: &Arc<Self>,
-        p: &Principal,
+        owner: &str,
         held: Held,
     ) -> Result<StartingSlot, QuotaExceeded> {
         if !self.limits_runs() {
             return Ok(StartingSlot { ledger: None });
         }
-        self.with(&p.name, |u| {
+        self.with(owner, |u| {
             if let Some(max) = self.limits.max_concurrent_runs {
                 if over(held.active_runs, u.starting, max) {
                     return Err(QuotaExceeded {
                         limit: "max_concurrent_runs",
                         max,
-                        principal: p.name.clone(),
+                        principal: owner.to_string(),
                         hint: "; wait for a run to finish",
                     });
                 }
@@ -158,14 +161,14 @@ impl QuotaLedger {
                     return Err(QuotaExceeded {
                         limit: "runs_per_minute",
                         max,
-                        principal: p.name.clone(),
+                        principal: owner.to_string(),
                         hint: "; retry later",
                     });
                 }
             }
             u.starting += 1;
             Ok(StartingSlot {
-                ledger: Some((self.clone(), p.name.clone())),
+                ledger: Some((self.clone(), owner.to_string())),
             })
         })
     }
@@ -217,9 +220,9 @@ mod tests {
             "max_sessions"
         );
         // Runs: a start in progress, then runs the store counts.
-        let r = l.begin_run(&a, none).unwrap();
+        let r = l.begin_run("a", none).unwrap();
         assert_eq!(
-            l.begin_run(&a, none).unwrap_err().limit,
+            l.begin_run("a", none).unwrap_err().limit,
             "max_concurrent_runs"
         );
         drop(r);
@@ -229,22 +232,22 @@ mod tests {
             ..none
         };
         assert_eq!(
-            l.begin_run(&a, running).unwrap_err().limit,
+            l.begin_run("a", running).unwrap_err().limit,
             "max_concurrent_runs"
         );
         let two_recent = Held {
             recent_runs: 2,
             ..none
         };
-        let e = l.begin_run(&a, two_recent).unwrap_err();
+        let e = l.begin_run("a", two_recent).unwrap_err();
         assert_eq!(e.limit, "runs_per_minute");
         assert!(
             e.to_string()
                 .contains("quota `runs_per_minute` reached (2)"),
             "{e}"
         );
-        assert!(l.begin_run(&b, none).is_ok(), "b's own quota");
-        assert!(l.begin_run(&a, none).is_ok(), "all released");
+        assert!(l.begin_run("b", none).is_ok(), "b's own quota");
+        assert!(l.begin_run("a", none).is_ok(), "all released");
     }
 
     /// Counts capped at the largest limit decide every limit as the full
@@ -273,7 +276,7 @@ mod tests {
             let decide = |h: Held| {
                 (
                     l.begin_session(&a, h).map(drop).map_err(|e| e.limit),
-                    l.begin_run(&a, h).map(drop).map_err(|e| e.limit),
+                    l.begin_run("a", h).map(drop).map_err(|e| e.limit),
                 )
             };
             assert_eq!(decide(full), decide(capped), "{n}");
@@ -292,6 +295,6 @@ mod tests {
             recent_runs: 1_000_000,
         };
         assert!(l.begin_session(&a, lots).is_ok());
-        assert!(l.begin_run(&a, lots).is_ok());
+        assert!(l.begin_run("a", lots).is_ok());
     }
 }
