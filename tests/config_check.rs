@@ -51,6 +51,9 @@ fn error_line(stderr: &str) -> String {
         .to_string()
 }
 
+/// What an operator might paste into the file by mistake: never repeated.
+const SECRET: &str = "SECRET4711";
+
 const SCRIPTED: &str = "models: [{name: s, provider: scripted}]\n";
 const AGENT: &str = "agents: [{name: a, model: s}]\n";
 
@@ -68,9 +71,30 @@ async fn check_and_serve_refuse_the_same_bad_configs_with_the_same_error() {
             "store.password_env names `HOOKWIRE_CONFIG_CHECK_TEST_SURELY_UNSET`, which is not set",
         ),
         (
-            "a Postgres URL the driver refuses",
+            "a Postgres URL that cannot be read",
             format!("{SCRIPTED}{AGENT}store: 'postgres://hookwire@db:port/h'\n"),
-            "invalid postgres URL",
+            "the postgres URL cannot be read (invalid port number)",
+        ),
+        (
+            "a Postgres password in the URL's parameters",
+            format!(
+                "{SCRIPTED}{AGENT}store: 'postgres://hookwire@127.0.0.1:9/h?password={SECRET}'\n"
+            ),
+            "the URL carries a password",
+        ),
+        (
+            "an API key pasted where its variable's name goes",
+            format!(
+                "models: [{{name: s, provider: openai, base_url: 'http://127.0.0.1:9/v1', model: x, api_key_env: 'sk-proj-{SECRET}'}}]\n{AGENT}"
+            ),
+            "models[0].api_key_env: must name an environment variable",
+        ),
+        (
+            "a hook token pasted where its variable's name goes",
+            format!(
+                "{SCRIPTED}{AGENT}hooks: [{{name: h, endpoint: 'http://127.0.0.1:9', credentials: {{bearer_token_env: 'eyJ.{SECRET}.x'}}}}]\n"
+            ),
+            "hooks[0].credentials.bearer_token_env: must name an environment variable",
         ),
         (
             "a SQLite file whose directory cannot be made",
@@ -138,6 +162,10 @@ async fn check_and_serve_refuse_the_same_bad_configs_with_the_same_error() {
         .await;
         assert!(!served, "{what}: serve accepted it:\n{serve_err}");
         assert!(!checked, "{what}: config check accepted it:\n{check_err}");
+        assert!(
+            !check_err.contains(SECRET) && !serve_err.contains(SECRET),
+            "{what}: a secret repeated:\n{check_err}\n{serve_err}"
+        );
         let (check_line, serve_line) = (error_line(&check_err), error_line(&serve_err));
         assert!(check_line.contains(expected), "{what}: {check_line}");
         assert_eq!(check_line, serve_line, "{what}: both say the same");

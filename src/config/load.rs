@@ -200,13 +200,12 @@ impl Config {
                             "required for provider: openai (the provider's model id)".into(),
                         ));
                     }
-                    if let Some(env) = &m.api_key_env {
-                        if env.is_empty() || env.contains(char::is_whitespace) {
-                            errs.push((
-                                format!("{p}.api_key_env"),
-                                "must name an environment variable (the key itself never goes in the file)".into(),
-                            ));
-                        }
+                    if let Some(why) = m
+                        .api_key_env
+                        .as_deref()
+                        .and_then(|env| super::secret_env::refused(env, "API key"))
+                    {
+                        errs.push((format!("{p}.api_key_env"), why));
                     }
                 }
             }

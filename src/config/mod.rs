@@ -6,6 +6,7 @@
 
 mod env;
 mod load;
+mod secret_env;
 mod security;
 mod store;
 

@@ -194,13 +194,12 @@ impl super::Config {
                     "set one of bearer_token_file or bearer_token_env, not both".into(),
                 ));
             }
-            if matches!(&c.bearer_token_env, Some(v) if v.is_empty() || v.contains(char::is_whitespace))
+            if let Some(why) = c
+                .bearer_token_env
+                .as_deref()
+                .and_then(|v| super::secret_env::refused(v, "token"))
             {
-                errs.push((
-                    format!("{p}.credentials.bearer_token_env"),
-                    "must name an environment variable (the token itself never goes in the file)"
-                        .into(),
-                ));
+                errs.push((format!("{p}.credentials.bearer_token_env"), why));
             }
         }
 

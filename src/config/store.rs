@@ -71,7 +71,14 @@ impl StoreSetting {
             });
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            if !password_allowed && url_has_password(url) {
+            // Read as sqlx reads it when it connects, so what is checked
+            // and hidden here is what it would use.
+            let parsed = url::Url::parse(url).map_err(|e| {
+                format!(
+                    "the postgres URL cannot be read ({e}); characters such as / ? # @ in a user name or password must be percent-encoded (better: set the password in PGPASSWORD)"
+                )
+            })?;
+            if !password_allowed && has_password(&parsed) {
                 return Err("the URL carries a password; remove it and set PGPASSWORD, or name the variable that holds it in store.password_env (secrets never go in the file)".into());
             }
             return Ok(StoreSetting::Postgres {
@@ -87,27 +94,43 @@ impl StoreSetting {
     }
 }
 
-/// Whether `postgres://user:secret@host/...` has a password part.
-fn url_has_password(url: &str) -> bool {
-    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
-    let authority = rest.split(['/', '?']).next().unwrap_or("");
-    match authority.rsplit_once('@') {
-        Some((userinfo, _)) => userinfo.contains(':'),
-        None => false,
-    }
+/// Whether the URL carries a password, where libpq and sqlx take one: in
+/// its user info (`user:secret@host`) or as the `password` parameter.
+fn has_password(url: &url::Url) -> bool {
+    url.password().is_some() || url.query_pairs().any(|(k, _)| k == "password")
 }
 
-/// The URL with any password replaced, for messages.
+/// The URL with any password replaced, for messages and logs. One that
+/// cannot be read shows its scheme only if it has an `@` (where a password
+/// would start in it cannot be told), and as it is otherwise (a typo such
+/// as `memroy` has none to hide).
 fn redact(url: &str) -> String {
-    if url_has_password(url) {
-        if let Some((scheme, rest)) = url.split_once("://") {
-            if let Some((userinfo, host)) = rest.split_once('@') {
-                let user = userinfo.split(':').next().unwrap_or("");
-                return format!("{scheme}://{user}:***@{host}");
-            }
+    let Ok(mut u) = url::Url::parse(url) else {
+        if !url.contains('@') {
+            return url.to_string();
         }
+        let scheme = url.split_once("://").map_or("", |(s, _)| s);
+        return format!("{scheme}://(the rest is not shown: it is not a valid URL)");
+    };
+    if u.password().is_some() {
+        // Only fails for URLs that cannot have a host, which have no password.
+        let _ = u.set_password(Some("***"));
     }
-    url.to_string()
+    if u.query_pairs().any(|(k, _)| k == "password") {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "password" {
+                    "***".into()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.to_string()
 }
 
 #[derive(Deserialize)]
@@ -139,10 +162,8 @@ impl<'de> Deserialize<'de> for StoreSetting {
                         ..
                     } => {
                         if let Some(var) = m.password_env {
-                            if var.is_empty() || var.contains(char::is_whitespace) {
-                                return Err(de::Error::custom(
-                                    "password_env must name an environment variable (the password itself never goes in the file)",
-                                ));
+                            if let Some(why) = super::secret_env::refused(&var, "password") {
+                                return Err(de::Error::custom(format!("password_env {why}")));
                             }
                             *password_env = Some(var);
                         }
@@ -195,6 +216,45 @@ mod tests {
         assert!(StoreSetting::parse("postgres://u:hunter2@db/h", true).is_ok());
         let e = StoreSetting::parse("mysql://u:hunter2@db/h", false).unwrap_err();
         assert!(e.contains("unknown store") && !e.contains("hunter2"), "{e}");
+    }
+
+    /// Wherever a URL puts its password, sqlx would connect with it, so the
+    /// file refuses it and messages never show it.
+    #[test]
+    fn a_password_is_found_and_hidden_wherever_the_url_puts_it() {
+        for (url, shown) in [
+            ("postgres://u:hunter2@db/h", "postgres://u:***@db/h"),
+            (
+                "postgres://u@db/h?sslmode=require&password=hunter2",
+                "postgres://u@db/h?sslmode=require&password=***",
+            ),
+            // The last @ ends the user info, as sqlx reads it.
+            ("postgres://u:hun@ter2@db/h", "postgres://u:***@db/h"),
+            (
+                "postgresql://u:hunter2@db:5432/h?password=hunter2",
+                "postgresql://u:***@db:5432/h?password=***",
+            ),
+        ] {
+            let e = StoreSetting::parse(url, false).unwrap_err();
+            assert!(
+                e.contains("PGPASSWORD") && !e.contains("ter2"),
+                "{url}: {e}"
+            );
+            let s = StoreSetting::parse(url, true).unwrap();
+            assert_eq!(s.to_string(), shown, "{url}");
+            assert_eq!(format!("{s:?}"), shown, "{url}");
+        }
+        // A URL that cannot be read (an unencoded / in the password) is
+        // refused without being quoted; one in an error shows its scheme.
+        let e = StoreSetting::parse("postgres://u:hun/ter2@db/h", true).unwrap_err();
+        assert!(e.contains("percent-encoded") && !e.contains("ter2"), "{e}");
+        let e = StoreSetting::parse("mysql://u:hun/ter2@db/h", true).unwrap_err();
+        assert!(e.contains("mysql://") && !e.contains("ter2"), "{e}");
+        let e = StoreSetting::parse("memroy", false).unwrap_err();
+        assert!(e.contains("`memroy`"), "a typo is shown: {e}");
+        // Nothing to hide: shown as given.
+        let s = StoreSetting::parse("postgres://u@db:5432/h?sslmode=require", false).unwrap();
+        assert_eq!(s.to_string(), "postgres://u@db:5432/h?sslmode=require");
     }
 
     #[test]
