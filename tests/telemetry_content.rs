@@ -82,6 +82,8 @@ const RULES: &str = r#"
         text: "final SENTINEL-FINAL-4e07"
       - when: { last_user_contains: "unknown tool" }
         tool_calls: [ { name: no_such_tool, arguments: { key: "SENTINEL-INVALID-c5a8" } } ]
+      - when: { last_user_contains: "bad args" }
+        tool_calls: [ { name: get_weather, arguments: { city: ["SENTINEL-BADARGS-1e9a"] } } ]
       - when: { last_user_contains: "weather" }
         tool_calls: [ { name: get_weather, arguments: { city: "Paris" } } ]
       - text: "plain answer"
@@ -430,7 +432,27 @@ async fn model_response_redaction_covers_the_assistant_message_in_later_chat_spa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_tool_call_redaction_covers_the_arguments_in_later_chat_spans() {
-    const SENTINEL: &str = "SENTINEL-INVALID-c5a8";
+    invalid_call_redacted(
+        "call an unknown tool",
+        "no_such_tool",
+        "SENTINEL-INVALID-c5a8",
+    )
+    .await;
+}
+
+/// A schema error quoting the arguments (`["…"] is not of type "string"`)
+/// would carry them into the call's error result, and so into the next
+/// chat span's input, after a hook redacted them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_tool_call_redaction_covers_arguments_a_schema_error_would_quote() {
+    invalid_call_redacted("bad args", "get_weather", "SENTINEL-BADARGS-1e9a").await;
+}
+
+/// `input` makes the model call `tool` with arguments holding `sentinel`,
+/// which the call's validation refuses; an `invalid_tool_call` hook
+/// redacts them: the next chat span shows the redacted form, and the
+/// sentinel is nowhere in what was exported.
+async fn invalid_call_redacted(input: &str, tool: &str, sentinel: &str) {
     let guard = FnHook::new("guard", &[K::InvalidToolCall])
         .on_invalid_tool_call(|_, _| async {
             Reply::new(pb::InvalidToolCallVerdict {
@@ -447,7 +469,7 @@ async fn invalid_tool_call_redaction_covers_the_arguments_in_later_chat_spans() 
         &[("owner", &owner.addr, ""), ("guard", &guard.addr, "")],
         "tools: [get_weather]",
     );
-    let (spans, result) = run_and_export(&yaml, "call an unknown tool").await;
+    let (spans, result) = run_and_export(&yaml, input).await;
     assert_eq!(outcome(&result), pb::RunOutcome::Completed);
 
     let chats = chats(&spans);
@@ -455,9 +477,9 @@ async fn invalid_tool_call_redaction_covers_the_arguments_in_later_chat_spans() 
     let input = json_attr(chats[1], attrs::GEN_AI_INPUT_MESSAGES);
     assert_eq!(
         input[1]["parts"][0],
-        json!({"type": "tool_call", "id": "call_1_0", "name": "no_such_tool", "arguments": "[bad call]"})
+        json!({"type": "tool_call", "id": "call_1_0", "name": tool, "arguments": "[bad call]"})
     );
-    assert_nowhere(&spans, SENTINEL);
+    assert_nowhere(&spans, sentinel);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

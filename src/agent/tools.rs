@@ -36,11 +36,17 @@ pub fn validate_call(
     match serde_json::from_str::<serde_json::Value>(&call.arguments_json) {
         Ok(args @ serde_json::Value::Object(_)) => {
             let validator = schema(spec)?;
+            // Masked: jsonschema's own text quotes the offending value
+            // (`["…"] is not of type "string"`), and this text becomes the
+            // call's error result, which telemetry records in later chat
+            // spans even when a hook redacted the arguments. The path and
+            // the rule broken are enough for the model to fix its call.
             let errors: Vec<String> = validator
                 .iter_errors(&args)
                 .take(5)
                 .map(|e| {
                     let at = e.instance_path().to_string();
+                    let e = e.masked();
                     if at.is_empty() {
                         e.to_string()
                     } else {
