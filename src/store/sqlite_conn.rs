@@ -12,8 +12,8 @@
 //!
 //! - A transaction dropped mid-way (its run was cancelled) queues its
 //!   rollback on the worker, ahead of the next caller's commands.
-//! - After an error that may mean the connection is gone (I/O, a crashed
-//!   worker), the next call opens a new one, as the pool would have.
+//! - After an error from the database or the driver (I/O, a full disk, a
+//!   crashed worker), the next call opens a new one: see [`Entry::settle`].
 //! - A call that cannot get the connection within [`ACQUIRE_TIMEOUT`]
 //!   (sqlx's default) fails `Unavailable` rather than wait behind a stuck
 //!   statement forever.
@@ -89,10 +89,18 @@ impl Entry {
         &mut self.conn
     }
 
-    /// After a call: a result that may mean a broken connection marks it,
-    /// so the next call starts on a new one.
+    /// After a call: an error from the database or the driver marks the
+    /// connection, so the next call starts on a new one. Not only for
+    /// errors that mean it is gone: when a COMMIT fails (disk full, an I/O
+    /// error), SQLite has rolled the transaction back itself, sqlx's
+    /// rollback then fails and is ignored, and sqlx still counts the
+    /// transaction as open. Kept, the connection ran every later call
+    /// inside a savepoint of that phantom transaction, and once any call
+    /// rolled back to its savepoint, nothing more was ever committed while
+    /// each write reported success. The store's own refusals (busy, lease
+    /// lost, not found...) come from statements that worked: those keep it.
     pub fn settle<T>(&mut self, done: &Result<T, StoreError>) {
-        if let Err(StoreError::Unavailable(e)) = done {
+        if let Err(StoreError::Unavailable(e) | StoreError::Backend(e)) = done {
             tracing::debug!(error = %e, "replacing the SQLite connection after an error");
             self.broken = true;
         }
