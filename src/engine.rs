@@ -223,6 +223,14 @@ impl Engine {
         self.runs.locked().get(run_id).cloned()
     }
 
+    /// The client of a run on this replica went away: the run is cancelled
+    /// ("client disconnected"), whatever it waits for. Nothing if it ended.
+    pub fn client_gone(&self, run_id: &str) {
+        if let Some(r) = self.local_run(run_id) {
+            r.client_gone();
+        }
+    }
+
     pub fn registry(&self) -> &Arc<HookRegistry> {
         &self.registry
     }

@@ -463,3 +463,59 @@ async fn a_panic_inside_a_run_ends_that_run_failed_and_frees_everything() {
     }
     server.stop().await;
 }
+
+/// An `Invoke` caller that leaves while its run waits (here for a hook that
+/// does not answer) ends the run at once, not when the wait is over: the
+/// server drops the call's handler, which stops the run.
+#[tokio::test]
+async fn an_invoke_caller_that_leaves_ends_the_run_at_once() {
+    use hookwire::hook_server::Reply;
+    let arrived = std::sync::Arc::new(tokio::sync::Notify::new());
+    let a = arrived.clone();
+    let stuck = FnHook::new("stuck", &[pb::EventKind::RunStart])
+        .on_run_start(move |_, _| {
+            let a = a.clone();
+            async move {
+                a.notify_one();
+                std::future::pending::<()>().await;
+                Reply::new(pb::RunStartVerdict::default())
+            }
+        })
+        .start()
+        .await;
+    let watcher = FnHook::new("watcher", &[pb::EventKind::RunEnd])
+        .start()
+        .await;
+    let yaml = config(
+        &[
+            ("stuck", &stuck.addr, "timeout: 60s"),
+            ("watcher", &watcher.addr, ""),
+        ],
+        "event_budget: 60s",
+    );
+    let server = TestServer::start(&yaml).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let call = tokio::spawn({
+        let (mut c, s) = (c.clone(), s.clone());
+        async move { invoke(&mut c, &s, "hello").await }
+    });
+    arrived.notified().await;
+    // The caller leaves: its HTTP/2 stream is reset.
+    call.abort();
+    // Well before the hook's timeout and the event's budget (60 s), which
+    // would end it too.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        watcher.hook.wait_for_count("run_end", 1),
+    )
+    .await
+    .expect("the run ended when its caller left");
+    let got = c
+        .get_session(pb::GetSessionRequest { session_id: s })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.active_run_id, "");
+    server.stop().await;
+}

@@ -340,6 +340,78 @@ async fn invoke_cannot_answer_approvals_and_says_so() {
     server.stop().await;
 }
 
+/// A Run client that leaves while its run waits for an approval ends the
+/// run at once: the approval is withdrawn (an answer gets NOT_FOUND), the
+/// tool never runs and the session is free. The run used to notice only
+/// at its next event, so an answer given meanwhile still ran the tool.
+#[tokio::test]
+async fn a_run_client_that_leaves_during_an_approval_ends_the_run() {
+    let owner = weather_owner().start().await;
+    let asker = asker("check the weather?", 60_000).start().await;
+    let watcher = FnHook::new("watcher", &[K::RunEnd]).start().await;
+    let server = TestServer::start(&config(
+        &[
+            ("owner", &owner.addr, ""),
+            ("asker", &asker.addr, ""),
+            ("watcher", &watcher.addr, ""),
+        ],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let mut stream = c
+        .run(pb::RunRequest {
+            session_id: s.clone(),
+            input: "weather".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (run_id, call_id) = loop {
+        let ev = stream
+            .message()
+            .await
+            .unwrap()
+            .expect("an approval request");
+        if let Some(pb::run_event::Event::ApprovalRequested(a)) = &ev.event {
+            break (ev.run_id.clone(), a.call.clone().unwrap().id);
+        }
+    };
+    drop(stream);
+    // Well before the approval's own timeout (60 s), which would end it too.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        watcher.hook.wait_for_count("run_end", 1),
+    )
+    .await
+    .expect("the run ended when its client left");
+    let ended = watcher.hook.seen.lock().unwrap().clone();
+    let Some(pb::hook_event::Payload::RunEnd(end)) = &ended[0].payload else {
+        panic!("{ended:?}")
+    };
+    assert_eq!(end.outcome, pb::RunOutcome::Cancelled as i32);
+    assert!(end.reason.contains("client disconnected"), "{}", end.reason);
+    let e = c
+        .resolve_approval(pb::ResolveApprovalRequest {
+            run_id,
+            call_id,
+            approve: true,
+            note: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
+    let got = c
+        .get_session(pb::GetSessionRequest { session_id: s })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.active_run_id, "");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn pass_mode_streams_deltas_and_retracts_a_rewritten_turn() {
     let rewriter = FnHook::new("rewriter", &[K::ModelResponse])

@@ -174,6 +174,11 @@ impl Run {
         }
     }
 
+    /// The run's client went away (seen by the server, not by an event).
+    pub fn client_gone(&self) {
+        self.cancel_once("client disconnected");
+    }
+
     fn cancel_once(&self, reason: &str) {
         if !self.cancel.is_cancelled() {
             self.cancel(reason);

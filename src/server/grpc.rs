@@ -137,9 +137,26 @@ impl AgentService for AgentApi {
             .start_run(&who, &r.session_id, r.input, true, trace)
             .await?;
         let run_id = handle.run_id.clone();
+        let engine = self.engine.clone();
         let stream = async_stream(move |tx| async move {
+            // The client gone (its stream reset, its connection closed):
+            // the run is stopped now. It would otherwise notice only at
+            // its next event, and a run waiting for an approval has none
+            // to send: an answer given meanwhile still ran the tool.
+            // Registered once for the stream's life.
+            let gone = tx.closed();
+            tokio::pin!(gone);
             let mut seq = 0;
-            while let Some(ev) = handle.events.recv().await {
+            loop {
+                let ev = tokio::select! {
+                    biased;
+                    ev = handle.events.recv() => ev,
+                    () = &mut gone => {
+                        engine.client_gone(&run_id);
+                        return;
+                    }
+                };
+                let Some(ev) = ev else { break };
                 seq += 1;
                 let last = matches!(*ev, RunEvent::Finished(_));
                 let msg = convert::run_event(&run_id, seq, &ev, &session.id, &session.agent);
@@ -181,12 +198,17 @@ impl AgentService for AgentApi {
             .engine
             .start_run(&who, &r.session_id, r.input, false, trace)
             .await?;
+        // A caller that leaves (tonic drops this handler) stops the run at
+        // once, not at its next event.
+        let mut left = ClientGone(Some((self.engine.clone(), handle.run_id.clone())));
         // Same drive loop as Run; the events are consumed (and dropped) here.
         while let Some(ev) = handle.events.recv().await {
             if let RunEvent::Finished(report) = *ev {
+                left.0 = None;
                 return Ok(Response::new(convert::report(&report)));
             }
         }
+        left.0 = None;
         let report = handle
             .task
             .await
@@ -238,6 +260,18 @@ impl AgentService for AgentApi {
 
 /// A response stream fed by a producer task through a small channel, so a
 /// slow client applies backpressure instead of buffering without bound.
+/// Stops the run when dropped while armed: an `Invoke` handler dropped
+/// before its run reported (the caller left).
+struct ClientGone(Option<(Arc<Engine>, String)>);
+
+impl Drop for ClientGone {
+    fn drop(&mut self) {
+        if let Some((engine, run_id)) = self.0.take() {
+            engine.client_gone(&run_id);
+        }
+    }
+}
+
 fn async_stream<F, Fut>(produce: F) -> RunStream
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::RunEvent, Status>>) -> Fut,
