@@ -353,8 +353,13 @@ pub async fn open(
     }
 }
 
-/// The synthetic result of a call whose replica was lost mid-batch.
-pub const LOST_REPLICA_RESULT: &str = "not executed: the replica running it was lost";
+/// The synthetic result of a call whose replica was lost mid-batch. A
+/// batch's results are recorded together when it settles, so a call
+/// without one may have finished before the loss, or be running still on
+/// a replica that is cut off: the model is told the outcome is unknown,
+/// never that the call did not run (it might call the tool again).
+pub const LOST_REPLICA_RESULT: &str =
+    "outcome unknown: the replica running this call was lost before its result was recorded (it may have run; it is not retried)";
 
 /// The messages that close a claimed run: its staged turn and a synthetic
 /// error result for each of its calls, so every call has a result.
