@@ -215,9 +215,26 @@ async fn a_claimed_run_fences_out_its_old_holder(engine: &str) {
     s.stage_turn(&old, Some(&call_turn(&["c1", "c2"])))
         .await
         .unwrap();
+    s.request_approval(&old, "c1").await.unwrap();
     tokio::time::sleep(EXPIRED).await;
     let claimed = s.claim_expired("B", 10).await.unwrap();
     assert_eq!(claimed.len(), 1, "{claimed:?}");
+    // An approval given meanwhile is not the old holder's to act on, nor
+    // to expire.
+    s.resolve_approval(
+        "r",
+        "c1",
+        &Decision {
+            approve: true,
+            note: String::new(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.expire_approval(&old, "c1").await,
+        Err(StoreError::LeaseLost("r".into()))
+    );
     let c = &claimed[0];
     assert_eq!(c.lost_replica, "A");
     assert!(c.lease.epoch > old.epoch);

@@ -558,6 +558,7 @@ impl SessionStore for MemoryStore {
         call_id: &str,
     ) -> Result<Option<Decision>, StoreError> {
         let mut g = self.lock();
+        g.fenced(lease)?;
         match g
             .approvals
             .get_mut(&lease.run_id)

@@ -282,7 +282,9 @@ pub trait SessionStore: Send + Sync + 'static {
         decision: &Decision,
     ) -> Result<(), StoreError>;
     /// The run gives up waiting: a still-pending approval becomes expired
-    /// (`None`); one answered meanwhile returns its decision.
+    /// (`None`); one answered meanwhile returns its decision. Fenced like
+    /// the run's writes: [`StoreError::LeaseLost`] for a holder that lost
+    /// the run, which must then not act on an answer.
     async fn expire_approval(
         &self,
         lease: &RunLease,

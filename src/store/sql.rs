@@ -129,6 +129,29 @@ macro_rules! prune_deleted_starts {
     }};
 }
 
+/// Extends the lease `$lease` holds, on `$conn` (a connection or an open
+/// transaction), or returns [`StoreError::LeaseLost`] from the enclosing
+/// call when it no longer holds the run (another replica claimed it, or
+/// it ended): the fence a run's writes start with.
+macro_rules! fence {
+    ($self:ident, $conn:expr, $lease:expr) => {{
+        let sql = $self.sql(
+            "UPDATE runs SET lease_expires_ms = {now} + $3
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
+        );
+        let held = sqlx::query(&sql)
+            .bind(&$lease.run_id)
+            .bind($lease.epoch)
+            .bind(ms($self.options.lease))
+            .execute($conn)
+            .await?
+            .rows_affected();
+        if held == 0 {
+            return Err(StoreError::LeaseLost($lease.run_id.clone()));
+        }
+    }};
+}
+
 pub struct SqlStore {
     pool: Pool,
     options: StoreOptions,
@@ -708,20 +731,7 @@ impl SessionStore for SqlStore {
     }
 
     async fn renew(&self, lease: &RunLease) -> Result<(), StoreError> {
-        let sql = self.sql(
-            "UPDATE runs SET lease_expires_ms = {now} + $3
-             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
-        );
-        let n = with_pool!(self, p => sqlx::query(&sql)
-            .bind(&lease.run_id)
-            .bind(lease.epoch)
-            .bind(ms(self.options.lease))
-            .execute(p)
-            .await?
-            .rows_affected());
-        if n == 0 {
-            return Err(StoreError::LeaseLost(lease.run_id.clone()));
-        }
+        with_pool!(self, p => fence!(self, p, lease));
         Ok(())
     }
 
@@ -960,22 +970,9 @@ impl SessionStore for SqlStore {
     }
 
     async fn request_approval(&self, lease: &RunLease, call_id: &str) -> Result<(), StoreError> {
-        let fence = self.sql(
-            "UPDATE runs SET lease_expires_ms = {now} + $3
-             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
-        );
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
-            let n = sqlx::query(&fence)
-                .bind(&lease.run_id)
-                .bind(lease.epoch)
-                .bind(ms(self.options.lease))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if n == 0 {
-                return Err(StoreError::LeaseLost(lease.run_id.clone()));
-            }
+            fence!(self, &mut *tx, lease);
             sqlx::query(
                 "INSERT INTO approvals (run_id, call_id, state, note) VALUES ($1, $2, 'pending', '')
                  ON CONFLICT (run_id, call_id) DO UPDATE SET state = 'pending', note = ''",
@@ -1040,8 +1037,12 @@ impl SessionStore for SqlStore {
         lease: &RunLease,
         call_id: &str,
     ) -> Result<Option<Decision>, StoreError> {
+        // Fenced like every write of the run: a holder that lost the run
+        // may neither expire its approvals nor be handed an answer to act
+        // on (another replica holds, or has ended, the run).
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
+            fence!(self, &mut *tx, lease);
             let n = sqlx::query(
                 "UPDATE approvals SET state = 'expired' WHERE run_id = $1 AND call_id = $2 AND state = 'pending'",
             )
