@@ -484,8 +484,8 @@ async fn postgres_two_replicas_starting_at_once_migrate_once() {
     assert_eq!(
         support::postgres::server()
             .query(url, "SELECT count(*) FROM _sqlx_migrations WHERE success"),
-        "3",
-        "each of the three migrations applied once"
+        "4",
+        "each of the four migrations applied once"
     );
     let mut ca = a.client().await;
     let s = session(&mut ca, "a").await;
@@ -792,5 +792,27 @@ async fn a_full_transcript_refuses_runs_naming_the_limit() {
         err.message().contains("server.max_transcript_bytes"),
         "{err:?}"
     );
+    server.stop().await;
+}
+
+/// A run whose input the store refuses (the transcript would pass its
+/// limit) reports no message: the client is never given one its
+/// transcript lacks.
+#[tokio::test]
+async fn a_run_reports_only_what_its_transcript_holds() {
+    let yaml = format!("{}server:\n  max_transcript_bytes: 300\n", config(&[], ""));
+    let server = TestServer::start(&yaml).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, &"x".repeat(400)).await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Failed, "{}", r.reason);
+    assert!(r.reason.contains("max_transcript_bytes"), "{}", r.reason);
+    let got = c
+        .get_session(pb::GetSessionRequest { session_id: s })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.transcript.is_empty(), "{:?}", got.transcript);
+    assert!(r.messages.is_empty(), "reported: {:?}", r.messages);
     server.stop().await;
 }

@@ -207,6 +207,20 @@ impl Machine {
         self.history.after_prefix(from).unwrap_or_default()
     }
 
+    /// Messages committed to history and not yet recorded, without handing
+    /// them out: the runner records them, then calls
+    /// [`Machine::mark_recorded`]. One that cannot be recorded is dropped
+    /// by [`Machine::abort`], so the run's report never holds a message the
+    /// transcript lacks.
+    pub fn unrecorded(&self) -> &[Message] {
+        self.history.after_prefix(self.flushed).unwrap_or_default()
+    }
+
+    /// What [`Machine::unrecorded`] returned is now in the store.
+    pub fn mark_recorded(&mut self) {
+        self.flushed = self.history.len();
+    }
+
     /// The first step. `Started` is the run's first event, before any hook
     /// decided anything.
     pub fn start(&mut self) -> Step {
@@ -338,8 +352,8 @@ impl Machine {
     /// Ends the run from whatever step is pending (e.g. a hook's protocol
     /// violation detected between steps, or a write the store refused):
     /// that step's work is discarded as if it had returned `stop`, and
-    /// nothing committed after the last [`Machine::take_committed`] is kept
-    /// (it could not be recorded).
+    /// nothing committed after the last [`Machine::take_committed`] or
+    /// [`Machine::mark_recorded`] is kept (it could not be recorded).
     pub fn abort(&mut self, stop: Stop) -> Step {
         match std::mem::replace(&mut self.state, State::Done) {
             State::Done => self.finish(

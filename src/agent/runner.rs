@@ -577,12 +577,13 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
         step = machine.feed(feed);
         // Record what this step committed before the next one starts (the
         // last step's commit goes with the run's end).
-        if !matches!(step, Step::Finish(_)) {
-            let committed = machine.take_committed();
-            if !committed.is_empty() {
-                if let Err(stop) = run.ledger.append(committed).await {
-                    step = machine.abort(stop);
-                }
+        if !matches!(step, Step::Finish(_)) && !machine.unrecorded().is_empty() {
+            // Marked recorded only once the store has it: a refused append
+            // (transcript full, lease lost, session deleted) is dropped by
+            // the abort, not reported to the client as committed.
+            match run.ledger.append(machine.unrecorded()).await {
+                Ok(()) => machine.mark_recorded(),
+                Err(stop) => step = machine.abort(stop),
             }
         }
     };
