@@ -1455,6 +1455,39 @@ async fn until_a_statement_waits_for_a_lock(watch: &mut sqlx::PgConnection) {
     panic!("no statement waited for the open transaction's lock");
 }
 
+/// PostgreSQL: a store call stuck behind another transaction's row lock
+/// (or a server that stopped answering) gives up after a lease, as
+/// `Unavailable`, instead of holding its run for as long as the lock.
+#[tokio::test]
+async fn postgres_a_statement_stuck_behind_a_lock_gives_up_after_a_lease() {
+    use sqlx::Connection as _;
+    let url = support::postgres::database();
+    // The statement timeout is the lease, at least 5 s.
+    let s = open_sql(&url, opts(Duration::from_millis(1), 1 << 20)).await;
+    s.create_session(&new_session("s1", "a", "o"))
+        .await
+        .unwrap();
+    let lease = s.begin_run("s1", "r1", "A").await.unwrap();
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = 'r1' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let stuck = tokio::time::timeout(
+        Duration::from_secs(30),
+        s.append(&lease, &[Message::user("x")]),
+    )
+    .await
+    .expect("the store call gave up by itself");
+    assert!(
+        matches!(&stuck, Err(StoreError::Unavailable(m)) if m.contains("statement timeout")),
+        "{stuck:?}"
+    );
+    tx.rollback().await.unwrap();
+    s.close().await;
+}
+
 /// Deletes session `id` while another connection's open transaction has
 /// run `statements` (what another replica's store call does), committing
 /// that transaction once the delete waits for it.

@@ -45,9 +45,10 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e.to_string()),
             sqlx::Error::Database(d) => match d.code().as_deref() {
                 // SQLite busy/locked; Postgres serialization failure,
-                // deadlock, admin shutdown, cannot connect now.
-                Some("5") | Some("6") | Some("40001") | Some("40P01") | Some("57P01")
-                | Some("57P03") => StoreError::Unavailable(e.to_string()),
+                // deadlock, statement timeout (query_canceled), admin
+                // shutdown, cannot connect now.
+                Some("5") | Some("6") | Some("40001") | Some("40P01") | Some("57014")
+                | Some("57P01") | Some("57P03") => StoreError::Unavailable(e.to_string()),
                 _ => StoreError::Backend(e.to_string()),
             },
             _ => StoreError::Backend(e.to_string()),

@@ -219,6 +219,10 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
 
 /// The connect options of a Postgres store, password included: the URL
 /// must parse, and a variable named by `store.password_env` must be set.
+/// The least time a PostgreSQL statement may run before the server
+/// cancels it (`statement_timeout`; a lease when that is longer).
+const MIN_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub(super) fn check_postgres(
     url: &str,
     password_env: Option<&str>,
@@ -322,7 +326,17 @@ impl SqlStore {
         max_connections: u32,
         options: StoreOptions,
     ) -> Result<SqlStore, StoreError> {
-        let connect = check_postgres(url, password_env)?;
+        // No statement waits longer than a lease (at least
+        // MIN_STATEMENT_TIMEOUT): a server that stops answering, or a row
+        // lock held by a stuck transaction elsewhere, would otherwise hold
+        // a run's store call, and the run past its deadline and past
+        // CancelRun, for as long as it lasts. A run whose write waited a
+        // whole lease may have been claimed by another replica by then.
+        let statement_timeout = options.lease.max(MIN_STATEMENT_TIMEOUT);
+        let connect = check_postgres(url, password_env)?.options([(
+            "statement_timeout",
+            format!("{}ms", statement_timeout.as_millis()),
+        )]);
         let started = tokio::time::Instant::now();
         let pool = loop {
             match PgPoolOptions::new()
