@@ -521,6 +521,17 @@ impl Engine {
             });
         }
         let (session, grant) = self.grant(principal, Action::Run, session_id).await?;
+        // A busy session answers Busy before any quota: its active run
+        // counts toward `max_concurrent_runs`, so the quota check answered
+        // RESOURCE_EXHAUSTED for what only needs the run to end. The store
+        // still enforces one run per session (this read may be stale).
+        if let Some(run) = &session.active_run {
+            return Err(StoreError::Busy {
+                session: session.id.clone(),
+                run: run.clone(),
+            }
+            .into());
+        }
         // The session's owner's quotas, whoever starts the run (an admin
         // may): the store counts the run for the owner, so checking the
         // caller's would let an admin's and the owner's starts overshoot.

@@ -569,6 +569,51 @@ async fn quotas_are_hit_per_principal_and_recover() {
     server.stop().await;
 }
 
+/// A second run on a session whose run is still active is refused as busy
+/// (FAILED_PRECONDITION, retry after the run), not as over quota: the
+/// active run counts toward `max_concurrent_runs`, and the quota used to
+/// be checked first, answering RESOURCE_EXHAUSTED for a busy session.
+#[tokio::test]
+async fn a_run_on_a_busy_session_is_refused_as_busy_not_over_quota() {
+    let tokens = Tokens::write();
+    let asker = asker("may I?", 0).start().await;
+    let owner = weather_owner().start().await;
+    let mut yaml = config(
+        &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
+        "tools: [get_weather]",
+    );
+    yaml.push_str(&tokens.auth_yaml());
+    yaml.push_str("quotas: {max_concurrent_runs: 1}\n");
+    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let mut alice = sa::client(&server.addr, Some(ALICE)).await;
+    let s = sa::new_session(&mut alice, "a").await.unwrap();
+    let (run_id, _, mut stream) = paused_run(&mut alice, &s).await;
+    let e = alice
+        .invoke(pb::RunRequest {
+            session_id: s.clone(),
+            input: "hi".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message()
+            .contains(&format!("already has a run in progress (`{run_id}`)")),
+        "{e:?}"
+    );
+    let metrics = http_get(admin, "/metrics").await;
+    assert!(
+        !metrics.contains("hookwire_quota_rejections_total{limit=\"max_concurrent_runs\""),
+        "a busy session is no quota rejection:\n{metrics}"
+    );
+    alice
+        .cancel_run(pb::CancelRunRequest { run_id })
+        .await
+        .unwrap();
+    while stream.message().await.unwrap().is_some() {}
+    server.stop().await;
+}
+
 /// Run quotas are the session owner's, whoever starts the run: the store
 /// counts a run for its session's owner, so an admin's runs in alice's
 /// sessions take alice's slots, and an admin's and alice's starts together
