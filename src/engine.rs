@@ -1,15 +1,16 @@
 //! The service's domain: sessions, runs, approvals and hooks, independent of
 //! gRPC. `server::grpc` adapts it to AgentService. State lives in the store
 //! (`crate::store`); this replica's own runs are in `runs`, and `replica`
-//! keeps them leased and reaps the runs of replicas that were lost.
+//! keeps them leased and reaps the runs of replicas that were lost; `drain`
+//! waits for them (and for runs still starting) at shutdown.
 
+mod drain;
 mod replica;
 
 use crate::lock::LockExt;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
@@ -83,22 +84,6 @@ pub struct RunHandle {
     pub task: tokio::task::JoinHandle<RunReport>,
 }
 
-/// A run's place on this replica (`Engine::runs`), given up when dropped.
-struct Leaving {
-    engine: Arc<Engine>,
-    run: Arc<Run>,
-}
-
-impl Drop for Leaving {
-    fn drop(&mut self) {
-        let mut runs = self.engine.runs.locked();
-        runs.remove(&self.run.run_id);
-        if runs.is_empty() {
-            self.engine.idle.notify_waiters();
-        }
-    }
-}
-
 pub struct Engine {
     config: Config,
     agents: HashMap<String, Arc<AgentRuntime>>,
@@ -116,7 +101,13 @@ pub struct Engine {
     approvals: Arc<Approvals>,
     /// Runs executing on this replica.
     runs: Mutex<HashMap<String, Arc<Run>>>,
+    /// Run starts past the `accepting` check whose run is not in `runs`
+    /// yet (see `drain`).
+    starting: AtomicUsize,
     accepting: AtomicBool,
+    /// Set when the shutdown grace ran out and the runs were cancelled.
+    cancelling: AtomicBool,
+    /// Notified when the last run in flight or starting is gone.
     idle: Notify,
     inst: Instruments,
     background: replica::Background,
@@ -202,7 +193,9 @@ impl Engine {
             replica: replica::replica_id(),
             approvals: Arc::new(Approvals::default()),
             runs: Mutex::new(HashMap::new()),
+            starting: AtomicUsize::new(0),
             accepting: AtomicBool::new(true),
+            cancelling: AtomicBool::new(false),
             idle: Notify::new(),
             inst,
             background: replica::Background::default(),
@@ -507,9 +500,9 @@ impl Engine {
         streaming: bool,
         traceparent: (String, String),
     ) -> Result<RunHandle, EngineError> {
-        if !self.accepting.load(Ordering::SeqCst) {
-            return Err(EngineError::ShuttingDown);
-        }
+        // A drain waits for this start until the run is registered (or
+        // failed to start): its run is in the store before it is in `runs`.
+        let start = self.begin_start()?;
         if input.trim().is_empty() {
             return Err(EngineError::EmptyInput);
         }
@@ -620,7 +613,7 @@ impl Engine {
             )
             .with_client_stall(self.config.server.client_stall_timeout),
         );
-        self.runs.locked().insert(run_id.clone(), run.clone());
+        self.register(&run, start);
         let engine = self.clone();
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
@@ -628,7 +621,7 @@ impl Engine {
             // Taken off this replica at the end, or if what follows the
             // contained run panics: left behind, the run would hold up a
             // drain for its whole grace.
-            let leaving = Leaving {
+            let leaving = drain::Leaving {
                 engine,
                 run: run.clone(),
             };
@@ -718,62 +711,9 @@ impl Engine {
         self.runs.locked().len()
     }
 
-    /// Refuses new sessions and runs from now on.
-    pub fn stop_accepting(&self) {
-        self.accepting.store(false, Ordering::SeqCst);
-    }
-
     /// The runs this replica executes now (a copy: the lock is not held
     /// while they are acted on).
     fn runs_in_flight(&self) -> Vec<Arc<Run>> {
         self.runs.locked().values().cloned().collect()
     }
-
-    /// Waits for in-flight runs up to `grace`, then cancels the rest and
-    /// waits for them to finish (they end promptly with outcome cancelled).
-    pub async fn drain(&self, grace: Duration) {
-        if tokio::time::timeout(grace, self.until_idle())
-            .await
-            .is_err()
-        {
-            let runs = self.runs_in_flight();
-            tracing::warn!(runs = runs.len(), "shutdown grace elapsed; cancelling runs");
-            for r in runs {
-                r.cancel("server shutting down");
-            }
-            // Cancelled runs still fire run_end and commit; give them a
-            // bounded moment (deploy/ sizes the pod's grace period on it).
-            let _ = tokio::time::timeout(CANCEL_WIND_DOWN, self.until_idle()).await;
-            // Runs that did not even end then are recorded as interrupted
-            // now, so their sessions are free when this replica is gone.
-            let stuck = self.runs_in_flight();
-            for r in stuck {
-                let end = RunEnd {
-                    outcome: RunOutcome::Interrupted,
-                    reason: "the replica shut down before the run ended".into(),
-                    usage: Default::default(),
-                    turns: 0,
-                };
-                if let Err(e) = r.ledger.end_once(&[], &end).await {
-                    r.ledger.warn("cannot record the run's end at shutdown", &e);
-                }
-            }
-        }
-        self.background.stop().await;
-        self.registry.stop();
-    }
-
-    /// Resolves once no run is in flight.
-    async fn until_idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            if self.runs.locked().is_empty() {
-                return;
-            }
-            notified.await;
-        }
-    }
 }
-
-/// How long runs cancelled at the end of the shutdown grace may take to end.
-const CANCEL_WIND_DOWN: Duration = Duration::from_secs(5);

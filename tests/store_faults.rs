@@ -1,0 +1,290 @@
+//! The engine on a store that misbehaves at chosen moments: a run start
+//! held up in the store while shutdown begins (the drain must wait for it).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookwire::agent::approvals::Decision;
+use hookwire::agent::outcome::RunOutcome;
+use hookwire::auth::Principal;
+use hookwire::config::{Config, StoreSetting};
+use hookwire::engine::Engine;
+use hookwire::message::Message;
+use hookwire::session::Session;
+use hookwire::store::{
+    self, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter, SessionPage,
+    SessionStore, Signal, StoreError, StoreOptions,
+};
+use support::*;
+use tokio::sync::Notify;
+
+/// No wait in these tests is meant to come near this: a hang fails.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Holds `begin_run` until opened.
+#[derive(Default)]
+struct Gate {
+    entered: Notify,
+    open: Notify,
+}
+
+/// A real store (SQLite) with chosen faults.
+struct Faulty {
+    inner: Arc<dyn SessionStore>,
+    /// Every `begin_run` waits here.
+    begin: Option<Arc<Gate>>,
+}
+
+impl Faulty {
+    async fn sqlite(lease: Duration) -> Faulty {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let setting = StoreSetting::Sqlite {
+            path: dir.join("h.db"),
+        };
+        let options = StoreOptions {
+            lease,
+            ..Default::default()
+        };
+        Faulty {
+            inner: store::open(&setting, options).await.expect("store opens"),
+            begin: None,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionStore for Faulty {
+    fn engine(&self) -> &'static str {
+        self.inner.engine()
+    }
+    async fn create_session(&self, s: &NewSession) -> Result<Session, StoreError> {
+        self.inner.create_session(s).await
+    }
+    async fn get_session(&self, id: &str) -> Result<Session, StoreError> {
+        self.inner.get_session(id).await
+    }
+    async fn list_sessions(&self, f: &SessionFilter) -> Result<SessionPage, StoreError> {
+        self.inner.list_sessions(f).await
+    }
+    async fn run_session(&self, run: &str) -> Result<Session, StoreError> {
+        self.inner.run_session(run).await
+    }
+    async fn owner_usage(
+        &self,
+        owner: &str,
+        window: Duration,
+        cap: u64,
+    ) -> Result<OwnerUsage, StoreError> {
+        self.inner.owner_usage(owner, window, cap).await
+    }
+    async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
+        self.inner.delete_session(id).await
+    }
+    async fn transcript(&self, id: &str) -> Result<Vec<Message>, StoreError> {
+        self.inner.transcript(id).await
+    }
+    async fn transcript_after(&self, id: &str, from: u64) -> Result<Vec<Message>, StoreError> {
+        self.inner.transcript_after(id, from).await
+    }
+    async fn begin_run(&self, s: &str, r: &str, rep: &str) -> Result<RunLease, StoreError> {
+        if let Some(g) = &self.begin {
+            let open = g.open.notified();
+            g.entered.notify_one();
+            open.await;
+        }
+        self.inner.begin_run(s, r, rep).await
+    }
+    async fn renew(&self, l: &RunLease) -> Result<(), StoreError> {
+        self.inner.renew(l).await
+    }
+    async fn renew_all(&self, leases: &[RunLease]) -> Result<Vec<bool>, StoreError> {
+        self.inner.renew_all(leases).await
+    }
+    async fn append(&self, l: &RunLease, m: &[Message]) -> Result<(), StoreError> {
+        self.inner.append(l, m).await
+    }
+    async fn stage_turn(&self, l: &RunLease, t: Option<&Message>) -> Result<(), StoreError> {
+        self.inner.stage_turn(l, t).await
+    }
+    async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
+        self.inner.end_run(l, m, e).await
+    }
+    async fn request_approval(&self, l: &RunLease, c: &str) -> Result<(), StoreError> {
+        self.inner.request_approval(l, c).await
+    }
+    async fn resolve_approval(&self, r: &str, c: &str, d: &Decision) -> Result<(), StoreError> {
+        self.inner.resolve_approval(r, c, d).await
+    }
+    async fn expire_approval(&self, l: &RunLease, c: &str) -> Result<Option<Decision>, StoreError> {
+        self.inner.expire_approval(l, c).await
+    }
+    async fn request_cancel(&self, r: &str, why: &str) -> Result<(), StoreError> {
+        self.inner.request_cancel(r, why).await
+    }
+    async fn signals(&self, rep: &str, w: &[(String, String)]) -> Result<Vec<Signal>, StoreError> {
+        self.inner.signals(rep, w).await
+    }
+    async fn claim_expired(&self, rep: &str, n: u32) -> Result<Vec<ClaimedRun>, StoreError> {
+        self.inner.claim_expired(rep, n).await
+    }
+    async fn expire_sessions(&self, ttl: Duration, n: u32) -> Result<Vec<Session>, StoreError> {
+        self.inner.expire_sessions(ttl, n).await
+    }
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.inner.subscribe()
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+/// An engine of `yaml` on `store`, its hooks described.
+async fn engine_on(yaml: &str, store: Arc<Faulty>) -> Arc<Engine> {
+    let config = Config::parse(yaml, "test").unwrap();
+    let models = hookwire::server::build_models(&config).unwrap();
+    let inst = hookwire::telemetry::Instruments::new(&config.telemetry);
+    let engine = Arc::new(Engine::new(config, models, inst, store).unwrap());
+    engine
+        .registry()
+        .describe_all(Duration::from_secs(10))
+        .await;
+    engine
+}
+
+async fn new_session(engine: &Engine) -> String {
+    engine
+        .create_session(&Principal::anonymous(), "a", vec![], Default::default())
+        .await
+        .unwrap()
+        .id
+}
+
+fn message_texts(m: &[Message]) -> Vec<String> {
+    m.iter().map(|m| m.text()).collect()
+}
+
+/// A run whose start was in the store when shutdown began is waited for:
+/// the drain returns once its end is recorded. The drain used to see only
+/// runs already registered and return at once, leaving the run's row open
+/// and its session busy until a reaper ended it after the lease.
+#[tokio::test]
+async fn a_drain_waits_for_a_run_that_was_starting() {
+    let gate = Arc::new(Gate::default());
+    let mut store = Faulty::sqlite(Duration::from_secs(30)).await;
+    store.begin = Some(gate.clone());
+    let store = Arc::new(store);
+    let engine = engine_on(&config(&[], ""), store.clone()).await;
+    let session = new_session(&engine).await;
+    let starting = {
+        let (engine, session) = (engine.clone(), session.clone());
+        tokio::spawn(async move {
+            engine
+                .start_run(
+                    &Principal::anonymous(),
+                    &session,
+                    "hello".into(),
+                    false,
+                    Default::default(),
+                )
+                .await
+        })
+    };
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the start reached the store");
+    engine.stop_accepting();
+    let drain = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.drain(Duration::from_secs(60)).await })
+    };
+    // One thread runs every task here: these turns let the drain run
+    // until it waits (or returns).
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !drain.is_finished(),
+        "the drain returned while a run was starting"
+    );
+    gate.open.notify_one();
+    tokio::time::timeout(PATIENCE, drain)
+        .await
+        .expect("the drain returned")
+        .unwrap();
+    // The drain returned: the run's end is recorded.
+    let s = store.get_session(&session).await.unwrap();
+    assert_eq!(s.active_run, None, "the session is free");
+    let transcript = store.transcript(&session).await.unwrap();
+    assert_eq!(message_texts(&transcript).len(), 2, "{transcript:?}");
+    let run = starting.await.unwrap().expect("the run started");
+    let report = run.task.await.unwrap();
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+}
+
+/// A start still in the store when the shutdown grace runs out is not
+/// left running: the drain cancelled the runs it had, and this one is
+/// cancelled as it registers, its end recorded before the drain returns.
+#[tokio::test]
+async fn a_run_that_starts_after_the_grace_ran_out_is_cancelled_at_once() {
+    let (logs, _guard) = support::logwatch::LogWatch::install("hookwire=info");
+    let gate = Arc::new(Gate::default());
+    let mut store = Faulty::sqlite(Duration::from_secs(30)).await;
+    store.begin = Some(gate.clone());
+    let store = Arc::new(store);
+    // A model that takes a minute: the run would outlive the drain's
+    // wind-down unless it is cancelled.
+    let yaml = config(&[], "").replace(
+        "provider: scripted\n",
+        "provider: scripted\n    delay: 60s\n",
+    );
+    let engine = engine_on(&yaml, store.clone()).await;
+    let session = new_session(&engine).await;
+    let starting = {
+        let (engine, session) = (engine.clone(), session.clone());
+        tokio::spawn(async move {
+            engine
+                .start_run(
+                    &Principal::anonymous(),
+                    &session,
+                    "hello".into(),
+                    false,
+                    Default::default(),
+                )
+                .await
+        })
+    };
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the start reached the store");
+    engine.stop_accepting();
+    let drain = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.drain(Duration::from_millis(100)).await })
+    };
+    tokio::time::timeout(
+        PATIENCE,
+        logs.wait_for(&["shutdown grace elapsed; cancelling runs"]),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the grace ran out:\n{}", logs.contents()));
+    gate.open.notify_one();
+    let run = starting.await.unwrap().expect("the run started");
+    let report = tokio::time::timeout(PATIENCE, run.task)
+        .await
+        .expect("the run ended")
+        .unwrap();
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert!(
+        report.reason.contains("server shutting down"),
+        "{}",
+        report.reason
+    );
+    tokio::time::timeout(PATIENCE, drain)
+        .await
+        .expect("the drain returned")
+        .unwrap();
+    let s = store.get_session(&session).await.unwrap();
+    assert_eq!(s.active_run, None, "the session is free");
+}
