@@ -534,6 +534,8 @@ impl Engine {
             .begin_run(&session.owner, held)
             .map_err(|e| self.quota(principal, e))?;
         let run_id = uuid::Uuid::new_v4().to_string();
+        // The lease runs from when the store took the call, later than this.
+        let asked = Instant::now();
         let lease = self
             .store
             .begin_run(grant.session_id(), &run_id, &self.replica)
@@ -542,6 +544,7 @@ impl Engine {
         drop(starting);
         let lease = lease?;
         let ledger = Ledger::new(self.store.clone(), lease)
+            .leased_at(asked)
             .retrying_end_for(self.config.server.run_lease)
             .warning_through(self.store_warnings.clone());
         // Only the messages committed since this replica last read the

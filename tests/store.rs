@@ -1726,9 +1726,11 @@ async fn a_renewal_refused_because_the_run_ended_meanwhile_is_not_a_lost_lease()
         renewal: Some(gate.clone()),
         ends: None,
     });
-    // Renewals every third of the lease (333 ms); the run takes 600 ms, so
-    // the first renewal finds it in flight.
-    let engine = engine_on(store, "600ms", "1s");
+    // Renewals every third of the lease (1 s); the run takes 1.5 s, so a
+    // renewal finds it in flight. Held, that renewal leaves the lease
+    // unconfirmed: the run must end before its replica would stop it for
+    // that (at 2 s, a lease minus a renewal period).
+    let engine = engine_on(store, "1500ms", "3s");
     let (run, _) = start_one(&engine).await;
     tokio::time::timeout(Duration::from_secs(10), gate.entered.notified())
         .await

@@ -1,8 +1,11 @@
-//! The engine on a store that misbehaves at chosen moments: a run start
-//! held up in the store while shutdown begins (the drain must wait for it).
+//! The engine on a store that misbehaves at chosen moments: lease renewals
+//! that fail (the replica must stop its runs before their leases can
+//! expire), a run start held up in the store while shutdown begins (the
+//! drain must wait for it).
 
 mod support;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +15,7 @@ use hookwire::auth::Principal;
 use hookwire::config::{Config, StoreSetting};
 use hookwire::engine::Engine;
 use hookwire::message::Message;
+use hookwire::pb;
 use hookwire::session::Session;
 use hookwire::store::{
     self, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter, SessionPage,
@@ -35,6 +39,13 @@ struct Faulty {
     inner: Arc<dyn SessionStore>,
     /// Every `begin_run` waits here.
     begin: Option<Arc<Gate>>,
+    /// Lease renewals answer UNAVAILABLE (the database cut off).
+    renewals_fail: bool,
+    /// Renewals asked for.
+    renewals: AtomicUsize,
+    /// No expired run is ever claimed (the reapers of other replicas are
+    /// cut off as well): a run only stops if its own replica stops it.
+    no_claims: bool,
 }
 
 impl Faulty {
@@ -50,7 +61,20 @@ impl Faulty {
         Faulty {
             inner: store::open(&setting, options).await.expect("store opens"),
             begin: None,
+            renewals_fail: false,
+            renewals: AtomicUsize::new(0),
+            no_claims: false,
         }
+    }
+
+    fn renewal(&self) -> Result<(), StoreError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        if self.renewals_fail {
+            return Err(StoreError::Unavailable(
+                "cut off from the database (test)".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -97,9 +121,11 @@ impl SessionStore for Faulty {
         self.inner.begin_run(s, r, rep).await
     }
     async fn renew(&self, l: &RunLease) -> Result<(), StoreError> {
+        self.renewal()?;
         self.inner.renew(l).await
     }
     async fn renew_all(&self, leases: &[RunLease]) -> Result<Vec<bool>, StoreError> {
+        self.renewal()?;
         self.inner.renew_all(leases).await
     }
     async fn append(&self, l: &RunLease, m: &[Message]) -> Result<(), StoreError> {
@@ -127,6 +153,9 @@ impl SessionStore for Faulty {
         self.inner.signals(rep, w).await
     }
     async fn claim_expired(&self, rep: &str, n: u32) -> Result<Vec<ClaimedRun>, StoreError> {
+        if self.no_claims {
+            return Ok(Vec::new());
+        }
         self.inner.claim_expired(rep, n).await
     }
     async fn expire_sessions(&self, ttl: Duration, n: u32) -> Result<Vec<Session>, StoreError> {
@@ -163,6 +192,112 @@ async fn new_session(engine: &Engine) -> String {
 
 fn message_texts(m: &[Message]) -> Vec<String> {
     m.iter().map(|m| m.text()).collect()
+}
+
+/// A tool that never returns: `started` when a call arrives, `dropped`
+/// when hookwire gave the call up (its request was cancelled), and the
+/// number of calls that arrived.
+struct StuckTool {
+    hook: TestHook,
+    started: Arc<Notify>,
+    dropped: Arc<Notify>,
+    calls: Arc<AtomicUsize>,
+}
+
+/// Signals when the call it lives in is dropped.
+struct OnDrop(Arc<Notify>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
+}
+
+async fn stuck_tool() -> StuckTool {
+    let started = Arc::new(Notify::new());
+    let dropped = Arc::new(Notify::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (s, d, c) = (started.clone(), dropped.clone(), calls.clone());
+    let hook = FnHook::new("owner", &[])
+        .with_tool(weather_tool(), move |_, _| {
+            let (s, d, c) = (s.clone(), d.clone(), c.clone());
+            async move {
+                let _dropped = OnDrop(d);
+                c.fetch_add(1, Ordering::SeqCst);
+                s.notify_one();
+                std::future::pending::<()>().await;
+                pb::CallToolResponse::default()
+            }
+        })
+        .start()
+        .await;
+    StuckTool {
+        hook,
+        started,
+        dropped,
+        calls,
+    }
+}
+
+/// A replica whose lease renewals fail (cut off from the database, its
+/// pool exhausted) stops its runs itself before their leases can expire:
+/// after that another replica may claim the run, end it and free its
+/// session, so no tool of it may start or go on here. It used to keep
+/// running them (and starting their queued tool calls) until a write
+/// failed.
+#[tokio::test]
+async fn a_replica_that_cannot_renew_its_leases_stops_its_runs_before_they_expire() {
+    const LEASE: Duration = Duration::from_secs(3);
+    let tool = stuck_tool().await;
+    let mut store = Faulty::sqlite(LEASE).await;
+    store.renewals_fail = true;
+    store.no_claims = true;
+    let store = Arc::new(store);
+    let yaml = config(&[("owner", &tool.hook.addr, "")], "tools: [get_weather]")
+        + "server:\n  run_lease: 3s\n";
+    let engine = engine_on(&yaml, store.clone()).await;
+    engine.start_background();
+    let session = new_session(&engine).await;
+    // Taken before the run's lease: it expires no earlier than LEASE after.
+    let leased = tokio::time::Instant::now();
+    // Two calls, one at a time: the second is queued behind the stuck first.
+    let run = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "two tools".into(),
+            false,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(PATIENCE, tool.started.notified())
+        .await
+        .expect("the first tool call started");
+    let report = tokio::time::timeout_at(leased + LEASE, run.task)
+        .await
+        .expect("the run stopped before its lease could expire")
+        .unwrap();
+    assert_eq!(report.outcome, RunOutcome::Interrupted, "{}", report.reason);
+    assert!(
+        report
+            .reason
+            .contains("stopped the run before the lease could expire"),
+        "{}",
+        report.reason
+    );
+    tokio::time::timeout(PATIENCE, tool.dropped.notified())
+        .await
+        .expect("the executing tool call was given up");
+    assert_eq!(
+        tool.calls.load(Ordering::SeqCst),
+        1,
+        "the queued call never started"
+    );
+    assert!(store.renewals.load(Ordering::SeqCst) > 0);
+    // Its end went through (only renewals fail): the session is free.
+    assert_eq!(store.get_session(&session).await.unwrap().active_run, None);
+    engine.stop_background().await;
 }
 
 /// A run whose start was in the store when shutdown began is waited for:

@@ -1,8 +1,9 @@
 //! A run's handle on the store: everything it records goes through its
 //! lease, so a replica that lost the lease cannot write.
 
+use crate::lock::LockExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -22,6 +23,11 @@ pub struct Ledger {
     /// refused after that is the end winning the race (the store refuses
     /// to renew an ended run), not another replica taking the run over.
     ending: Arc<AtomicBool>,
+    /// When the store last extended the lease, at the latest: the moment
+    /// the call that did it was sent (the store counts the lease from when
+    /// it ran, which is later). The replica stops the run before a lease
+    /// from then can expire (`Engine::fence_runs`).
+    confirmed: Arc<Mutex<Instant>>,
     /// How long [`Ledger::end`] retries a store that is unavailable.
     end_retry: Duration,
     warnings: StoreWarnings,
@@ -40,6 +46,7 @@ impl Ledger {
             store,
             lease,
             ending: Arc::default(),
+            confirmed: Arc::new(Mutex::new(Instant::now())),
             end_retry: DEFAULT_RUN_LEASE,
             warnings: StoreWarnings::default(),
         }
@@ -62,6 +69,24 @@ impl Ledger {
     pub fn retrying_end_for(mut self, window: Duration) -> Ledger {
         self.end_retry = window;
         self
+    }
+
+    /// The lease was granted by a `begin_run` sent at `asked`.
+    pub fn leased_at(self, asked: Instant) -> Ledger {
+        *self.confirmed.locked() = asked;
+        self
+    }
+
+    /// A renewal sent at `asked` extended the lease.
+    pub fn confirm(&self, asked: Instant) {
+        let mut c = self.confirmed.locked();
+        // Renewals may answer out of order; the latest one counts.
+        *c = (*c).max(asked);
+    }
+
+    /// How long ago the lease was last known to be extended.
+    pub fn unconfirmed_for(&self) -> Duration {
+        self.confirmed.locked().elapsed()
     }
 
     /// Whether the run has started recording its end.

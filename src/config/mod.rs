@@ -392,8 +392,9 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// How long a run's lease lasts; its replica renews it every third of
     /// that. When a replica dies, another ends its runs `interrupted` once
-    /// their lease expired. Also how long a run's end is written again
-    /// after the store first failed to take it.
+    /// their lease expired; a replica that could not renew a run's lease
+    /// for two thirds of it stops the run itself first. Also how long a
+    /// run's end is written again after the store first failed to take it.
     #[serde(default = "default_run_lease", with = "humantime_serde")]
     pub run_lease: Duration,
     /// Idle sessions (no run, no activity) are deleted after this long,

@@ -1,7 +1,10 @@
 //! What a replica does besides answering calls:
 //!
 //! - keeps the leases of its runs (renewed every third of `server.run_lease`;
-//!   a run whose lease was lost stops, `interrupted`);
+//!   a run whose lease was lost stops, `interrupted`), and stops a run
+//!   itself, `interrupted`, when its lease was not confirmed for a lease
+//!   minus one renewal period: the store is out of reach, and once the
+//!   lease expires another replica may claim the run (fencing);
 //! - delivers the cancels and approval answers other replicas recorded for
 //!   its runs: woken by the store's hint (Postgres NOTIFY), and polling every
 //!   [`POLL`] in case a hint was missed, so a signal arrives within a second;
@@ -32,6 +35,32 @@ pub const POLL: Duration = Duration::from_millis(500);
 /// Runs claimed at a time; a reaper pass claims until a batch comes back
 /// short, ending each batch's runs together.
 const REAP_BATCH: u32 = 16;
+
+/// Why a run is stopped when its lease could not be renewed in time.
+const FENCED: &str = "this replica could not renew the run's lease (the store is unreachable) and stopped the run before the lease could expire and another replica take it over";
+
+/// How often leases are renewed: every third of a lease, so two renewals
+/// in a row may fail (or wait for the store) before the lease is at risk.
+fn renewal_period(lease: Duration) -> Duration {
+    lease / 3
+}
+
+/// How long a run's lease may go unconfirmed before the replica stops the
+/// run: a lease minus one renewal period (two renewals in a row failed, or
+/// still wait for the store). A lease counts from when the store ran the
+/// renewal, after it was sent, so it has at least a renewal period left.
+fn fence_after(lease: Duration) -> Duration {
+    lease - renewal_period(lease)
+}
+
+/// How often runs are checked against [`fence_after`]: a quarter renewal
+/// period. A run stops at most three quarters of a lease after its lease
+/// was last confirmed, a quarter lease (7.5 s by default) before the lease
+/// can expire: room for a busy scheduler and clocks that run at slightly
+/// different rates.
+fn fence_check(lease: Duration) -> Duration {
+    renewal_period(lease) / 4
+}
 
 /// Sessions expired per store call (one transaction); a sweep goes on
 /// until a batch comes back short.
@@ -92,9 +121,18 @@ impl Engine {
         tasks.push(tokio::spawn(every(
             weak.clone(),
             stop.clone(),
-            lease / 3,
+            renewal_period(lease),
             "lease renewal",
             |e| async move { e.renew_leases().await },
+        )));
+        // Apart from the renewals: a renewal may wait for the store longer
+        // than a lease (a Postgres pool waits 30 s for a connection).
+        tasks.push(tokio::spawn(every(
+            weak.clone(),
+            stop.clone(),
+            fence_check(lease),
+            "the lease fence",
+            move |e| async move { e.fence_runs(fence_after(lease)) },
         )));
         // Expired leases are looked for a few times per lease period: a
         // lost run is ended at most a quarter lease after its expiry.
@@ -160,6 +198,7 @@ impl Engine {
         // call per run: with 10 000 runs in flight that was 10 000 calls
         // every renewal period, queued with the runs' own writes.
         let leases: Vec<_> = runs.iter().map(|r| r.ledger.lease.clone()).collect();
+        let asked = Instant::now();
         let held = match self.store.renew_all(&leases).await {
             Ok(held) => held,
             Err(e) => {
@@ -171,6 +210,7 @@ impl Engine {
         };
         for (r, held) in runs.iter().zip(held) {
             if held {
+                r.ledger.confirm(asked);
                 continue;
             }
             if r.ledger.is_ending() {
@@ -183,6 +223,36 @@ impl Engine {
                     "this replica lost the run's lease (another replica took the run over)",
                 );
             }
+        }
+    }
+
+    /// Stops the runs whose lease was not confirmed for `limit`: this
+    /// replica cannot reach the store, and once the lease expires another
+    /// replica may claim the run, end it and free its session. Stopped here
+    /// (cancelled, as a lost lease is), the run starts nothing more, and its
+    /// tool calls in flight are given up.
+    fn fence_runs(&self, limit: Duration) {
+        let mut stopped = 0usize;
+        for r in self.runs_in_flight() {
+            // Already stopping (or recording its end): nothing starts.
+            if r.ledger.is_ending() || r.cancel.is_cancelled() {
+                continue;
+            }
+            let unconfirmed = r.ledger.unconfirmed_for();
+            if unconfirmed < limit {
+                continue;
+            }
+            tracing::debug!(run = %r.run_id, ?unconfirmed, "the run's lease was not confirmed in time; stopping it");
+            r.interrupt(FENCED);
+            stopped += 1;
+        }
+        // One line per pass, however many runs: in an outage every run of
+        // this replica stops at about the same time.
+        if stopped > 0 {
+            tracing::warn!(
+                runs = stopped,
+                "could not renew the runs' leases in time (the store is unreachable); stopped them before another replica may take them over"
+            );
         }
     }
 
