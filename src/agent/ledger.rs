@@ -94,25 +94,41 @@ impl Ledger {
         self.ending.load(Ordering::SeqCst)
     }
 
+    // The run's own writes below extend its lease in the store (each
+    // starts with the lease's fence), so one that succeeded confirms it
+    // too: a run whose store calls wait long under load (SQLite, a burst
+    // of starts) is not stopped for want of a renewal it did not need.
+
     pub async fn append(&self, messages: &[Message]) -> Result<(), Stop> {
+        let asked = Instant::now();
         self.store
             .append(&self.lease, messages)
             .await
-            .map_err(|e| stop_for(&e))
+            .map_err(|e| stop_for(&e))?;
+        if !messages.is_empty() {
+            self.confirm(asked);
+        }
+        Ok(())
     }
 
     pub async fn stage_turn(&self, turn: Option<&Message>) -> Result<(), Stop> {
+        let asked = Instant::now();
         self.store
             .stage_turn(&self.lease, turn)
             .await
-            .map_err(|e| stop_for(&e))
+            .map_err(|e| stop_for(&e))?;
+        self.confirm(asked);
+        Ok(())
     }
 
     pub async fn request_approval(&self, call_id: &str) -> Result<(), Stop> {
+        let asked = Instant::now();
         self.store
             .request_approval(&self.lease, call_id)
             .await
-            .map_err(|e| stop_for(&e))
+            .map_err(|e| stop_for(&e))?;
+        self.confirm(asked);
+        Ok(())
     }
 
     /// Stops waiting: `Some` when an answer was recorded meanwhile.
@@ -177,5 +193,44 @@ pub fn stop_for(e: &StoreError) -> Stop {
         StoreError::SessionNotFound(_) => Stop::Cancelled("the session was deleted".into()),
         StoreError::TranscriptFull { .. } => Stop::Failed(e.to_string()),
         _ => Stop::Failed(format!("the run could not be recorded: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryStore, NewSession};
+
+    /// The run's own writes extend its lease in the store, so they count
+    /// as a renewal: a run whose writes land is not stopped for want of
+    /// one (only a write of something: an empty append writes nothing).
+    #[tokio::test(start_paused = true)]
+    async fn the_runs_own_writes_confirm_its_lease() {
+        let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::default());
+        store
+            .create_session(&NewSession {
+                id: "s".into(),
+                agent: "a".into(),
+                owner: "o".into(),
+                extra_hooks: vec![],
+                metadata: Default::default(),
+            })
+            .await
+            .unwrap();
+        let lease = store.begin_run("s", "r", "A").await.unwrap();
+        let ledger = Ledger::new(store, lease).leased_at(Instant::now());
+        let later = Duration::from_secs(10);
+        tokio::time::advance(later).await;
+        assert_eq!(ledger.unconfirmed_for(), later);
+        ledger.append(&[]).await.unwrap();
+        assert_eq!(ledger.unconfirmed_for(), later, "nothing written");
+        ledger.append(&[Message::user("hi")]).await.unwrap();
+        assert_eq!(ledger.unconfirmed_for(), Duration::ZERO);
+        tokio::time::advance(later).await;
+        ledger.stage_turn(None).await.unwrap();
+        assert_eq!(ledger.unconfirmed_for(), Duration::ZERO);
+        tokio::time::advance(later).await;
+        ledger.request_approval("c").await.unwrap();
+        assert_eq!(ledger.unconfirmed_for(), Duration::ZERO);
     }
 }

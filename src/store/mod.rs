@@ -252,7 +252,10 @@ pub trait SessionStore: Send + Sync + 'static {
         }
         Ok(held)
     }
-    /// Appends committed messages to the transcript (all or nothing).
+    /// Appends committed messages to the transcript (all or nothing). Like
+    /// `stage_turn` and `request_approval`, it extends the lease as
+    /// [`SessionStore::renew`] does when it writes (the engine counts such
+    /// a write as a renewal).
     async fn append(&self, lease: &RunLease, messages: &[Message]) -> Result<(), StoreError>;
     /// Records (or clears) the model turn whose tool batch is executing.
     async fn stage_turn(&self, lease: &RunLease, turn: Option<&Message>) -> Result<(), StoreError>;
