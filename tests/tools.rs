@@ -1213,3 +1213,92 @@ async fn pass_mode_retracts_deltas_when_a_failure_timeout_or_cancel_ends_the_tur
         server.stop().await;
     }
 }
+
+/// A call that passed its hooks while every connection to its tool's owner
+/// was busy waits for a slot; a stop during that wait (call 2's terminate
+/// here) means it never sends its `CallTool`, even once the slot frees.
+#[tokio::test]
+async fn a_call_waiting_for_a_connection_slot_never_runs_after_a_terminate() {
+    // The owner's only slot is held by the first call to arrive until the
+    // test has seen the terminate.
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let first_arrived = Arc::new(Notify::new());
+    let (r, f) = (release.clone(), first_arrived.clone());
+    let owner = FnHook::new("owner", &[])
+        .with_tool(weather_tool(), move |_, call| {
+            let (r, f) = (r.clone(), f.clone());
+            async move {
+                f.notify_one();
+                let _held = r.acquire().await.unwrap();
+                pb::CallToolResponse {
+                    content: format!("sunny in {}", city(&call)),
+                    is_error: false,
+                }
+            }
+        })
+        .start()
+        .await;
+    let arrived = first_arrived.clone();
+    let g = FnHook::new("g", &[K::ToolCall])
+        .on_tool_call(move |_, ev| {
+            let arrived = arrived.clone();
+            async move {
+                let action = if ev.call_index < 2 {
+                    pb::tool_call_verdict::Action::Proceed(pb::Continue {})
+                } else {
+                    // One of calls 0 and 1 holds the slot; the other, past
+                    // its hooks, reaches the wait for it well within this
+                    // pause (there is no signal for "waiting in the pool").
+                    arrived.notified().await;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    pb::tool_call_verdict::Action::Terminate(hook_server::terminate(
+                        "Rome stops the batch",
+                        None,
+                    ))
+                };
+                Reply::new(pb::ToolCallVerdict {
+                    action: Some(action),
+                })
+            }
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(
+        &[
+            (
+                "owner",
+                &owner.addr,
+                "connections: {max: 1, max_streams_per_connection: 1}\ntimeout: 60s",
+            ),
+            ("g", &g.addr, "timeout: 60s"),
+        ],
+        "tools: [get_weather]\ntool_concurrency: 3\nevent_budget: 60s",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let mut stream = c
+        .run(pb::RunRequest {
+            session_id: s,
+            input: "three tools".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(ev) = stream.message().await.unwrap() {
+        if let Some(pb::run_event::Event::HookVerdict(v)) = &ev.event {
+            if v.hook == "g" && v.verdict_kind() == pb::VerdictKind::Terminate {
+                // The batch is stopped: the slot may free now.
+                release.add_permits(3);
+            }
+        }
+        events.push(ev);
+    }
+    let r = result_of(&events);
+    assert_eq!(outcome(&r), pb::RunOutcome::Terminated, "{}", r.reason);
+    assert!(r.reason.contains("Rome stops the batch"), "{}", r.reason);
+    let ran = owner.hook.tool_calls.lock().unwrap().len();
+    assert_eq!(ran, 1, "only the call holding the slot ran");
+    server.stop().await;
+}

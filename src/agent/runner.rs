@@ -371,11 +371,23 @@ impl Run {
         fut: F,
     ) -> Guarded<'_, F, impl Fn() -> Stop + '_> {
         Guarded::new(self.cancel.cancelled(), self.deadline, fut, || {
-            self.cancel_reason
-                .locked()
-                .clone()
-                .unwrap_or_else(|| Stop::Cancelled("cancelled".into()))
+            self.cancel_stop()
         })
+    }
+
+    /// Why the run was stopped from outside, once it was.
+    fn cancel_stop(&self) -> Stop {
+        self.cancel_reason
+            .locked()
+            .clone()
+            .unwrap_or_else(|| Stop::Cancelled("cancelled".into()))
+    }
+
+    /// `Some(why)` once the run was cancelled or interrupted: for a step
+    /// that must not start anything after that even within the poll that
+    /// cancelled it (an `emit` can), before [`Guarded`] sees the cancel.
+    pub fn stopped_from_outside(&self) -> Option<Stop> {
+        self.cancel.is_cancelled().then(|| self.cancel_stop())
     }
 }
 

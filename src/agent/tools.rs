@@ -14,6 +14,7 @@ use crate::agent::runner::Run;
 use crate::hooks::compose::{
     InvalidCallStop, InvalidToolCallChain, ToolCallChain, ToolCallStop, ToolResultChain,
 };
+use crate::hooks::failure::Fault;
 use crate::hooks::payload::{CallProblem, Payload};
 use crate::message::{ToolCall, ToolResult, ToolSpec};
 use crate::telemetry::spans;
@@ -143,8 +144,9 @@ pub async fn screen_call(
 }
 
 /// Phase two for a screened call. Nothing new starts once `stop` fired:
-/// it is checked before each hook call, before an approval is requested and
-/// before `CallTool` (the call is then `Halted`).
+/// it is checked before each hook call, before an approval is requested,
+/// and before `CallTool` both before and after the wait for a connection
+/// slot to the tool's owner (the call is then `Halted`).
 pub async fn process_call(
     run: Arc<Run>,
     turn: u32,
@@ -208,36 +210,75 @@ pub async fn process_call(
         }
     }
 
-    if stop.is_stopped() {
-        return CallOutcome::Halted;
+    // Whether the call may still start: not once the batch stopped, nor
+    // once a closed hook broke its protocol since the last step (a
+    // duplicate verdict, say).
+    let gate = || {
+        if stop.is_stopped() {
+            return Some(CallOutcome::Halted);
+        }
+        run.check_faults(crate::event::EventKind::ToolCall)
+            .err()
+            .map(|f| CallOutcome::Stop(Stop::HookFailed(f)))
+    };
+    if let Some(halted) = gate() {
+        return halted;
     }
-    // A closed hook that broke its protocol since the last step (a
-    // duplicate verdict, say) stops the run before the tool starts.
-    if let Err(f) = run.check_faults(crate::event::EventKind::ToolCall) {
-        return CallOutcome::Stop(Stop::HookFailed(f));
+    let owner = run.registry.tool_owner(&effective.name).map(|(o, _)| o);
+    // A slot on the owner's connections may take up to the tool's timeout
+    // to free (every connection at its stream limit): a stop meanwhile
+    // ends the wait, and the checks are made again once the slot is there,
+    // so a call that waited never sends its `CallTool` after a stop.
+    let slot = match &owner {
+        Some(owner) => {
+            let deadline = (Instant::now()
+                + owner.config.timeout_for(crate::event::EventKind::ToolCall))
+            .min(run.deadline);
+            let slot = tokio::select! {
+                biased;
+                _ = stop.stopped() => return CallOutcome::Halted,
+                _ = run.cancel.cancelled() => {
+                    return run
+                        .stopped_from_outside()
+                        .map_or(CallOutcome::Halted, CallOutcome::Stop)
+                }
+                slot = owner.tool_slot(deadline) => slot,
+            };
+            Some((slot, deadline))
+        }
+        None => None,
+    };
+    if let Some(halted) = gate() {
+        return halted;
     }
     run.emit(RunEvent::ToolStarted {
         turn,
         index,
         call: effective.clone(),
     });
-    let (content, is_error) = match run.registry.tool_owner(&effective.name) {
-        Some((owner, _)) => {
-            let deadline = (Instant::now()
-                + owner.config.timeout_for(crate::event::EventKind::ToolCall))
-            .min(run.deadline);
+    // The emit can itself cancel the run (the client went away, or its
+    // queue is full), and the request below would go out in this same poll.
+    if let Some(s) = run.stopped_from_outside() {
+        return CallOutcome::Stop(s);
+    }
+    let failed = |f: Fault| {
+        (
+            format!(
+                "tool `{}` failed to execute: {}: {}",
+                effective.name, f.class, f.detail
+            ),
+            true,
+        )
+    };
+    // Nothing is awaited between the checks above and the request going out.
+    let (content, is_error) = match slot {
+        Some((Ok(slot), deadline)) => {
             let ctx = hooks.wire_context(turn, deadline.saturating_duration_since(Instant::now()));
-            match owner.call_tool(ctx, &effective, deadline).await {
-                Ok(r) => r,
-                Err(f) => (
-                    format!(
-                        "tool `{}` failed to execute: {}: {}",
-                        effective.name, f.class, f.detail
-                    ),
-                    true,
-                ),
-            }
+            slot.call(ctx, &effective, deadline)
+                .await
+                .unwrap_or_else(failed)
         }
+        Some((Err(f), _)) => failed(f),
         None => (
             format!("tool `{}` has no reachable owner", effective.name),
             true,

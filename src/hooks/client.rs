@@ -721,30 +721,18 @@ impl HookClient {
         )
     }
 
-    pub async fn call_tool(
-        &self,
-        context: pb::EventContext,
-        call: &ToolCall,
-        deadline: Instant,
-    ) -> Result<(String, bool), Fault> {
-        let mut req = tonic::Request::new(pb::CallToolRequest {
-            context: Some(context),
-            call: Some(call.into()),
-        });
-        req.set_timeout(deadline.saturating_duration_since(Instant::now()));
-        let call = async {
-            let lease = self.pool.acquire(deadline).await?;
-            let answer = Self::client(&lease).call_tool(req).await;
-            answer.map_err(|status| self.refine(classify_status(&status, false)))
-        };
-        match tokio::time::timeout_at(deadline, call).await {
-            Ok(Ok(r)) => {
-                let r = r.into_inner();
-                Ok((r.content, r.is_error))
-            }
-            Ok(Err(fault)) => Err(fault),
-            Err(_) => Err(Fault::new(FailureClass::Deadline, "CallTool timed out")),
-        }
+    /// A stream slot for one `CallTool` on this server's connections,
+    /// waiting (until `deadline`) while every connection is at its stream
+    /// limit. Taken apart from the call: that wait can last up to the
+    /// tool's timeout, and the caller must check that the call may still
+    /// start (the batch or the run may have stopped meanwhile) once the slot
+    /// is there and right before the request goes out.
+    pub async fn tool_slot(&self, deadline: Instant) -> Result<ToolSlot<'_>, Fault> {
+        let lease = self.pool.acquire(deadline).await?;
+        Ok(ToolSlot {
+            client: self,
+            lease,
+        })
     }
 
     pub fn snapshot(&self) -> HookSnapshot {
@@ -765,6 +753,48 @@ impl HookClient {
             description: self.description(),
             last_error: s.last_error.clone(),
             unsubscribed: self.unsubscribed_events(),
+        }
+    }
+}
+
+/// A slot taken for one `CallTool` ([`HookClient::tool_slot`]), freed when
+/// the call ends or the slot is dropped unused.
+pub struct ToolSlot<'a> {
+    client: &'a HookClient,
+    lease: Lease,
+}
+
+impl ToolSlot<'_> {
+    /// Sends the `CallTool` request on the slot and waits for its answer,
+    /// until `deadline`.
+    pub async fn call(
+        self,
+        context: pb::EventContext,
+        call: &ToolCall,
+        deadline: Instant,
+    ) -> Result<(String, bool), Fault> {
+        let timeout = Fault::new(FailureClass::Deadline, "CallTool timed out");
+        // Sent with no time left, the request would still reach the server
+        // (the call is polled before its timer) and the tool would run for
+        // a caller that already gave up on it.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timeout);
+        }
+        let mut req = tonic::Request::new(pb::CallToolRequest {
+            context: Some(context),
+            call: Some(call.into()),
+        });
+        req.set_timeout(left);
+        let mut client = HookClient::client(&self.lease);
+        let answer = client.call_tool(req);
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(r)) => {
+                let r = r.into_inner();
+                Ok((r.content, r.is_error))
+            }
+            Ok(Err(status)) => Err(self.client.refine(classify_status(&status, false))),
+            Err(_) => Err(timeout),
         }
     }
 }
