@@ -597,7 +597,8 @@ impl Engine {
             deadline,
             agent.config.event_budget,
             self.inst.clone(),
-        );
+        )
+        .with_schemas(self.registry.clone());
         let (tx, rx) = mpsc::channel(self.config.server.run_event_buffer);
         let agent_name = agent.config.name.clone();
         let run = Arc::new(

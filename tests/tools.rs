@@ -1302,3 +1302,81 @@ async fn a_call_waiting_for_a_connection_slot_never_runs_after_a_terminate() {
     assert_eq!(ran, 1, "only the call holding the slot ran");
     server.stop().await;
 }
+
+/// A `rewrite_args` verdict whose arguments the tool would refuse (its
+/// schema requires `city`; not a JSON object) fails validation: under a
+/// closed policy the run fails (`invalid_verdict`) before any tool runs;
+/// under an open one the rewrite is ignored (the hook counts as having
+/// said continue) and the model's own arguments go to the tool.
+#[tokio::test]
+async fn rewritten_arguments_are_checked_against_the_tools_schema() {
+    for (args, failure) in [
+        (r#"{"town":"Paris"}"#, "closed"),
+        ("[1]", "closed"),
+        (r#"{"town":"Paris"}"#, "open"),
+    ] {
+        let owner = weather_owner().start().await;
+        let rewriter = FnHook::new("rewriter", &[K::ToolCall])
+            .on_tool_call(move |_, _| async move {
+                Reply::new(pb::ToolCallVerdict {
+                    action: Some(pb::tool_call_verdict::Action::RewriteArgs(
+                        pb::RewriteArgs {
+                            arguments_json: args.into(),
+                        },
+                    )),
+                })
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[
+                ("rewriter", &rewriter.addr, &format!("failure: {failure}")),
+                ("owner", &owner.addr, ""),
+            ],
+            "tools: [get_weather]",
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let r = invoke(&mut c, &s, "weather").await;
+        let ran: Vec<String> = owner
+            .hook
+            .tool_calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.arguments_json.clone())
+            .collect();
+        if failure == "closed" {
+            assert_eq!(
+                outcome(&r),
+                pb::RunOutcome::HookFailed,
+                "{args}: {}",
+                r.reason
+            );
+            assert!(
+                r.reason
+                    .contains("hook `rewriter` failed on tool_call: invalid_verdict"),
+                "{args}: {}",
+                r.reason
+            );
+            assert!(ran.is_empty(), "{args}: the tool ran with {ran:?}");
+        } else {
+            assert_eq!(
+                outcome(&r),
+                pb::RunOutcome::Completed,
+                "{args}: {}",
+                r.reason
+            );
+            assert_eq!(ran, [r#"{"city":"Paris"}"#], "the rewrite was ignored");
+            assert!(
+                r.hook_verdicts
+                    .iter()
+                    .any(|v| v.hook == "rewriter" && v.failed_open == "invalid_verdict"),
+                "{:?}",
+                r.hook_verdicts
+            );
+        }
+        server.stop().await;
+    }
+}

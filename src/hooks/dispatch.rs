@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Span;
 
+use crate::agent::tools::validate_call;
 use crate::config::FailurePolicy;
 use crate::event::EventKind;
 use crate::hooks::client::HookClient;
@@ -19,10 +20,14 @@ use crate::hooks::compose::{self, ChainEvent, Merged, Step};
 use crate::hooks::failure::{FailureClass, Fault, HookFailure};
 use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::provenance::VerdictRecord;
+use crate::hooks::registry::{compile_schema, HookRegistry};
 use crate::hooks::stream::{RunStream, Sent};
-use crate::hooks::verdict::{Action, ModelRequestAction, ScratchOp, Verdict, VerdictKind};
+use crate::hooks::verdict::{
+    Action, ModelRequestAction, ScratchOp, ToolCallAction, Verdict, VerdictKind,
+};
 use crate::hooks::wire;
 use crate::hooks::wire_event::{RunContext, WireEvent};
+use crate::message::{ToolCall, ToolSpec};
 use crate::model::ModelRequest;
 use crate::pb;
 use crate::telemetry::metrics::ActiveGuard;
@@ -79,6 +84,9 @@ pub struct RunHooks {
     event_budget: Duration,
     inst: Instruments,
     pub stats: DispatchStats,
+    /// Where tools' compiled argument schemas are cached (`None`: compiled
+    /// at each check), for `rewrite_args` verdicts.
+    schemas: Option<Arc<HookRegistry>>,
 }
 
 impl RunHooks {
@@ -106,6 +114,48 @@ impl RunHooks {
             event_budget,
             inst,
             stats: DispatchStats::default(),
+            schemas: None,
+        }
+    }
+
+    /// Checks rewritten tool arguments with the registry's compiled
+    /// schemas instead of compiling the tool's schema at each check.
+    pub fn with_schemas(mut self, registry: Arc<HookRegistry>) -> RunHooks {
+        self.schemas = Some(registry);
+        self
+    }
+
+    /// A `rewrite_args` verdict must leave arguments the tool accepts (a
+    /// JSON object that matches its schema), as the model's own call had
+    /// to: the rewritten call goes to `CallTool` with no later check. One
+    /// that does not is an invalid verdict, under the hook's policy (open:
+    /// the rewrite is ignored, as if the hook said continue).
+    fn check_rewrite(&self, payload: &Payload, verdict: &Verdict) -> Result<(), Fault> {
+        let (
+            Payload::ToolCall { call, tool, .. },
+            Action::ToolCall(ToolCallAction::RewriteArgs(args)),
+        ) = (payload, &verdict.action)
+        else {
+            return Ok(());
+        };
+        let rewritten = ToolCall {
+            id: call.id.clone(),
+            name: tool.name.clone(),
+            arguments_json: args.clone(),
+        };
+        let schema = |spec: &ToolSpec| match &self.schemas {
+            Some(registry) => registry.validator(spec),
+            None if spec.parameters_json_schema.trim().is_empty() => None,
+            None => compile_schema(&spec.parameters_json_schema)
+                .ok()
+                .map(Arc::new),
+        };
+        match validate_call(&rewritten, std::slice::from_ref(tool), schema) {
+            None => Ok(()),
+            Some((_, error)) => Err(Fault::new(
+                FailureClass::InvalidVerdict,
+                format!("rewrite_args: {error}"),
+            )),
         }
     }
 
@@ -237,7 +287,8 @@ impl RunHooks {
     }
 
     /// One blocking call under its `hook {hook} {event}` span: send, wait,
-    /// then [`accept_verdict`]. Every failure is a `Fault`.
+    /// then [`accept_verdict`] and, for a `rewrite_args`, the tool's schema
+    /// ([`RunHooks::check_rewrite`]). Every failure is a `Fault`.
     async fn call(
         &self,
         hook: &RunHook,
@@ -284,7 +335,9 @@ impl RunHooks {
                 Payload::ModelRequest(r) => Some(r),
                 _ => None,
             };
-            accept_verdict(kind, v, baseline)
+            let v = accept_verdict(kind, v, baseline)?;
+            self.check_rewrite(payload, &v)?;
+            Ok(v)
         }
         .await
         .map_err(|f| hook.client.refine(f));
@@ -750,7 +803,9 @@ impl RunHooks {
 /// How hookwire judges one wire verdict for a `kind` event: it must convert
 /// (`wire`: an action set, valid JSON, sizes), be of the event's kind, and a
 /// `model_request` patch must fit the request it patches (`baseline`). The
-/// one rule book for the engine and for `hookwire hooks check`.
+/// one rule book for the engine and for `hookwire hooks check`; the engine
+/// also checks rewritten tool arguments against the tool's schema, which a
+/// verdict alone does not carry ([`RunHooks::check_rewrite`]).
 pub fn accept_verdict(
     kind: EventKind,
     verdict: pb::HookVerdict,

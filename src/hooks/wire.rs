@@ -681,7 +681,13 @@ impl TryFrom<pb::HookVerdict> for Verdict {
                 Action::ToolCall(match s.action.ok_or(missing(EventKind::ToolCall))? {
                     A::Proceed(_) => ToolCallAction::Continue,
                     A::RewriteArgs(r) => {
-                        check_json("rewrite_args.arguments_json", &r.arguments_json)?;
+                        // Tool arguments are a JSON object, as the model's
+                        // own call must be; the tool's schema is checked by
+                        // the run, which knows the tool (`RunHooks`).
+                        let field = "rewrite_args.arguments_json";
+                        if !check_json(field, &r.arguments_json)?.is_object() {
+                            return Err(InvalidVerdict::NotObject { field });
+                        }
                         ToolCallAction::RewriteArgs(r.arguments_json)
                     }
                     A::Skip(s) => ToolCallAction::Skip(skip(s)?),
