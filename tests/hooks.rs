@@ -723,3 +723,68 @@ async fn patched_max_tokens_reaches_the_model_and_the_first_writer_wins() {
     );
     server.stop().await;
 }
+
+/// `additional_params` cannot set what a typed patch field sets: a lower
+/// priority hook's `{"temperature": 1.9}` would otherwise beat a higher
+/// priority hook's typed temperature, unrecorded and past the 0..2 check.
+/// Such a patch is an invalid verdict of the hook that sent it: the run
+/// fails under a closed policy; under an open one the patch is ignored.
+#[tokio::test]
+async fn additional_params_that_shadow_a_typed_field_are_an_invalid_verdict() {
+    for failure in ["closed", "open"] {
+        let typed = FnHook::new("typed", &[K::ModelRequest])
+            .on_model_request(|_, _| async {
+                Reply::new(hook_server::patch_request(pb::RequestPatch {
+                    temperature: Some(0.25),
+                    ..Default::default()
+                }))
+            })
+            .start()
+            .await;
+        let sneaky = FnHook::new("sneaky", &[K::ModelRequest])
+            .on_model_request(|_, _| async {
+                Reply::new(hook_server::patch_request(pb::RequestPatch {
+                    additional_params_json: r#"{"temperature": 1.9, "seed": 7}"#.into(),
+                    ..Default::default()
+                }))
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[
+                ("typed", &typed.addr, "priority: 2"),
+                (
+                    "sneaky",
+                    &sneaky.addr,
+                    &format!("priority: 1\nfailure: {failure}"),
+                ),
+            ],
+            "",
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let r = invoke(&mut c, &s, "hi").await;
+        if failure == "closed" {
+            assert_eq!(outcome(&r), pb::RunOutcome::HookFailed, "{}", r.reason);
+            assert!(
+                r.reason
+                    .contains("hook `sneaky` failed on model_request: invalid_verdict")
+                    && r.reason.contains("additional_params `temperature`"),
+                "{}",
+                r.reason
+            );
+        } else {
+            assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+            assert_eq!(r.final_text, "sys=base temp=0.25 user=hi");
+            assert!(
+                r.hook_verdicts
+                    .iter()
+                    .any(|v| v.hook == "sneaky" && v.failed_open == "invalid_verdict"),
+                "{:?}",
+                r.hook_verdicts
+            );
+        }
+        server.stop().await;
+    }
+}

@@ -275,9 +275,48 @@ pub enum Merged {
     },
 }
 
+/// `additional_params` keys a patch may not set: what a typed patch field
+/// sets (`temperature`, `max_tokens` and its newer name
+/// `max_completion_tokens`, the tools `active_tools` leaves and their legacy
+/// `functions` form, `tool_choice` and `function_call`, the `messages` built
+/// from the prompt, context and history), and what hookwire owns (`model`,
+/// `stream`). Merged last into the provider's body, such a key would beat
+/// the typed field: a lower-priority hook's value would win with no
+/// conflict recorded, skip the field's checks (the temperature range, the
+/// tool choice against the active tools) and could offer tools
+/// `active_tools` removed.
+pub const RESERVED_PARAMS: [&str; 10] = [
+    "temperature",
+    "max_tokens",
+    "max_completion_tokens",
+    "tools",
+    "functions",
+    "tool_choice",
+    "function_call",
+    "messages",
+    "model",
+    "stream",
+];
+
 /// Checks a patch against the request it patches, before merging. An
 /// invalid patch is an invalid verdict (a hook failure), not a merge input.
 pub fn validate_patch(baseline: &ModelRequest, patch: &RequestPatch) -> Result<(), String> {
+    if let Some(key) = patch
+        .additional_params
+        .iter()
+        .flat_map(|p| p.keys())
+        .find(|k| RESERVED_PARAMS.contains(&k.as_str()))
+    {
+        return Err(format!(
+            "additional_params `{key}` is not a provider parameter a patch may set (use the patch's own field, if it has one; reserved: {})",
+            RESERVED_PARAMS.join(", ")
+        ));
+    }
+    // A zero limit leaves the model no room for any answer (providers
+    // reject it, or answer nothing with finish reason `length`).
+    if patch.max_tokens == Some(0) {
+        return Err("max_tokens must be at least 1".into());
+    }
     if let Some(names) = &patch.active_tools {
         for n in names {
             if !baseline.tools.iter().any(|t| &t.name == n) {
@@ -844,6 +883,51 @@ mod tests {
         assert!(validate_patch(&baseline(), &p)
             .unwrap_err()
             .contains("`nope`"));
+    }
+
+    #[test]
+    fn additional_params_cannot_set_what_a_typed_field_or_hookwire_sets() {
+        let with_param = |key: &str, value: serde_json::Value| RequestPatch {
+            additional_params: Some([(key.to_string(), value)].into_iter().collect()),
+            ..Default::default()
+        };
+        for (key, value) in [
+            ("temperature", json!(1.9)),
+            ("max_tokens", json!(100_000)),
+            ("max_completion_tokens", json!(100_000)),
+            ("tools", json!([])),
+            ("tool_choice", json!("required")),
+            ("functions", json!([])),
+            ("function_call", json!("auto")),
+            ("model", json!("other")),
+            ("messages", json!([])),
+            ("stream", json!(false)),
+        ] {
+            let err = validate_patch(&baseline(), &with_param(key, value))
+                .expect_err(key)
+                .to_string();
+            assert!(err.contains(&format!("additional_params `{key}`")), "{err}");
+        }
+        // Provider parameters the patch has no field for pass.
+        for key in ["top_p", "seed", "response_format", "stream_options"] {
+            assert_eq!(
+                validate_patch(&baseline(), &with_param(key, json!(1))),
+                Ok(()),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn max_tokens_must_allow_an_answer() {
+        let p = |n| RequestPatch {
+            max_tokens: Some(n),
+            ..Default::default()
+        };
+        assert!(validate_patch(&baseline(), &p(0))
+            .unwrap_err()
+            .contains("max_tokens"));
+        assert_eq!(validate_patch(&baseline(), &p(1)), Ok(()));
     }
 
     #[test]

@@ -17,11 +17,25 @@ pub(super) struct Defaults {
     pub max_tokens: Option<u32>,
 }
 
-/// Body keys the provider owns. `additional_params` cannot override them:
-/// `model` is the configured model id, `messages` is built from the history,
-/// and `stream` is the model's `stream` option, which decides how the
-/// response is parsed.
-pub(super) const RESERVED_KEYS: [&str; 3] = ["model", "messages", "stream"];
+/// Body keys the provider sets from the request. `additional_params`
+/// cannot override them: `model` is the configured model id, `messages` is
+/// built from the history, `stream` is the model's `stream` option, which
+/// decides how the response is parsed, and the rest carry the request's
+/// typed fields. A hook's patch that sets one is refused before it gets
+/// here (`hooks::compose::RESERVED_PARAMS`); this is the provider's own
+/// guard.
+pub(super) const RESERVED_KEYS: [&str; 10] = [
+    "model",
+    "messages",
+    "stream",
+    "temperature",
+    "max_tokens",
+    "max_completion_tokens",
+    "tools",
+    "functions",
+    "tool_choice",
+    "function_call",
+];
 
 /// The chat-completions request body for one call; `stream` asks for a
 /// streamed answer (with usage in a final chunk) or one JSON answer.
@@ -570,6 +584,8 @@ mod tests {
             "seed": 7,
             "response_format": {"type": "json_object"},
             "temperature": 0.1,
+            "max_completion_tokens": 9,
+            "tools": [{"type": "function", "function": {"name": "hidden"}}],
             "model": "other-model",
             "stream": false,
             "messages": [],
@@ -583,7 +599,13 @@ mod tests {
         });
         assert_eq!(b["seed"], json!(7));
         assert_eq!(b["response_format"], json!({"type": "json_object"}));
-        assert_eq!(b["temperature"], json!(0.1), "params are merged last");
+        assert_eq!(
+            b["temperature"],
+            json!(0.9),
+            "typed fields are not overridden"
+        );
+        assert!(b.get("max_completion_tokens").is_none(), "{b:?}");
+        assert!(b.get("tools").is_none(), "{b:?}");
         assert_eq!(b["model"], json!("gpt-test"));
         assert_eq!(b["stream"], json!(true));
         assert_eq!(b["messages"].as_array().unwrap().len(), 1);
