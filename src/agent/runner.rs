@@ -306,6 +306,14 @@ impl Run {
         if let Err(s) = self.ledger.request_approval(&call.id).await {
             return Some(CallOutcome::Stop(s));
         }
+        // The batch may have stopped during the store write: the client
+        // must then never see the request, and the store's record of it is
+        // withdrawn (a ResolveApproval for it answers NOT_FOUND).
+        if stop.is_stopped() {
+            drop(pending);
+            let _ = self.ledger.expire_approval(&call.id).await;
+            return Some(CallOutcome::Halted);
+        }
         self.emit(RunEvent::ApprovalRequested {
             turn,
             index,
@@ -863,4 +871,215 @@ fn finish(run: &Run, mut ending: Ending) -> RunReport {
     };
     run.emit(RunEvent::Finished(report.clone()));
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::hooks::payload::EventContext;
+    use crate::session::Session;
+    use crate::store::{
+        ClaimedRun, MemoryStore, NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter,
+        SessionPage, SessionStore, Signal, StoreError,
+    };
+    use tokio::sync::{broadcast, Notify};
+
+    /// A memory store whose `request_approval` says when it started and
+    /// finishes only when let go.
+    struct HeldApprovals {
+        inner: MemoryStore,
+        entered: Notify,
+        release: Notify,
+    }
+
+    #[async_trait::async_trait]
+    impl SessionStore for HeldApprovals {
+        fn engine(&self) -> &'static str {
+            self.inner.engine()
+        }
+        async fn create_session(&self, s: &NewSession) -> Result<Session, StoreError> {
+            self.inner.create_session(s).await
+        }
+        async fn get_session(&self, id: &str) -> Result<Session, StoreError> {
+            self.inner.get_session(id).await
+        }
+        async fn list_sessions(&self, f: &SessionFilter) -> Result<SessionPage, StoreError> {
+            self.inner.list_sessions(f).await
+        }
+        async fn run_session(&self, run: &str) -> Result<Session, StoreError> {
+            self.inner.run_session(run).await
+        }
+        async fn owner_usage(
+            &self,
+            owner: &str,
+            window: Duration,
+            cap: u64,
+        ) -> Result<OwnerUsage, StoreError> {
+            self.inner.owner_usage(owner, window, cap).await
+        }
+        async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
+            self.inner.delete_session(id).await
+        }
+        async fn transcript(&self, id: &str) -> Result<Vec<Message>, StoreError> {
+            self.inner.transcript(id).await
+        }
+        async fn transcript_after(&self, id: &str, from: u64) -> Result<Vec<Message>, StoreError> {
+            self.inner.transcript_after(id, from).await
+        }
+        async fn begin_run(&self, s: &str, r: &str, rep: &str) -> Result<RunLease, StoreError> {
+            self.inner.begin_run(s, r, rep).await
+        }
+        async fn renew(&self, l: &RunLease) -> Result<(), StoreError> {
+            self.inner.renew(l).await
+        }
+        async fn append(&self, l: &RunLease, m: &[Message]) -> Result<(), StoreError> {
+            self.inner.append(l, m).await
+        }
+        async fn stage_turn(&self, l: &RunLease, t: Option<&Message>) -> Result<(), StoreError> {
+            self.inner.stage_turn(l, t).await
+        }
+        async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
+            self.inner.end_run(l, m, e).await
+        }
+        async fn request_approval(&self, l: &RunLease, c: &str) -> Result<(), StoreError> {
+            let release = self.release.notified();
+            self.entered.notify_one();
+            release.await;
+            self.inner.request_approval(l, c).await
+        }
+        async fn resolve_approval(&self, r: &str, c: &str, d: &Decision) -> Result<(), StoreError> {
+            self.inner.resolve_approval(r, c, d).await
+        }
+        async fn expire_approval(
+            &self,
+            l: &RunLease,
+            c: &str,
+        ) -> Result<Option<Decision>, StoreError> {
+            self.inner.expire_approval(l, c).await
+        }
+        async fn request_cancel(&self, run: &str, reason: &str) -> Result<(), StoreError> {
+            self.inner.request_cancel(run, reason).await
+        }
+        async fn signals(
+            &self,
+            replica: &str,
+            waiting: &[(String, String)],
+        ) -> Result<Vec<Signal>, StoreError> {
+            self.inner.signals(replica, waiting).await
+        }
+        async fn claim_expired(
+            &self,
+            replica: &str,
+            limit: u32,
+        ) -> Result<Vec<ClaimedRun>, StoreError> {
+            self.inner.claim_expired(replica, limit).await
+        }
+        async fn expire_sessions(
+            &self,
+            ttl: Duration,
+            limit: u32,
+        ) -> Result<Vec<Session>, StoreError> {
+            self.inner.expire_sessions(ttl, limit).await
+        }
+        fn subscribe(&self) -> broadcast::Receiver<String> {
+            self.inner.subscribe()
+        }
+        async fn close(&self) {
+            self.inner.close().await
+        }
+    }
+
+    /// The batch stops while the approval request is being recorded: the
+    /// client never hears of it, and the store's record is withdrawn.
+    #[tokio::test]
+    async fn no_approval_request_is_sent_once_the_batch_stopped_during_its_store_write() {
+        let store = Arc::new(HeldApprovals {
+            inner: MemoryStore::default(),
+            entered: Notify::new(),
+            release: Notify::new(),
+        });
+        store
+            .create_session(&NewSession {
+                id: "s1".into(),
+                agent: "a".into(),
+                owner: "o".into(),
+                extra_hooks: vec![],
+                metadata: Default::default(),
+            })
+            .await
+            .unwrap();
+        let lease = store.begin_run("s1", "r1", "me").await.unwrap();
+        let config = Config::parse(
+            "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\n",
+            "test",
+        )
+        .unwrap();
+        let agent = Arc::new(AgentRuntime {
+            config: config.agents[0].clone(),
+            model: crate::server::build_models(&config).unwrap()["m"].clone(),
+        });
+        let inst = Instruments::new(&config.telemetry);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let hooks = RunHooks::new(
+            vec![],
+            EventContext::default(),
+            deadline,
+            Duration::from_secs(5),
+            inst.clone(),
+        );
+        let (tx, mut events) = mpsc::channel(16);
+        let run = Arc::new(Run::new(
+            "r1".into(),
+            "s1".into(),
+            agent,
+            hooks,
+            Arc::new(HookRegistry::new(&config).unwrap()),
+            true,
+            Arc::new(Approvals::default()),
+            deadline,
+            tx,
+            inst,
+            Ledger::new(store.clone(), lease),
+        ));
+        let stop = BatchStop::default();
+        let asking = tokio::spawn({
+            let (run, stop) = (run.clone(), stop.clone());
+            async move {
+                let call = ToolCall {
+                    id: "c1".into(),
+                    name: "t".into(),
+                    arguments_json: "{}".into(),
+                };
+                let ask = Ask {
+                    question: "run t?".into(),
+                    timeout: None,
+                };
+                run.ask_approval(1, 0, &call, "h", ask, &stop).await
+            }
+        });
+        store.entered.notified().await;
+        // Another call of the batch terminates while the request is written.
+        stop.token().cancel();
+        store.release.notify_one();
+        let outcome = asking.await.unwrap();
+        assert!(matches!(outcome, Some(CallOutcome::Halted)), "{outcome:?}");
+        while let Ok(ev) = events.try_recv() {
+            assert!(
+                !matches!(*ev, RunEvent::ApprovalRequested { .. }),
+                "an approval request reached the client after the batch stopped"
+            );
+        }
+        let approve = Decision {
+            approve: true,
+            note: String::new(),
+        };
+        assert!(
+            matches!(
+                store.resolve_approval("r1", "c1", &approve).await,
+                Err(StoreError::ApprovalNotPending { .. })
+            ),
+            "the request is withdrawn in the store"
+        );
+    }
 }
