@@ -12,7 +12,7 @@ use crate::engine::Engine;
 use crate::pb;
 use crate::pb::agent_service_server::AgentService;
 use crate::server::convert;
-use crate::server::status::{invalid, missing, no_principal};
+use crate::server::status::{self, invalid, missing, no_principal};
 use crate::store::SessionFilter;
 
 pub struct AgentApi {
@@ -37,6 +37,19 @@ fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
         .get::<Principal>()
         .cloned()
         .ok_or_else(no_principal)
+}
+
+/// The client's answer when a run's task ended without its report. The
+/// task error's text can quote a panic's message (content): debug only.
+/// Where a panic happened, the panic hook has logged already.
+fn task_lost(run_id: &str, e: &tokio::task::JoinError) -> Status {
+    tracing::error!(
+        run_id,
+        panicked = e.is_panic(),
+        "a run's task ended without its report"
+    );
+    tracing::debug!(run_id, error = %e, "run task error");
+    status::run_task_lost()
 }
 
 type RunStream = Pin<Box<dyn Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
@@ -177,7 +190,7 @@ impl AgentService for AgentApi {
                     &session.id,
                     &session.agent,
                 )),
-                Err(e) => Err(Status::internal(format!("run task failed: {e}"))),
+                Err(e) => Err(task_lost(&run_id, &e)),
             };
             let _ = tx.send(last).await;
         });
@@ -209,10 +222,8 @@ impl AgentService for AgentApi {
             }
         }
         left.0 = None;
-        let report = handle
-            .task
-            .await
-            .map_err(|e| Status::internal(format!("run task failed: {e}")))?;
+        let run_id = handle.run_id;
+        let report = handle.task.await.map_err(|e| task_lost(&run_id, &e))?;
         Ok(Response::new(convert::report(&report)))
     }
 
@@ -280,4 +291,20 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(produce(tx));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lost_run_task_answers_internal_without_the_panic_message() {
+        let e = tokio::spawn(async { panic!("the user's secret") })
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("the user's secret"), "{e}");
+        let s = task_lost("r1", &e);
+        assert_eq!(s.code(), tonic::Code::Internal);
+        assert_eq!(s.message(), crate::agent::contain::INTERNAL_ERROR);
+    }
 }
