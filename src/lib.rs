@@ -18,6 +18,7 @@ pub mod lock;
 pub mod message;
 pub mod model;
 pub mod pb;
+pub mod request;
 pub mod server;
 pub mod session;
 pub mod store;

@@ -11,8 +11,9 @@ use crate::auth::Principal;
 use crate::engine::Engine;
 use crate::pb;
 use crate::pb::agent_service_server::AgentService;
+use crate::request::{CreateSession, ResolveApproval, RunRef, SessionRef, StartRun};
 use crate::server::convert;
-use crate::server::status::{self, invalid, missing, no_principal};
+use crate::server::status::{self, no_principal};
 use crate::store::SessionFilter;
 
 pub struct AgentApi {
@@ -61,18 +62,10 @@ impl AgentService for AgentApi {
         req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let who = principal(&req)?;
-        let r = req.into_inner();
-        if r.agent.is_empty() {
-            return Err(missing("agent"));
-        }
+        let r = CreateSession::try_from(req.into_inner())?;
         let s = self
             .engine
-            .create_session(
-                &who,
-                &r.agent,
-                r.extra_hooks,
-                r.metadata.into_iter().collect(),
-            )
+            .create_session(&who, &r.agent, r.extra_hooks, r.metadata)
             .await?;
         let hooks = self.engine.session_hook_names(&s);
         Ok(Response::new(convert::session(&s, hooks, true)))
@@ -83,11 +76,8 @@ impl AgentService for AgentApi {
         req: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let who = principal(&req)?;
-        let id = req.into_inner().session_id;
-        if id.is_empty() {
-            return Err(missing("session_id"));
-        }
-        let s = self.engine.get_session(&who, &id).await?;
+        let r = SessionRef::try_from(req.into_inner())?;
+        let s = self.engine.get_session(&who, &r.session_id).await?;
         let hooks = self.engine.session_hook_names(&s);
         Ok(Response::new(convert::session(&s, hooks, true)))
     }
@@ -97,20 +87,7 @@ impl AgentService for AgentApi {
         req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let who = principal(&req)?;
-        let r = req.into_inner();
-        if r.page_size < 0 {
-            return Err(invalid(
-                "page_size",
-                "must not be negative (0 means the default, 100)",
-            ));
-        }
-        // Whose sessions the caller sees is the engine's decision.
-        let filter = SessionFilter {
-            owner: None,
-            agent: (!r.agent.is_empty()).then_some(r.agent),
-            page_size: u32::try_from(r.page_size).unwrap_or(0),
-            page_token: r.page_token,
-        };
+        let filter = SessionFilter::try_from(req.into_inner())?;
         let page = self.engine.list_sessions(&who, filter).await?;
         Ok(Response::new(pb::ListSessionsResponse {
             sessions: page
@@ -127,11 +104,8 @@ impl AgentService for AgentApi {
         req: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
         let who = principal(&req)?;
-        let id = req.into_inner().session_id;
-        if id.is_empty() {
-            return Err(missing("session_id"));
-        }
-        self.engine.delete_session(&who, &id).await?;
+        let r = SessionRef::try_from(req.into_inner())?;
+        self.engine.delete_session(&who, &r.session_id).await?;
         Ok(Response::new(pb::DeleteSessionResponse {}))
     }
 
@@ -140,10 +114,7 @@ impl AgentService for AgentApi {
     async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<RunStream>, Status> {
         let who = principal(&req)?;
         let trace = trace_headers(&req);
-        let r = req.into_inner();
-        if r.session_id.is_empty() {
-            return Err(missing("session_id"));
-        }
+        let r = StartRun::try_from(req.into_inner())?;
         let session = self.engine.session_info(&who, &r.session_id).await?;
         let mut handle = self
             .engine
@@ -203,10 +174,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::RunResult>, Status> {
         let who = principal(&req)?;
         let trace = trace_headers(&req);
-        let r = req.into_inner();
-        if r.session_id.is_empty() {
-            return Err(missing("session_id"));
-        }
+        let r = StartRun::try_from(req.into_inner())?;
         let mut handle = self
             .engine
             .start_run(&who, &r.session_id, r.input, false, trace)
@@ -232,11 +200,8 @@ impl AgentService for AgentApi {
         req: Request<pb::CancelRunRequest>,
     ) -> Result<Response<pb::CancelRunResponse>, Status> {
         let who = principal(&req)?;
-        let id = req.into_inner().run_id;
-        if id.is_empty() {
-            return Err(missing("run_id"));
-        }
-        self.engine.cancel_run(&who, &id).await?;
+        let r = RunRef::try_from(req.into_inner())?;
+        self.engine.cancel_run(&who, &r.run_id).await?;
         Ok(Response::new(pb::CancelRunResponse {}))
     }
 
@@ -245,13 +210,7 @@ impl AgentService for AgentApi {
         req: Request<pb::ResolveApprovalRequest>,
     ) -> Result<Response<pb::ResolveApprovalResponse>, Status> {
         let who = principal(&req)?;
-        let r = req.into_inner();
-        if r.run_id.is_empty() {
-            return Err(missing("run_id"));
-        }
-        if r.call_id.is_empty() {
-            return Err(missing("call_id"));
-        }
+        let r = ResolveApproval::try_from(req.into_inner())?;
         self.engine
             .resolve_approval(&who, &r.run_id, &r.call_id, r.approve, r.note)
             .await?;

@@ -5,6 +5,7 @@ mod convert;
 mod grpc;
 mod limits;
 pub mod preflight;
+mod request;
 mod status;
 
 pub use status::unauthenticated;

@@ -5,6 +5,7 @@ use tonic::{Code, Status};
 use crate::agent::contain::INTERNAL_ERROR;
 use crate::auth::AuthError;
 use crate::engine::EngineError;
+use crate::server::request::InvalidRequest;
 use crate::store::StoreError;
 
 impl From<EngineError> for Status {
@@ -72,14 +73,12 @@ pub fn decode_rejection(s: &Status, max_input_bytes: usize) -> Option<Status> {
     }
 }
 
-/// A required request field was empty.
-pub fn missing(field: &str) -> Status {
-    Status::invalid_argument(format!("`{field}` is required"))
-}
-
-/// A request field with a value no request may carry.
-pub fn invalid(field: &str, why: &str) -> Status {
-    Status::invalid_argument(format!("`{field}` {why}"))
+/// A request refused at the boundary: the caller's mistake, and the message
+/// names the field (and the limit) without quoting what was refused.
+impl From<InvalidRequest> for Status {
+    fn from(e: InvalidRequest) -> Status {
+        Status::invalid_argument(e.to_string())
+    }
 }
 
 /// A run's task that ended without its report: it panicked outside the
