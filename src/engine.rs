@@ -437,7 +437,38 @@ impl Engine {
             access::ListScope::All => None,
             access::ListScope::OwnedBy(o) => Some(o),
         };
-        Ok(self.store.list_sessions(&filter).await?)
+        let mut page = self.store.list_sessions(&filter).await?;
+        // A page of many sessions with large metadata can pass what gRPC
+        // clients receive by default (4 MiB): it ends early instead, and the
+        // rest follows on the next page. At least one session per page, so
+        // paging always advances.
+        let mut bytes = 0;
+        let over = page.sessions.iter().position(|s| {
+            bytes += self.listed_bytes(s);
+            bytes > MAX_PAGE_BYTES
+        });
+        if let Some(n) = over.map(|n| n.max(1)) {
+            if n < page.sessions.len() {
+                page.sessions.truncate(n);
+                page.next_page_token = crate::store::page_token(&page.sessions[n - 1]);
+            }
+        }
+        Ok(page)
+    }
+
+    /// About what `s` takes in a ListSessions page: its strings, plus room
+    /// for the numbers and the framing.
+    fn listed_bytes(&self, s: &Session) -> usize {
+        const FRAMING: usize = 128;
+        let hooks: usize = self.session_hook_names(s).iter().map(|h| h.len() + 4).sum();
+        let metadata: usize = s.metadata.iter().map(|(k, v)| k.len() + v.len() + 12).sum();
+        FRAMING
+            + s.id.len()
+            + s.agent.len()
+            + s.owner.len()
+            + s.active_run.as_ref().map_or(0, String::len)
+            + hooks
+            + metadata
     }
 
     pub async fn delete_session(&self, principal: &Principal, id: &str) -> Result<(), EngineError> {
@@ -721,3 +752,8 @@ impl Engine {
         self.runs.locked().values().cloned().collect()
     }
 }
+
+/// Most bytes of sessions one ListSessions page carries (estimated by
+/// `Engine::listed_bytes`): half of the 4 MiB gRPC clients receive by
+/// default, so that a page never needs a client to raise its limit.
+pub const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;

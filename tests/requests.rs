@@ -1,7 +1,8 @@
 //! What a client request may carry, over real gRPC and on every store:
 //! NUL characters (which PostgreSQL cannot keep in TEXT) and fields over
 //! their size limits are refused with INVALID_ARGUMENT naming the field,
-//! never INTERNAL, and never with a message that quotes what was refused.
+//! never INTERNAL, and never with a message that quotes what was refused;
+//! a listing of sessions stays within what clients receive by default.
 
 mod support;
 
@@ -428,6 +429,59 @@ async fn fields_over_their_limits_are_refused_naming_the_limit() {
         .await,
         "page_token",
         "the limit is 256 bytes",
+    );
+    rig.server.stop().await;
+}
+
+/// Sessions at the metadata limit, more than 4 MiB of them: a page of up to
+/// 1000 still reaches a client with gRPC's default 4 MiB receive limit, and
+/// paging on returns every session once.
+#[tokio::test]
+async fn a_listing_of_large_sessions_fits_a_clients_default_receive_limit() {
+    let rig = rig("").await;
+    let mut c = rig.server.client().await;
+    let metadata: HashMap<String, String> = (0..4)
+        .map(|i| (format!("k{i}"), "v".repeat(4094)))
+        .collect();
+    let mut created = std::collections::HashSet::new();
+    for _ in 0..300 {
+        let s = c
+            .create_session(pb::CreateSessionRequest {
+                agent: "a".into(),
+                metadata: metadata.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        created.insert(s.id);
+    }
+    let mut listed = Vec::new();
+    let mut pages = 0;
+    let mut token = String::new();
+    loop {
+        let page = c
+            .list_sessions(pb::ListSessionsRequest {
+                page_size: 1000,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .expect("the page fits the client's receive limit")
+            .into_inner();
+        pages += 1;
+        assert!(!page.sessions.is_empty(), "every page advances");
+        listed.extend(page.sessions.into_iter().map(|s| s.id));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert!(pages > 1, "300 sessions of 16 KiB take more than one page");
+    assert_eq!(listed.len(), 300, "each session once");
+    assert_eq!(
+        listed.into_iter().collect::<std::collections::HashSet<_>>(),
+        created
     );
     rig.server.stop().await;
 }
