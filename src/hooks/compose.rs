@@ -276,8 +276,7 @@ pub enum Merged {
 }
 
 /// `additional_params` keys a patch may not set: what a typed patch field
-/// sets (`temperature`, `max_tokens` and its newer name
-/// `max_completion_tokens`, the tools `active_tools` leaves and their legacy
+/// sets (`temperature`, `max_tokens`, the tools `active_tools` leaves and their legacy
 /// `functions` form, `tool_choice` and `function_call`, the `messages` built
 /// from the prompt, context and history), and what hookwire owns (`model`,
 /// `stream`). Merged last into the provider's body, such a key would beat
@@ -285,10 +284,13 @@ pub enum Merged {
 /// conflict recorded, skip the field's checks (the temperature range, the
 /// tool choice against the active tools) and could offer tools
 /// `active_tools` removed.
-pub const RESERVED_PARAMS: [&str; 10] = [
+///
+/// `max_completion_tokens` is not among them: the provider sends the typed
+/// field as `max_tokens`, and models that accept only the newer name get
+/// their limit this way (with `max_tokens` left unset).
+pub const RESERVED_PARAMS: [&str; 9] = [
     "temperature",
     "max_tokens",
-    "max_completion_tokens",
     "tools",
     "functions",
     "tool_choice",
@@ -894,7 +896,6 @@ mod tests {
         for (key, value) in [
             ("temperature", json!(1.9)),
             ("max_tokens", json!(100_000)),
-            ("max_completion_tokens", json!(100_000)),
             ("tools", json!([])),
             ("tool_choice", json!("required")),
             ("functions", json!([])),
