@@ -446,8 +446,15 @@ async fn auth_none_is_refused_off_loopback() {
     );
 }
 
-#[tokio::test]
-async fn quotas_are_hit_per_principal_and_recover() {
+/// A server with token auth and `quotas`, where a "weather" run of agent
+/// `a` waits for approval (the asker hook); the hooks live as long as it.
+struct QuotaServer {
+    server: TestServer,
+    admin: std::net::SocketAddr,
+    _kept: (Tokens, TestHook, TestHook),
+}
+
+async fn quota_server(quotas: &str) -> QuotaServer {
     let tokens = Tokens::write();
     let asker = asker("may I?", 0).start().await;
     let owner = weather_owner().start().await;
@@ -456,8 +463,22 @@ async fn quotas_are_hit_per_principal_and_recover() {
         "tools: [get_weather]",
     );
     yaml.push_str(&tokens.auth_yaml());
-    yaml.push_str("quotas: {max_sessions: 2, max_concurrent_runs: 1, runs_per_minute: 3}\n");
+    yaml.push_str(&format!("quotas: {quotas}\n"));
     let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    QuotaServer {
+        server,
+        admin,
+        _kept: (tokens, asker, owner),
+    }
+}
+
+#[tokio::test]
+async fn quotas_are_hit_per_principal_and_recover() {
+    let QuotaServer {
+        server,
+        admin,
+        _kept,
+    } = quota_server("{max_sessions: 2, max_concurrent_runs: 1, runs_per_minute: 3}").await;
     let mut alice = sa::client(&server.addr, Some(ALICE)).await;
     let mut bob = sa::client(&server.addr, Some(BOB)).await;
 
@@ -575,16 +596,11 @@ async fn quotas_are_hit_per_principal_and_recover() {
 /// be checked first, answering RESOURCE_EXHAUSTED for a busy session.
 #[tokio::test]
 async fn a_run_on_a_busy_session_is_refused_as_busy_not_over_quota() {
-    let tokens = Tokens::write();
-    let asker = asker("may I?", 0).start().await;
-    let owner = weather_owner().start().await;
-    let mut yaml = config(
-        &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
-        "tools: [get_weather]",
-    );
-    yaml.push_str(&tokens.auth_yaml());
-    yaml.push_str("quotas: {max_concurrent_runs: 1}\n");
-    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let QuotaServer {
+        server,
+        admin,
+        _kept,
+    } = quota_server("{max_concurrent_runs: 1}").await;
     let mut alice = sa::client(&server.addr, Some(ALICE)).await;
     let s = sa::new_session(&mut alice, "a").await.unwrap();
     let (run_id, _, mut stream) = paused_run(&mut alice, &s).await;
@@ -620,16 +636,11 @@ async fn a_run_on_a_busy_session_is_refused_as_busy_not_over_quota() {
 /// cannot run more than alice's limit.
 #[tokio::test]
 async fn an_admins_runs_in_a_users_sessions_count_for_that_user() {
-    let tokens = Tokens::write();
-    let asker = asker("may I?", 0).start().await;
-    let owner = weather_owner().start().await;
-    let mut yaml = config(
-        &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
-        "tools: [get_weather]",
-    );
-    yaml.push_str(&tokens.auth_yaml());
-    yaml.push_str("quotas: {max_concurrent_runs: 1}\n");
-    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let QuotaServer {
+        server,
+        admin,
+        _kept,
+    } = quota_server("{max_concurrent_runs: 1}").await;
     let mut alice = sa::client(&server.addr, Some(ALICE)).await;
     let mut root = sa::client(&server.addr, Some(ROOT)).await;
     let s1 = sa::new_session(&mut alice, "a").await.unwrap();
