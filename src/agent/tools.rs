@@ -234,23 +234,30 @@ pub async fn process_call(
             let deadline = (Instant::now()
                 + owner.config.timeout_for(crate::event::EventKind::ToolCall))
             .min(run.deadline);
-            let slot = tokio::select! {
-                biased;
-                _ = stop.stopped() => return CallOutcome::Halted,
-                _ = run.cancel.cancelled() => {
-                    return run
-                        .stopped_from_outside()
-                        .map_or(CallOutcome::Halted, CallOutcome::Stop)
+            // A slot free now: nothing was awaited since the checks above,
+            // so nothing can have stopped meanwhile (and the common case
+            // pays for no cancellation waiters).
+            if let Some(slot) = owner.try_tool_slot() {
+                Some((Ok(slot), deadline))
+            } else {
+                let slot = tokio::select! {
+                    biased;
+                    _ = stop.stopped() => return CallOutcome::Halted,
+                    _ = run.cancel.cancelled() => {
+                        return run
+                            .stopped_from_outside()
+                            .map_or(CallOutcome::Halted, CallOutcome::Stop)
+                    }
+                    slot = owner.tool_slot(deadline) => slot,
+                };
+                if let Some(halted) = gate() {
+                    return halted;
                 }
-                slot = owner.tool_slot(deadline) => slot,
-            };
-            Some((slot, deadline))
+                Some((slot, deadline))
+            }
         }
         None => None,
     };
-    if let Some(halted) = gate() {
-        return halted;
-    }
     run.emit(RunEvent::ToolStarted {
         turn,
         index,

@@ -721,6 +721,16 @@ impl HookClient {
         )
     }
 
+    /// A stream slot for one `CallTool` if one is free now, without
+    /// waiting.
+    pub fn try_tool_slot(&self) -> Option<ToolSlot<'_>> {
+        let lease = self.pool.try_acquire()?;
+        Some(ToolSlot {
+            client: self,
+            lease,
+        })
+    }
+
     /// A stream slot for one `CallTool` on this server's connections,
     /// waiting (until `deadline`) while every connection is at its stream
     /// limit. Taken apart from the call: that wait can last up to the

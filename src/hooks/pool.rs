@@ -158,7 +158,8 @@ impl Pool {
         }
     }
 
-    fn try_acquire(&self) -> Option<Lease> {
+    /// A slot if one is free now (or a connection may be opened for it).
+    pub fn try_acquire(&self) -> Option<Lease> {
         let mut s = self.inner.state.locked();
         let choice = s.placement.place();
         let conn = match choice {
