@@ -1310,6 +1310,7 @@ async fn a_call_waiting_for_a_connection_slot_never_runs_after_a_terminate() {
 /// said continue) and the model's own arguments go to the tool.
 #[tokio::test]
 async fn rewritten_arguments_are_checked_against_the_tools_schema() {
+    let (logs, _guard) = support::logwatch::LogWatch::install("info");
     for (args, failure) in [
         (r#"{"town":"Paris"}"#, "closed"),
         ("[1]", "closed"),
@@ -1375,6 +1376,13 @@ async fn rewritten_arguments_are_checked_against_the_tools_schema() {
                     .any(|v| v.hook == "rewriter" && v.failed_open == "invalid_verdict"),
                 "{:?}",
                 r.hook_verdicts
+            );
+            // The schema's complaint names the hook's keys: not above debug.
+            let warned = logs.lines_with(&["WARN", "hook failed", "rewriter"]);
+            assert!(!warned.is_empty(), "{}", logs.contents());
+            assert!(
+                warned.iter().all(|l| !l.contains("required property")),
+                "{warned:?}"
             );
         }
         server.stop().await;

@@ -152,9 +152,13 @@ impl RunHooks {
         };
         match validate_call(&rewritten, std::slice::from_ref(tool), schema) {
             None => Ok(()),
-            Some((_, error)) => Err(Fault::new(
+            // The schema's complaint names the hook's keys (and paths into
+            // them): that goes to the run's reason, not to logs above
+            // debug or to spans.
+            Some((_, error)) => Err(Fault::quoting_hook(
                 FailureClass::InvalidVerdict,
                 format!("rewrite_args: {error}"),
+                "rewrite_args do not match the tool's schema",
             )),
         }
     }
