@@ -509,12 +509,14 @@ async fn turn_end_redaction_covers_the_final_message_after_continue_run() {
 
     let chats = chats(&spans);
     assert_eq!(chats.len(), 2);
-    // turn_end runs after the answer's chat span was recorded: that record
-    // predates the redaction. Every later one shows the redaction.
-    assert!(chats[0]
-        .attr(attrs::GEN_AI_OUTPUT_MESSAGES)
-        .unwrap()
-        .contains(SENTINEL));
+    // The answer's own chat span waited for turn_end: its output is the
+    // redaction, as is every later record.
+    assert_eq!(
+        json_attr(chats[0], attrs::GEN_AI_OUTPUT_MESSAGES),
+        json!([{"role": "assistant", "parts": [{"type": "text", "content": "[final withheld]"}],
+                "finish_reason": "stop"}])
+    );
+    assert_nowhere(&spans, SENTINEL);
     let input = json_attr(chats[1], attrs::GEN_AI_INPUT_MESSAGES);
     assert_eq!(
         input[1],
@@ -524,6 +526,33 @@ async fn turn_end_redaction_covers_the_final_message_after_continue_run() {
         .attributes
         .iter()
         .any(|(_, v)| v.contains(SENTINEL)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_answer_rejected_at_turn_end_is_never_recorded() {
+    const SENTINEL: &str = "SENTINEL-FINAL-4e07";
+    let guard = FnHook::new("guard", &[K::TurnEnd])
+        .on_turn_end(|_, _| async move {
+            Reply::new(pb::TurnEndVerdict {
+                action: Some(pb::turn_end_verdict::Action::Terminate(pb::Terminate {
+                    reason: "answer withheld".into(),
+                    reply: Some("I cannot share that.".into()),
+                })),
+            })
+        })
+        .start()
+        .await;
+    let yaml = capture_config(&[("guard", &guard.addr, "")], "");
+    let (spans, result) = run_and_export(&yaml, "secret final please").await;
+    assert_eq!(outcome(&result), pb::RunOutcome::Terminated);
+    assert_eq!(result.final_text, "I cannot share that.");
+
+    let chats = chats(&spans);
+    assert_eq!(chats.len(), 1);
+    // The call's input is recorded; the rejected answer is not.
+    assert!(chats[0].attr(attrs::GEN_AI_INPUT_MESSAGES).is_some());
+    assert_eq!(chats[0].attr(attrs::GEN_AI_OUTPUT_MESSAGES), None);
+    assert_nowhere(&spans, SENTINEL);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

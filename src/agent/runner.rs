@@ -434,6 +434,10 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     // model_response hooks decided what the output content is.
     let mut input_redaction: Option<String> = None;
     let mut chat_span: Option<Span> = None;
+    // A final answer's chat span and finish reason, awaiting the blocking
+    // turn_end hooks: its output is recorded only once they accepted it
+    // (with their redaction), and never when one rejected it.
+    let mut final_output: Option<(Span, String)> = None;
     // The tools offered to the model call in flight (the agent's, narrowed
     // by model_request patches): its tool calls may only name these.
     let mut offered = tools.clone();
@@ -521,6 +525,7 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                         &mut provisional,
                         review_final,
                         chat_span.take(),
+                        &mut final_output,
                     ))
                     .await;
                 Feed::ModelResponse(r)
@@ -558,6 +563,7 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                 Feed::ToolBatch(r)
             }
             Step::TurnEnd(message) => {
+                let output = final_output.take();
                 let r = run
                     .guarded(async {
                         let out = run
@@ -567,13 +573,22 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                             .map_err(Stop::HookFailed)?;
                         run.emit_records(&out.records);
                         run.content.redact_message(&out.payload, out.redaction);
-                        match out.stop {
-                            None => Ok(EndDecision::Finish),
-                            Some((_, TurnEndStop::ContinueRun(m))) => {
-                                Ok(EndDecision::ContinueRun(m))
+                        let decision = match out.stop {
+                            None => EndDecision::Finish,
+                            Some((_, TurnEndStop::ContinueRun(m))) => EndDecision::ContinueRun(m),
+                            // A rejected answer is never recorded; its span
+                            // ends without output.
+                            Some((hook, TurnEndStop::Terminate(t))) => {
+                                return Err(terminate(hook, t))
                             }
-                            Some((hook, TurnEndStop::Terminate(t))) => Err(terminate(hook, t)),
+                        };
+                        // Accepted: the answer's output, once, as every
+                        // hook that reviewed it left it.
+                        if let Some((span, finish_reason)) = output {
+                            run.content
+                                .record_response(&span, &out.payload, &finish_reason);
                         }
+                        Ok(decision)
                     })
                     .await;
                 // The answer is accepted (deltas held for turn_end go out
@@ -607,6 +622,9 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
             }
         }
     };
+    // A final answer whose turn_end never ran (the run stopped first) ends
+    // its span now, without output.
+    drop(final_output);
     // Deltas of a turn that was never accepted (a hook failure, a timeout,
     // a cancel after they were streamed) are withdrawn too.
     let reason = format!(
@@ -665,7 +683,8 @@ fn retract(run: &Run, provisional: &mut Option<u32>, reason: &str) {
 
 /// Calls the model under its `chat` span, streaming or holding deltas.
 /// Returns whether deltas reached the client provisionally, and the span
-/// (still open: output content is recorded after model_response hooks).
+/// (still open: output content is recorded after the model_response hooks,
+/// and for a final answer under blocking turn_end hooks, after those).
 /// `review_final`: blocking turn_end hooks review final answers.
 async fn call_model(
     run: &Run,
@@ -767,6 +786,7 @@ async fn review_response(
     provisional: &mut Option<u32>,
     review_final: bool,
     chat: Option<Span>,
+    final_output: &mut Option<(Span, String)>,
 ) -> Result<ResponseDecision, Stop> {
     let original_text = response.message().text();
     let out = run
@@ -804,12 +824,16 @@ async fn review_response(
                 }
             }
             // Output content, once, now that every model_response hook ran
-            // (never for a retried or rejected turn). A redaction covers
-            // the message from here on (later chat inputs included).
+            // (never for a retried or rejected turn); a final answer under
+            // blocking turn_end hooks waits for those too, its span open.
+            // A redaction covers the message from here on (later chat
+            // inputs included).
             if run.content.is_enabled() {
                 let message = out.payload.message();
                 run.content.redact_message(&message, out.redaction);
-                if let Some(span) = chat {
+                if await_turn_end {
+                    *final_output = chat.map(|span| (span, out.payload.finish_reason.clone()));
+                } else if let Some(span) = chat {
                     run.content
                         .record_response(&span, &message, &out.payload.finish_reason);
                 }

@@ -12,7 +12,11 @@
 //! | `model_response` | the accepted assistant message: text, reasoning and its tool calls' arguments | that `chat` span's output, later inputs, its calls' `execute_tool` arguments |
 //! | `invalid_tool_call`, `tool_call` | that call's arguments | its `execute_tool` span, later inputs |
 //! | `tool_result` | that call's result, as committed | its `execute_tool` span, later inputs |
-//! | `turn_end` | the final assistant message | later inputs (after `continue_run`) |
+//! | `turn_end` | the final assistant message | its `chat` span's output, later inputs (after `continue_run`) |
+//!
+//! Under blocking `turn_end` hooks a final answer's `chat` span stays open
+//! until they ran: its output is recorded once they accepted the answer,
+//! and not at all when one terminated the run (or the run stopped first).
 //!
 //! A redacted message keeps its tool calls' ids and names (they are on the
 //! `execute_tool` spans anyway), so a backend still pairs calls and results.
