@@ -88,7 +88,8 @@ impl History {
         self.iter().cloned().collect()
     }
 
-    /// Whether the two share the same prefix allocation (for tests).
+    /// Whether the two share the same prefix allocation: a copy of a
+    /// run's history does, a history a hook's patch replaced does not.
     pub fn shares_prefix_with(&self, other: &History) -> bool {
         Arc::ptr_eq(&self.prefix, &other.prefix)
     }

@@ -632,6 +632,51 @@ async fn a_model_request_redaction_is_still_a_semconv_message() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_request_redaction_covers_the_calls_messages_in_later_chat_spans() {
+    const SENTINEL: &str = "SENTINEL-REQSTICKY-2d8e";
+    // Redacts only when the newest message holds the secret: by the second
+    // call, the newest message is a tool result and the hook proceeds.
+    let guard = FnHook::new("guard", &[K::ModelRequest])
+        .on_model_request(|_, ev| async move {
+            let newest = ev
+                .request
+                .as_ref()
+                .and_then(|r| r.history.last())
+                .map(|m| format!("{m:?}"))
+                .unwrap_or_default();
+            let reply = Reply::new(pb::ModelRequestVerdict {
+                action: Some(pb::model_request_verdict::Action::Proceed(pb::Continue {})),
+            });
+            if newest.contains(SENTINEL) {
+                reply.redact_telemetry("[input withheld]")
+            } else {
+                reply
+            }
+        })
+        .start()
+        .await;
+    let owner = owner("sunny").start().await;
+    let yaml = capture_config(
+        &[("guard", &guard.addr, ""), ("owner", &owner.addr, "")],
+        "tools: [get_weather]",
+    );
+    let (spans, result) = run_and_export(&yaml, &format!("weather {SENTINEL}")).await;
+    assert_eq!(outcome(&result), pb::RunOutcome::Completed);
+
+    let chats = chats(&spans);
+    assert_eq!(chats.len(), 2);
+    let input = json_attr(chats[1], attrs::GEN_AI_INPUT_MESSAGES);
+    assert_eq!(
+        input[0],
+        json!({"role": "user", "parts": [{"type": "text", "content": "[input withheld]"}]})
+    );
+    // Later content is not covered: the call and its result show as they are.
+    assert_eq!(input[1]["parts"][0]["arguments"], json!({"city": "Paris"}));
+    assert_eq!(input[2]["parts"][0]["response"], "sunny");
+    assert_nowhere(&spans, SENTINEL);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_chat_spans_carry_the_response_id() {
     let llm = fakellm::FakeLlm::start(
         r#"

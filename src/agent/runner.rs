@@ -494,6 +494,22 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                         .await
                         .map_err(Stop::HookFailed)?;
                     run.emit_records(&out.records);
+                    if let Some(r) = &out.redaction {
+                        // Sticky: the messages of this input stay redacted
+                        // in later calls' records.
+                        let patched = match &out.merged {
+                            Merged::Request { request, .. }
+                                if !request.history.shares_prefix_with(&base.history) =>
+                            {
+                                Some(request.history.iter())
+                            }
+                            _ => None,
+                        };
+                        run.content.redact_input(
+                            base.history.iter().chain(patched.into_iter().flatten()),
+                            r,
+                        );
+                    }
                     input_redaction = out.redaction;
                     match out.merged {
                         Merged::Terminate { hook, terminate: t } => Err(terminate(hook, t)),

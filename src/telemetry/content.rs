@@ -8,7 +8,7 @@
 //! | event | the redaction covers | where it shows |
 //! |---|---|---|
 //! | `run_start` | the run's user message, as committed | input messages of every later `chat` span |
-//! | `model_request` | that one call's input (messages, system instructions) | that `chat` span |
+//! | `model_request` | that call's input (messages, system instructions) | that `chat` span; its messages in later inputs |
 //! | `model_response` | the accepted assistant message: text, reasoning and its tool calls' arguments | that `chat` span's output, later inputs, its calls' `execute_tool` arguments |
 //! | `invalid_tool_call`, `tool_call` | that call's arguments | its `execute_tool` span, later inputs |
 //! | `tool_result` | that call's result, as committed | its `execute_tool` span, later inputs |
@@ -51,7 +51,9 @@ pub struct ContentView {
 }
 
 /// The redacted form of each piece of content, keyed by the content itself.
-/// A run has a handful, so lists beat maps (and need no `Hash` on messages).
+/// A run has a handful, or at most one per message of its input (a
+/// `model_request` redaction), so lists beat maps (and need no `Hash` on
+/// messages): a lookup's comparisons mostly stop at the first block.
 #[derive(Debug, Default)]
 struct Redactions {
     messages: Vec<(Message, String)>,
@@ -153,9 +155,20 @@ impl Redactions {
     }
 
     /// A message replaced by `redaction`: one text part, then its tool calls
-    /// by id and name (arguments only where a call hook redacted them).
+    /// by id and name (arguments only where a call hook redacted them). A
+    /// message of tool results keeps one response per call id instead, each
+    /// the result's own redaction or `redaction`.
     fn redacted<'a>(&'a self, m: &'a Message, redaction: &'a str) -> ChatMessage<'a> {
-        let mut parts = vec![Part::Text { content: redaction }];
+        let mut parts: Vec<Part<'a>> = m
+            .tool_results_iter()
+            .map(|r| Part::ToolCallResponse {
+                id: non_empty(&r.call_id),
+                response: self.result(r).unwrap_or(redaction),
+            })
+            .collect();
+        if parts.is_empty() {
+            parts.push(Part::Text { content: redaction });
+        }
         parts.extend(m.tool_calls().map(|c| Part::ToolCall {
             id: non_empty(&c.id),
             name: &c.name,
@@ -191,6 +204,27 @@ impl ContentView {
     pub fn redact_message(&self, message: &Message, redaction: Option<String>) {
         if let Some(r) = redaction.filter(|_| self.is_enabled()) {
             upsert(&mut self.redactions().messages, message, r);
+        }
+    }
+
+    /// A `model_request` hook redacted a call's input: each of its messages
+    /// (as committed, and as a hook's `history` patch sent them) shows the
+    /// redaction in every later record too, unless it already has one of
+    /// its own. Otherwise a hook that redacts only when the newest message
+    /// holds a secret would see that secret recorded raw at the next call.
+    pub fn redact_input<'m>(
+        &self,
+        messages: impl IntoIterator<Item = &'m Message>,
+        redaction: &str,
+    ) {
+        if !self.is_enabled() {
+            return;
+        }
+        let mut redactions = self.redactions();
+        for m in messages {
+            if redactions.message(m).is_none() {
+                redactions.messages.push((m.clone(), redaction.to_string()));
+            }
         }
     }
 
@@ -548,6 +582,30 @@ mod tests {
     }
 
     #[test]
+    fn an_input_redaction_covers_each_message_but_keeps_their_own() {
+        let view = on();
+        let user = Message::user("my key is sk-1");
+        let asked = Message::user("which one?");
+        let results = Message::tool_results(vec![result("c1", "sk-5"), result("c2", "fine")]);
+        view.redact_message(&asked, Some("[own]".into()));
+        view.redact_result(&result("c2", "fine"), Some("[c2]".into()));
+        view.redact_input([&user, &asked, &results], "[input]");
+        let r = view.redactions();
+        assert_eq!(r.message(&user), Some("[input]"));
+        // A message's own, earlier redaction stands.
+        assert_eq!(r.message(&asked), Some("[own]"));
+        // Results keep their call ids (a backend still pairs them), each
+        // with its own redaction or the input's.
+        assert_eq!(
+            json_of(r.chat_message(&results)),
+            json!({"role": "tool", "parts": [
+                {"type": "tool_call_response", "id": "c1", "response": "[input]"},
+                {"type": "tool_call_response", "id": "c2", "response": "[c2]"},
+            ]})
+        );
+    }
+
+    #[test]
     fn the_latest_redaction_of_a_piece_of_content_wins() {
         let view = on();
         let m = Message::user("x");
@@ -564,6 +622,7 @@ mod tests {
         view.redact_message(&Message::user("x"), Some("[r]".into()));
         view.redact_arguments(&call("c", "{}"), Some("[r]".into()));
         view.redact_result(&result("c", "y"), Some("[r]".into()));
+        view.redact_input([&Message::user("z")], "[r]");
         let r = view.redactions();
         assert!(r.messages.is_empty() && r.arguments.is_empty() && r.results.is_empty());
     }
