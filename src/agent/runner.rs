@@ -801,7 +801,7 @@ async fn review_response(
     response: ModelResponse,
     provisional: &mut Option<u32>,
     review_final: bool,
-    chat: Option<Span>,
+    mut chat: Option<Span>,
     final_output: &mut Option<(Span, String)>,
 ) -> Result<ResponseDecision, Stop> {
     let original_text = response.message().text();
@@ -844,12 +844,16 @@ async fn review_response(
             // blocking turn_end hooks waits for those too, its span open.
             // A redaction covers the message from here on (later chat
             // inputs included).
+            // (The span's extent does not depend on content capture.)
+            if await_turn_end {
+                *final_output = chat
+                    .take()
+                    .map(|span| (span, out.payload.finish_reason.clone()));
+            }
             if run.content.is_enabled() {
                 let message = out.payload.message();
                 run.content.redact_message(&message, out.redaction);
-                if await_turn_end {
-                    *final_output = chat.map(|span| (span, out.payload.finish_reason.clone()));
-                } else if let Some(span) = chat {
+                if let Some(span) = chat {
                     run.content
                         .record_response(&span, &message, &out.payload.finish_reason);
                 }
