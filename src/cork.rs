@@ -30,9 +30,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use futures::{Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 
 /// The most a connection holds back; a pass that writes more sends as it
 /// goes.
@@ -60,18 +58,6 @@ enum State {
     Waiting,
     /// The pass is over: sending, until the buffer is empty.
     Sending,
-}
-
-/// The plain TCP connections `listener` accepts, as a tonic server takes
-/// them: corked, and with Nagle's algorithm off (tonic ignores its
-/// builder's `tcp_nodelay` for an incoming stream of one's own; without
-/// it small unary calls waited 40-90 ms).
-pub fn accepted(listener: TcpListener) -> impl Stream<Item = io::Result<Corked<TcpStream>>> {
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-        let s = s?;
-        let _ = s.set_nodelay(true);
-        Ok(Corked::new(s))
-    })
 }
 
 impl<IO> Corked<IO> {

@@ -377,8 +377,9 @@ pub async fn serve<H: Hook>(
     reporter
         .set_serving::<HookServiceServer<HookAdapter<H>>>()
         .await;
-    // Nagle off, and the verdicts of one scheduler pass in one write.
-    let incoming = crate::cork::accepted(listener);
+    // Nagle off, the verdicts of one scheduler pass in one write, and a
+    // deadline for a new connection's preface.
+    let incoming = crate::accept::plain(listener);
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(service(hook))

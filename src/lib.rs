@@ -2,6 +2,7 @@
 //! streaming gRPC at every lifecycle event of a run.
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod agent;
 pub mod auth;
 pub mod cli;

@@ -187,12 +187,14 @@ pub async fn serve_with_models(
     let server: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
         match tls {
             Some(tls) => {
-                // Corked as the plain ones are (`cork::accepted`).
-                let incoming = tls_incoming(listener, tls).map(|s| s.map(Corked::new));
+                // Corked, with a preface deadline, as the plain ones are
+                // (`accept::plain`).
+                let incoming = tls_incoming(listener, tls)
+                    .map(|s| s.map(|s| Corked::new(crate::accept::Preface::new(s))));
                 Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
             }
             None => {
-                let incoming = crate::cork::accepted(listener);
+                let incoming = crate::accept::plain(listener);
                 Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
             }
         };

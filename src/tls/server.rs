@@ -94,23 +94,11 @@ pub fn tls_incoming(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
+            let (tcp, peer) = tokio::select! {
+                a = crate::accept::next(&listener) => a,
                 // The server is gone: stop accepting (and free the port).
                 () = tx.closed() => return,
             };
-            let (tcp, peer) = match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off briefly
-                    // rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            // tonic ignores tcp_nodelay for our own incoming stream.
-            let _ = tcp.set_nodelay(true);
             let acceptor = TlsAcceptor::from(tls.config.current().as_ref().clone());
             let tx = tx.clone();
             tokio::spawn(async move {
