@@ -37,23 +37,10 @@ pub fn validate_call(
     match serde_json::from_str::<serde_json::Value>(&call.arguments_json) {
         Ok(args @ serde_json::Value::Object(_)) => {
             let validator = schema(spec)?;
-            // Masked: jsonschema's own text quotes the offending value
-            // (`["…"] is not of type "string"`), and this text becomes the
-            // call's error result, which telemetry records in later chat
-            // spans even when a hook redacted the arguments. The path and
-            // the rule broken are enough for the model to fix its call.
             let errors: Vec<String> = validator
                 .iter_errors(&args)
                 .take(5)
-                .map(|e| {
-                    let at = e.instance_path().to_string();
-                    let e = e.masked();
-                    if at.is_empty() {
-                        e.to_string()
-                    } else {
-                        format!("{at}: {e}")
-                    }
-                })
+                .map(|e| schema_error(&e))
                 .collect();
             (!errors.is_empty()).then(|| {
                 (
@@ -74,6 +61,33 @@ pub fn validate_call(
             CallProblem::InvalidArguments,
             format!("arguments are not valid JSON: {e}"),
         )),
+    }
+}
+
+/// One schema error, in words that quote nothing of the arguments.
+/// jsonschema's own text quotes the offending value (`["…"] is not of type
+/// "string"`) and names unexpected keys, and its instance path names the
+/// arguments' keys; this text becomes the call's error result, which
+/// telemetry records in later chat spans even when a hook redacted the
+/// arguments. The schema's location of the rule broken (names the tool's
+/// author chose) and the rule are enough for the model to fix its call.
+fn schema_error(e: &jsonschema::ValidationError<'_>) -> String {
+    use jsonschema::error::ValidationErrorKind as Kind;
+    let rule = match e.kind() {
+        Kind::AdditionalProperties { unexpected } => {
+            format!("{} unexpected properties", unexpected.len())
+        }
+        Kind::UnevaluatedProperties { unexpected } => {
+            format!("{} unevaluated properties", unexpected.len())
+        }
+        Kind::PropertyNames { .. } => "a property name does not match the schema".into(),
+        _ => e.masked().to_string(),
+    };
+    let at = e.schema_path().to_string();
+    if at.is_empty() {
+        rule
+    } else {
+        format!("{at}: {rule}")
     }
 }
 
@@ -376,5 +390,46 @@ mod tests {
             validate_call(&call("get_weather", "{"), &tools).unwrap().0,
             CallProblem::InvalidArguments
         );
+    }
+
+    #[test]
+    fn schema_errors_quote_nothing_of_the_arguments() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "tags": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "meta": {"type": "object", "propertyNames": {"maxLength": 3}}
+            },
+            "additionalProperties": false
+        });
+        let validator = Arc::new(jsonschema::validator_for(&schema).unwrap());
+        let tools = vec![ToolSpec {
+            name: "t".into(),
+            parameters_json_schema: schema.to_string(),
+            ..Default::default()
+        }];
+        let args = serde_json::json!({
+            "city": ["SECRET-VALUE"],
+            "SECRET-KEY": 1,
+            "tags": {"SECRET-TAG": "x"},
+            "meta": {"SECRET-NAME": 1}
+        });
+        let call = ToolCall {
+            id: "1".into(),
+            name: "t".into(),
+            arguments_json: args.to_string(),
+        };
+        let (_, error) = validate_call(&call, &tools, |_| Some(validator.clone())).unwrap();
+        assert!(!error.contains("SECRET"), "{error}");
+        // Each rule broken is still named, where the schema states it.
+        for expected in [
+            "/properties/city/type",
+            "/additionalProperties: 1 unexpected properties",
+            "/properties/tags/additionalProperties/type",
+            "/properties/meta/propertyNames",
+        ] {
+            assert!(error.contains(expected), "{expected} in {error}");
+        }
     }
 }
