@@ -217,6 +217,53 @@ async fn tls_problems_fail_closed_as_class_tls_saying_what_did_not_match() {
 }
 
 #[tokio::test]
+async fn a_tls_refusal_is_not_blamed_for_a_later_connect_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("hooks CA");
+    let client_ca = Ca::new("clients CA");
+    let ca_file = write_pem(dir.path(), "ca.pem", &ca.pem());
+    let client_ca_file = write_pem(dir.path(), "client-ca.pem", &client_ca.pem());
+    let (crt, key) = ca
+        .leaf(Use::Server, &["localhost"], &[])
+        .write(dir.path(), "good");
+    let p = |f: &std::path::PathBuf| f.to_str().unwrap().to_string();
+    let (crt, key, client_ca_file) = (p(&crt), p(&key), p(&client_ca_file));
+    // The server wants a client certificate hookwire does not have.
+    let mut hook = PythonHook::start(&[
+        "--features",
+        "redactor",
+        "--tls-cert",
+        &crt,
+        "--tls-key",
+        &key,
+        "--tls-client-ca",
+        &client_ca_file,
+    ])
+    .await;
+    let server = TestServer::start(&hook_yaml(
+        &https(&hook),
+        &format!("tls: {{ca_file: {}}}", ca_file.display()),
+    ))
+    .await;
+    let r = run_once(&server.addr, None).await;
+    assert!(
+        r.reason.contains("failed on run_start: tls: ") && r.reason.contains("client certificate"),
+        "{}",
+        r.reason
+    );
+    // Then the server is gone: nothing listens on its port any more.
+    hook.child.kill().await.unwrap();
+    let r = run_once(&server.addr, None).await;
+    assert_eq!(outcome(&r), pb::RunOutcome::HookFailed);
+    assert!(
+        r.reason.contains("failed on run_start: connect: "),
+        "a refused TCP connection is class connect, not the old TLS refusal: {}",
+        r.reason
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn rotated_certificates_and_tokens_are_picked_up_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("hooks CA");

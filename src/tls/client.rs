@@ -48,8 +48,9 @@ pub struct HookTls {
     /// done. In TLS 1.3 a server checks our client certificate only after
     /// the client considers the handshake complete, so "certificate
     /// required" or "unknown CA" arrives as an alert on the first read; the
-    /// HTTP/2 layer then only reports a closed connection. Kept here (per
-    /// connection attempt) so the hook client can say what happened.
+    /// HTTP/2 layer then only reports a closed connection. Kept here (for
+    /// the latest connection attempt: each attempt clears it) so the hook
+    /// client can say what happened.
     late_error: Arc<Mutex<Option<String>>>,
     /// Whether the server asked for a client certificate in the latest
     /// handshake, and whether we have one to give.
@@ -295,6 +296,10 @@ impl tower::Service<Uri> for HookConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let tls = self.tls.clone();
+        // A refusal noted on an earlier connection says nothing about this
+        // one: a later failure (the server gone, say) must not be reported
+        // as that refusal.
+        *tls.late_error.locked() = None;
         Box::pin(async move {
             let host = uri
                 .host()
