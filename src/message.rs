@@ -113,19 +113,23 @@ impl Message {
         })
     }
 
-    /// Gives each tool call without an id the id `{prefix}{position}`
-    /// (position among the message's calls). Calls a hook injected (`respond`,
-    /// `rewrite_response`) or a terse server sent may lack one, but results
-    /// are paired with calls by id, and approvals are addressed by it.
-    pub fn fill_missing_call_ids(&mut self, prefix: &str) {
+    /// Gives each tool call without a usable id the id `{prefix}{position}`
+    /// (position among the message's calls). Results are paired with calls
+    /// by id and approvals are addressed by it, so an id must be there,
+    /// unique in its message and at most `max_len` bytes (what a client may
+    /// send back in ResolveApproval); calls a hook injected (`respond`,
+    /// `rewrite_response`) or a terse or faulty server sent may break that.
+    pub fn normalize_call_ids(&mut self, prefix: &str, max_len: usize) {
         let calls = self.blocks.iter_mut().filter_map(|b| match b {
             Block::ToolCall(c) => Some(c),
             _ => None,
         });
+        let mut seen: Vec<String> = Vec::new();
         for (i, c) in calls.enumerate() {
-            if c.id.is_empty() {
+            if c.id.is_empty() || c.id.len() > max_len || seen.contains(&c.id) {
                 c.id = format!("{prefix}{i}");
             }
+            seen.push(c.id.clone());
         }
     }
 }
@@ -135,7 +139,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn calls_without_an_id_get_one_and_ids_are_kept() {
+    fn calls_without_a_usable_id_get_one_and_other_ids_are_kept() {
         let call = |id: &str| {
             Block::ToolCall(ToolCall {
                 id: id.into(),
@@ -150,11 +154,24 @@ mod tests {
                 call(""),
                 call("given"),
                 call(""),
+                call("given"),
+                call(&"x".repeat(9)),
+                call(&"y".repeat(8)),
             ],
         };
-        m.fill_missing_call_ids("hw_r1_2_");
+        m.normalize_call_ids("hw_r1_2_", 8);
         let ids: Vec<_> = m.tool_calls().map(|c| c.id.as_str()).collect();
-        assert_eq!(ids, ["hw_r1_2_0", "given", "hw_r1_2_2"]);
+        assert_eq!(
+            ids,
+            [
+                "hw_r1_2_0",
+                "given",
+                "hw_r1_2_2",
+                "hw_r1_2_3",
+                "hw_r1_2_4",
+                "yyyyyyyy"
+            ]
+        );
     }
 
     #[test]

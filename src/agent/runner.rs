@@ -813,7 +813,10 @@ async fn review_response(
     let mut out = out.map_err(Stop::HookFailed)?;
     run.emit_records(&out.records);
     if let Some(m) = out.payload.message.as_mut() {
-        m.fill_missing_call_ids(&call_id_prefix(&run.run_id, turn));
+        m.normalize_call_ids(
+            &call_id_prefix(&run.run_id, turn),
+            crate::hooks::wire::MAX_VERDICT_NAME,
+        );
     }
     let rewritten = out.payload.message().text() != original_text;
     match out.stop {

@@ -367,9 +367,17 @@ fn without_path_prefix(message: &str, path: &str) -> String {
 
 fn unique<'a>(errs: &mut Vec<(String, String)>, list: &str, names: impl Iterator<Item = &'a str>) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
+    // Clients name agents in requests and hooks in `extra_hooks`, which
+    // take names up to this long: a longer one could never be asked for.
+    let max = crate::hooks::wire::MAX_VERDICT_NAME;
     for (i, n) in names.enumerate() {
         if n.is_empty() {
             errs.push((format!("{list}[{i}].name"), "must not be empty".into()));
+        } else if n.len() > max {
+            errs.push((
+                format!("{list}[{i}].name"),
+                format!("is {} bytes; a name is at most {max} bytes", n.len()),
+            ));
         } else if let Some(first) = seen.insert(n, i) {
             errs.push((
                 format!("{list}[{i}].name"),
@@ -527,6 +535,16 @@ mod tests {
             let e = err(&format!("models: [{{name: m, provider: scripted}}]\nagents: [{{name: a, model: m}}]\nhooks: [{{name: h, endpoint: 'http://x:1', connections: {bad}}}]\n"));
             assert_eq!(e.path(), Some(path), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_name_no_request_could_carry_is_refused() {
+        let long = "a".repeat(1025);
+        let e = err(&format!(
+            "models: [{{name: m, provider: scripted}}]\nagents: [{{name: {long}, model: m}}]\n"
+        ));
+        assert_eq!(e.path(), Some("agents[0].name"));
+        assert!(e.to_string().contains("at most 1024 bytes"), "{e}");
     }
 
     #[test]
