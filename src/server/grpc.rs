@@ -127,7 +127,10 @@ impl AgentService for AgentApi {
             // the run is stopped now. It would otherwise notice only at
             // its next event, and a run waiting for an approval has none
             // to send: an answer given meanwhile still ran the tool.
-            // Registered once for the stream's life.
+            // Registered once for the stream's life. Every way out before
+            // the run's end (the client gone while we wait for an event or
+            // while we send one) goes through `left`.
+            let mut left = ClientGone(Some((engine, run_id.clone())));
             let gone = tx.closed();
             tokio::pin!(gone);
             let mut seq = 0;
@@ -135,22 +138,23 @@ impl AgentService for AgentApi {
                 let ev = tokio::select! {
                     biased;
                     ev = handle.events.recv() => ev,
-                    () = &mut gone => {
-                        engine.client_gone(&run_id);
-                        return;
-                    }
+                    () = &mut gone => return,
                 };
                 let Some(ev) = ev else { break };
                 seq += 1;
                 let last = matches!(*ev, RunEvent::Finished(_));
                 let msg = convert::run_event(&run_id, seq, &ev, &session.id, &session.agent);
+                if last {
+                    left.0 = None;
+                }
                 if tx.send(Ok(msg)).await.is_err() {
-                    return; // client gone: dropping `handle.events` cancels the run
+                    return;
                 }
                 if last {
                     return;
                 }
             }
+            left.0 = None;
             // The run ended while its event queue was full, so `Finished`
             // could not be queued: the report is the task's result.
             let last = match handle.task.await {
