@@ -113,23 +113,47 @@ impl Message {
         })
     }
 
-    /// Gives each tool call without a usable id the id `{prefix}{position}`
-    /// (position among the message's calls). Results are paired with calls
-    /// by id and approvals are addressed by it, so an id must be there,
-    /// unique in its message and at most `max_len` bytes (what a client may
-    /// send back in ResolveApproval); calls a hook injected (`respond`,
-    /// `rewrite_response`) or a terse or faulty server sent may break that.
-    pub fn normalize_call_ids(&mut self, prefix: &str, max_len: usize) {
+    /// Gives each tool call without a usable id one of hookwire's,
+    /// `{prefix}{position}` (position among the message's calls; a suffix
+    /// is added if even that is taken). Results are paired with calls by
+    /// id and approvals are addressed by it within the run, so an id must
+    /// be there, unique in the run (`used`: the ids of its earlier turns)
+    /// and at most `max_len` bytes (what a client may send back in
+    /// ResolveApproval). Calls a hook injected (`respond`,
+    /// `rewrite_response`) or a terse or faulty server sent may break that,
+    /// as may a provider that numbers its ids per response.
+    pub fn normalize_call_ids(
+        &mut self,
+        prefix: &str,
+        max_len: usize,
+        used: &std::collections::HashSet<String>,
+    ) {
+        let ids: Vec<String> = self.tool_calls().map(|c| c.id.clone()).collect();
         let calls = self.blocks.iter_mut().filter_map(|b| match b {
             Block::ToolCall(c) => Some(c),
             _ => None,
         });
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
         for (i, c) in calls.enumerate() {
-            if c.id.is_empty() || c.id.len() > max_len || seen.contains(&c.id) {
-                c.id = format!("{prefix}{i}");
+            let usable = !c.id.is_empty()
+                && c.id.len() <= max_len
+                && !used.contains(&c.id)
+                && !seen.contains(&c.id);
+            if !usable {
+                // Not one any call of the run has, nor one a later call of
+                // this message keeps.
+                let taken = |id: &str| {
+                    used.contains(id) || seen.contains(id) || ids[i + 1..].iter().any(|x| x == id)
+                };
+                let mut id = format!("{prefix}{i}");
+                let mut k = 1;
+                while taken(&id) {
+                    id = format!("{prefix}{i}_{k}");
+                    k += 1;
+                }
+                c.id = id;
             }
-            seen.push(c.id.clone());
+            seen.insert(c.id.clone());
         }
     }
 }
@@ -159,7 +183,7 @@ mod tests {
                 call(&"y".repeat(8)),
             ],
         };
-        m.normalize_call_ids("hw_r1_2_", 8);
+        m.normalize_call_ids("hw_r1_2_", 8, &Default::default());
         let ids: Vec<_> = m.tool_calls().map(|c| c.id.as_str()).collect();
         assert_eq!(
             ids,
@@ -172,6 +196,27 @@ mod tests {
                 "yyyyyyyy"
             ]
         );
+    }
+
+    #[test]
+    fn call_ids_are_unique_in_the_run_generated_ones_too() {
+        let call = |id: &str| {
+            Block::ToolCall(ToolCall {
+                id: id.into(),
+                name: "t".into(),
+                arguments_json: "{}".into(),
+            })
+        };
+        let mut m = Message {
+            role: Role::Assistant,
+            blocks: vec![call("p1"), call(""), call("x"), call(""), call("p3")],
+        };
+        // `x` was a call of an earlier turn; `p1` is given here, so the
+        // second call cannot be `p1`; `p3` is kept by the last call.
+        let used = ["x".to_string()].into_iter().collect();
+        m.normalize_call_ids("p", 64, &used);
+        let ids: Vec<_> = m.tool_calls().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["p1", "p1_1", "p2", "p3_1", "p3"]);
     }
 
     #[test]

@@ -1051,6 +1051,89 @@ async fn an_invalid_call_retry_discards_no_call_that_already_ran() {
 /// Tool calls a hook injects without an id (`respond` here) get one: the
 /// call runs, its hooks and the transcript pair call and result by it.
 #[tokio::test]
+async fn a_call_id_repeated_in_a_later_turn_gets_an_approval_of_its_own() {
+    // A hook answers turns 1 and 2 with a call that has the same id, as a
+    // provider numbering its ids per response would. Approvals are
+    // addressed by (run, call id): turn 2's must not be turn 1's.
+    let owner = weather_owner().start().await;
+    let responder = FnHook::new("responder", &[K::ModelRequest])
+        .on_model_request(|ctx, _| async move {
+            Reply::new(pb::ModelRequestVerdict {
+                action: Some(if ctx.turn <= 2 {
+                    pb::model_request_verdict::Action::Respond(pb::Respond {
+                        text: String::new(),
+                        tool_calls: vec![pb::ToolCall {
+                            id: "x".into(),
+                            name: "get_weather".into(),
+                            arguments_json: format!(r#"{{"city":"City{}"}}"#, ctx.turn),
+                        }],
+                    })
+                } else {
+                    pb::model_request_verdict::Action::Proceed(pb::Continue {})
+                }),
+            })
+        })
+        .start()
+        .await;
+    let asker = asker("ok?", 0).start().await;
+    let server = TestServer::start(&config(
+        &[
+            ("owner", &owner.addr, ""),
+            ("responder", &responder.addr, ""),
+            ("asker", &asker.addr, ""),
+        ],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let mut stream = c
+        .run(pb::RunRequest {
+            session_id: s,
+            input: "hello".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut asked = Vec::new();
+    let mut events = Vec::new();
+    while let Some(ev) = stream.message().await.unwrap() {
+        if let Some(pb::run_event::Event::ApprovalRequested(a)) = &ev.event {
+            let call = a.call.clone().unwrap();
+            // What ran so far is what was approved before this question.
+            let ran = owner.hook.tool_calls.lock().unwrap().len();
+            asked.push((call.id.clone(), city(&call), ran));
+            c.resolve_approval(pb::ResolveApprovalRequest {
+                run_id: ev.run_id.clone(),
+                call_id: call.id,
+                approve: true,
+                note: String::new(),
+            })
+            .await
+            .unwrap();
+        }
+        events.push(ev);
+    }
+    let r = result_of(&events);
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked[0].0, "x");
+    assert_ne!(asked[1].0, "x", "turn 2's call gets an id of its own");
+    assert_eq!((asked[0].1.as_str(), asked[0].2), ("City1", 0));
+    assert_eq!((asked[1].1.as_str(), asked[1].2), ("City2", 1));
+    let ran: Vec<String> = owner
+        .hook
+        .tool_calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(city)
+        .collect();
+    assert_eq!(ran, ["City1", "City2"]);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn injected_tool_calls_without_an_id_get_one() {
     let owner = weather_owner().start().await;
     let responder = FnHook::new("responder", &[K::ModelRequest, K::ToolCall])

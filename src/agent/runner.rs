@@ -3,6 +3,7 @@
 //! `Run` and `Invoke` share this one loop.
 
 use crate::lock::LockExt;
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,6 +79,9 @@ pub struct Run {
     /// Text deltas held back until model_response hooks accept the turn
     /// (a final answer's, under blocking turn_end hooks, until those do).
     held: Mutex<Vec<String>>,
+    /// The tool-call ids of the run's accepted turns: approvals are
+    /// addressed by (run, call id), so a later turn never reuses one.
+    call_ids: Mutex<HashSet<String>>,
     pub inst: Instruments,
     /// Where the run records what it commits, under its lease.
     pub ledger: Ledger,
@@ -121,6 +125,7 @@ impl Run {
             },
             records: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
+            call_ids: Mutex::default(),
             content: ContentView::new(inst.content),
             inst,
             ledger,
@@ -816,6 +821,7 @@ async fn review_response(
         m.normalize_call_ids(
             &call_id_prefix(&run.run_id, turn),
             crate::hooks::wire::MAX_VERDICT_NAME,
+            &run.call_ids.locked(),
         );
     }
     let rewritten = out.payload.message().text() != original_text;
@@ -847,6 +853,9 @@ async fn review_response(
             // blocking turn_end hooks waits for those too, its span open.
             // A redaction covers the message from here on (later chat
             // inputs included).
+            run.call_ids
+                .locked()
+                .extend(out.payload.message().tool_calls().map(|c| c.id.clone()));
             // (The span's extent does not depend on content capture.)
             if await_turn_end {
                 *final_output = chat
