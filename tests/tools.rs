@@ -941,6 +941,37 @@ async fn a_stopped_batch_starts_nothing_new_at_any_concurrency() {
 /// A call to a tool a `model_request` patch hid from that model call is an
 /// unknown tool (`invalid_tool_call`), never executed, even though the agent
 /// has the tool and the model (scripted here) called it anyway.
+/// Current-thread on purpose: the hook's verdict for call 0 and its
+/// duplicate arrive in one read, so the stream breaks (handing its fault to
+/// call 1, still waiting) before either call is polled again, and call 0,
+/// woken first, is polled first: the order in which the fault could hide.
+#[tokio::test(flavor = "current_thread")]
+async fn a_broken_closed_stream_stops_a_call_whose_own_verdict_came_first() {
+    let owner = weather_owner().start().await;
+    let mut dup =
+        support::fault::FaultHook::new(K::ToolCall, support::fault::Misbehave::Duplicate, &[]);
+    dup.only_index = Some(0);
+    let (dup_addr, _task) = dup.start().await;
+    let server = TestServer::start(&config(
+        &[("owner", &owner.addr, ""), ("dup", &dup_addr, "")],
+        "tools: [get_weather]\ntool_concurrency: 2",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "two tools").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::HookFailed, "{}", r.reason);
+    assert!(
+        r.reason
+            .contains("hook `dup` failed on tool_call: duplicate"),
+        "{}",
+        r.reason
+    );
+    let ran = owner.hook.tool_calls.lock().unwrap().len();
+    assert_eq!(ran, 0, "no tool starts after a closed hook's stream broke");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_tool_hidden_by_active_tools_is_an_unknown_tool_and_never_runs() {
     let owner = weather_owner().start().await;

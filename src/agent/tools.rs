@@ -226,13 +226,15 @@ pub async fn process_call(
 
     // Whether the call may still start: not once the batch stopped, nor
     // once a closed hook broke its protocol since the last step (a
-    // duplicate verdict, say).
+    // duplicate verdict, say), nor while a closed hook's broken stream is
+    // failing another call of the batch that has not stopped it yet.
     let gate = || {
         if stop.is_stopped() {
             return Some(CallOutcome::Halted);
         }
         run.check_faults(crate::event::EventKind::ToolCall)
             .err()
+            .or_else(|| run.hooks.broken_closed(crate::event::EventKind::ToolCall))
             .map(|f| CallOutcome::Stop(Stop::HookFailed(f)))
     };
     if let Some(halted) = gate() {

@@ -784,6 +784,28 @@ impl RunHooks {
         failed.map_or(Ok(()), Err)
     }
 
+    /// A closed hook whose stream broke and whose fault was handed to one
+    /// of the run's waiting events, which has not applied it yet: the calls
+    /// of one tool batch run in one task, polled in the order they were
+    /// woken, so a call whose own verdict came first could otherwise pass
+    /// its checks and send `CallTool` before the call that got the fault
+    /// stops the batch. Not counted or logged here: that event does it.
+    pub fn broken_closed(&self, fallback: EventKind) -> Option<HookFailure> {
+        self.hooks.iter().find_map(|hook| {
+            let cfg = &hook.client.config;
+            if cfg.failure != FailurePolicy::Closed || hook.client.is_observe() {
+                return None;
+            }
+            let stream = hook.stream.locked().as_ref().map(|(s, _)| s.clone())?;
+            let fault = stream.poisoned()?;
+            Some(HookFailure {
+                hook: cfg.name.clone(),
+                event: fault.event(fallback),
+                fault,
+            })
+        })
+    }
+
     /// Verdicts that arrived after their deadline, over all streams.
     pub fn late_verdicts(&self) -> u64 {
         self.hooks
