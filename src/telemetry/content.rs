@@ -31,6 +31,7 @@
 //! appear on the `execute_tool` span and in later input messages.
 
 use crate::lock::LockExt;
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use serde::Serialize;
@@ -50,47 +51,34 @@ pub struct ContentView {
     redactions: Mutex<Redactions>,
 }
 
-/// The redacted form of each piece of content, keyed by the content itself.
-/// A run has a handful, or at most one per message of its input (a
-/// `model_request` redaction), so lists beat maps (and need no `Hash` on
-/// messages): a lookup's comparisons mostly stop at the first block.
+/// The redacted form of each piece of content, keyed by the content itself
+/// (a `model_request` redaction adds one per message of its input, so a
+/// long session can hold many). An empty map answers without hashing.
 #[derive(Debug, Default)]
 struct Redactions {
-    messages: Vec<(Message, String)>,
-    arguments: Vec<(ToolCall, String)>,
-    results: Vec<(ToolResult, String)>,
-}
-
-/// Sets `key`'s redaction, replacing an earlier one for the same content.
-fn upsert<K: PartialEq + Clone>(list: &mut Vec<(K, String)>, key: &K, redaction: String) {
-    match list.iter_mut().find(|(k, _)| k == key) {
-        Some((_, r)) => *r = redaction,
-        None => list.push((key.clone(), redaction)),
-    }
-}
-
-fn lookup<'a, K: PartialEq>(list: &'a [(K, String)], key: &K) -> Option<&'a str> {
-    list.iter().find(|(k, _)| k == key).map(|(_, r)| r.as_str())
+    messages: HashMap<Message, String>,
+    arguments: HashMap<ToolCall, String>,
+    results: HashMap<ToolResult, String>,
 }
 
 impl Redactions {
     fn message(&self, m: &Message) -> Option<&str> {
-        lookup(&self.messages, m)
+        self.messages.get(m).map(String::as_str)
     }
 
     fn arguments(&self, c: &ToolCall) -> Option<&str> {
-        lookup(&self.arguments, c)
+        self.arguments.get(c).map(String::as_str)
     }
 
     fn result(&self, r: &ToolResult) -> Option<&str> {
-        lookup(&self.results, r)
+        self.results.get(r).map(String::as_str)
     }
 
     /// Whether `call` belongs to a message redacted as a whole.
     fn covers_call(&self, call: &ToolCall) -> bool {
         self.messages
-            .iter()
-            .any(|(m, _)| m.tool_calls().any(|c| c == call))
+            .keys()
+            .any(|m| m.tool_calls().any(|c| c == call))
     }
 
     /// `m` in the conventions' shape, with every redaction that applies.
@@ -203,7 +191,7 @@ impl ContentView {
     /// `message` (as committed to the transcript).
     pub fn redact_message(&self, message: &Message, redaction: Option<String>) {
         if let Some(r) = redaction.filter(|_| self.is_enabled()) {
-            upsert(&mut self.redactions().messages, message, r);
+            self.redactions().messages.insert(message.clone(), r);
         }
     }
 
@@ -222,8 +210,8 @@ impl ContentView {
         }
         let mut redactions = self.redactions();
         for m in messages {
-            if redactions.message(m).is_none() {
-                redactions.messages.push((m.clone(), redaction.to_string()));
+            if !redactions.messages.contains_key(m) {
+                redactions.messages.insert(m.clone(), redaction.to_string());
             }
         }
     }
@@ -232,14 +220,14 @@ impl ContentView {
     /// `call` (the call as the model made it).
     pub fn redact_arguments(&self, call: &ToolCall, redaction: Option<String>) {
         if let Some(r) = redaction.filter(|_| self.is_enabled()) {
-            upsert(&mut self.redactions().arguments, call, r);
+            self.redactions().arguments.insert(call.clone(), r);
         }
     }
 
     /// A `tool_result` hook redacted `result` (as committed).
     pub fn redact_result(&self, result: &ToolResult, redaction: Option<String>) {
         if let Some(r) = redaction.filter(|_| self.is_enabled()) {
-            upsert(&mut self.redactions().results, result, r);
+            self.redactions().results.insert(result.clone(), r);
         }
     }
 
