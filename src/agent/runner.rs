@@ -853,9 +853,12 @@ async fn review_response(
             // blocking turn_end hooks waits for those too, its span open.
             // A redaction covers the message from here on (later chat
             // inputs included).
-            run.call_ids
-                .locked()
-                .extend(out.payload.message().tool_calls().map(|c| c.id.clone()));
+            if let Some(m) = &out.payload.message {
+                let mut ids = m.tool_calls().map(|c| c.id.clone()).peekable();
+                if ids.peek().is_some() {
+                    run.call_ids.locked().extend(ids);
+                }
+            }
             // (The span's extent does not depend on content capture.)
             if await_turn_end {
                 *final_output = chat
