@@ -660,6 +660,14 @@ impl Engine {
                 engine,
                 run: run.clone(),
             };
+            // A cancel (or a delete) answered while the run was starting
+            // found no run here to stop, and its hint was dropped; one
+            // recorded by another replica reaches this one only with its
+            // next poll. Read now that the run is registered (any later one
+            // finds it), so the run stops before its first hook.
+            if let Some(stop) = run.ledger.recorded_stop().await {
+                run.stop_from_outside(stop);
+            }
             let report = drive_contained(run, transcript, input)
                 .instrument(span.clone())
                 .await;
