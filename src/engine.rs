@@ -544,6 +544,47 @@ impl Engine {
                 max,
             });
         }
+        // The rest runs in a task of its own. A caller that leaves (tonic
+        // drops the handler when the client's deadline passes or it
+        // disconnects) would otherwise drop the start after `begin_run`
+        // committed and before the run's task exists: the run stayed
+        // active in the store with nothing behind it, and its session
+        // answered busy until the lease expired. Now the start completes;
+        // the handle nobody takes is dropped with its event queue, which
+        // the run sees before its first step and ends `cancelled`
+        // (client disconnected).
+        let engine = self.clone();
+        let (principal, session_id) = (principal.clone(), session_id.to_string());
+        let starting = tokio::spawn(async move {
+            engine
+                .start_now(
+                    start,
+                    &principal,
+                    &session_id,
+                    input,
+                    streaming,
+                    traceparent,
+                )
+                .await
+        });
+        match starting.await {
+            Ok(started) => started,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down.
+            Err(_) => Err(EngineError::ShuttingDown),
+        }
+    }
+
+    /// The store's part of [`Engine::start_run`] and the run's task.
+    async fn start_now(
+        self: &Arc<Self>,
+        start: drain::Starting,
+        principal: &Principal,
+        session_id: &str,
+        input: String,
+        streaming: bool,
+        traceparent: (String, String),
+    ) -> Result<RunHandle, EngineError> {
         let (session, grant) = self.grant(principal, Action::Run, session_id).await?;
         // A busy session answers Busy before any quota: its active run
         // counts toward `max_concurrent_runs`, so the quota check answered

@@ -53,6 +53,10 @@ struct Faulty {
     no_signals: bool,
     /// The next transcript read waits here (once).
     transcript_gate: std::sync::Mutex<Option<Arc<Gate>>>,
+    /// The outcome and reason of each run end recorded, in order; `ended`
+    /// is notified after each.
+    ends: std::sync::Mutex<Vec<(RunOutcome, String)>>,
+    ended: Notify,
 }
 
 impl Faulty {
@@ -73,6 +77,8 @@ impl Faulty {
             no_claims: false,
             no_signals: false,
             transcript_gate: Default::default(),
+            ends: Default::default(),
+            ended: Notify::new(),
         }
     }
 
@@ -153,7 +159,13 @@ impl SessionStore for Faulty {
         self.inner.check_run(l).await
     }
     async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
-        self.inner.end_run(l, m, e).await
+        self.inner.end_run(l, m, e).await?;
+        self.ends
+            .lock()
+            .unwrap()
+            .push((e.outcome, e.reason.clone()));
+        self.ended.notify_one();
+        Ok(())
     }
     async fn request_approval(&self, l: &RunLease, c: &str) -> Result<(), StoreError> {
         self.inner.request_approval(l, c).await
@@ -586,4 +598,71 @@ async fn a_cancel_answered_while_the_run_was_starting_stops_it_before_any_hook()
         "no hook before the stop"
     );
     assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
+}
+
+/// A caller that leaves while its run is starting (tonic drops the handler
+/// when the client's deadline passes or it disconnects; here the start is
+/// dropped while it reads the transcript, after the store began the run)
+/// does not leave the session busy: the start completes, the run nobody
+/// hears ends cancelled, and the next run starts. The run used to stay
+/// active in the store with no task behind it until its lease expired.
+#[tokio::test]
+async fn a_run_whose_caller_left_while_it_was_starting_frees_its_session() {
+    let gate = Arc::new(Gate::default());
+    let store = Faulty::sqlite(Duration::from_secs(30)).await;
+    *store.transcript_gate.lock().unwrap() = Some(gate.clone());
+    let store = Arc::new(store);
+    let engine = engine_on(&config(&[], ""), store.clone()).await;
+    let session = new_session(&engine).await;
+    let abandoned = {
+        let (engine, session) = (engine.clone(), session.clone());
+        tokio::spawn(async move {
+            engine
+                .start_run(
+                    &Principal::anonymous(),
+                    &session,
+                    "hello".into(),
+                    false,
+                    Default::default(),
+                )
+                .await
+        })
+    };
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the start reads the transcript");
+    assert!(
+        store
+            .get_session(&session)
+            .await
+            .unwrap()
+            .active_run
+            .is_some(),
+        "the store began the run"
+    );
+    abandoned.abort();
+    assert!(matches!(abandoned.await, Err(e) if e.is_cancelled()));
+    gate.open.notify_one();
+    tokio::time::timeout(PATIENCE, store.ended.notified())
+        .await
+        .expect("the abandoned run's end was recorded");
+    assert_eq!(
+        store.ends.lock().unwrap().as_slice(),
+        [(RunOutcome::Cancelled, "client disconnected".to_string())]
+    );
+    let next = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "hello again".into(),
+            false,
+            Default::default(),
+        )
+        .await
+        .expect("the session is free");
+    let report = tokio::time::timeout(PATIENCE, next.task)
+        .await
+        .expect("the run ended")
+        .unwrap();
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
 }
