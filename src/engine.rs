@@ -471,11 +471,37 @@ impl Engine {
             + metadata
     }
 
-    pub async fn delete_session(&self, principal: &Principal, id: &str) -> Result<(), EngineError> {
+    pub async fn delete_session(
+        self: &Arc<Self>,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<(), EngineError> {
         let (_, grant) = self.grant(principal, Action::Delete, id).await?;
-        let session = self.store.delete_session(grant.session_id()).await?;
+        // From the delete on, in a task of its own: a caller that leaves
+        // (tonic drops the handler when the client's deadline passes) left
+        // a deleted session whose run went on, whose cancel was never
+        // recorded, and whose session_end never fired (the row is gone, so
+        // no TTL sweep finds it later).
+        let engine = self.clone();
+        let (principal, id) = (principal.clone(), grant.session_id().to_string());
+        let deleting = tokio::spawn(async move { engine.delete_now(&principal, &id).await });
+        match deleting.await {
+            Ok(deleted) => deleted,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down.
+            Err(_) => Err(EngineError::ShuttingDown),
+        }
+    }
+
+    /// The store's part of [`Engine::delete_session`], and what follows.
+    async fn delete_now(&self, principal: &Principal, id: &str) -> Result<(), EngineError> {
+        let session = self.store.delete_session(id).await?;
         self.transcripts.forget(id);
         if let Some(run) = &session.active_run {
+            // A run of this replica stops now, not after the store answered.
+            if let Some(r) = self.local_run(run) {
+                r.cancel("session deleted");
+            }
             // Wherever it runs, its replica is told to stop it.
             match self.store.request_cancel(run, "session deleted").await {
                 Ok(()) | Err(StoreError::RunNotFound(_)) => {}
@@ -484,9 +510,6 @@ impl Engine {
                     run,
                     &e,
                 ),
-            }
-            if let Some(r) = self.local_run(run) {
-                r.cancel("session deleted");
             }
         }
         self.session_end(&session, "deleted", Some(principal));

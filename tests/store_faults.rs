@@ -53,6 +53,8 @@ struct Faulty {
     no_signals: bool,
     /// The next transcript read waits here (once).
     transcript_gate: std::sync::Mutex<Option<Arc<Gate>>>,
+    /// The next cancel recorded waits here (once).
+    cancel_gate: std::sync::Mutex<Option<Arc<Gate>>>,
     /// The outcome and reason of each run end recorded, in order; `ended`
     /// is notified after each.
     ends: std::sync::Mutex<Vec<(RunOutcome, String)>>,
@@ -77,6 +79,7 @@ impl Faulty {
             no_claims: false,
             no_signals: false,
             transcript_gate: Default::default(),
+            cancel_gate: Default::default(),
             ends: Default::default(),
             ended: Notify::new(),
         }
@@ -177,6 +180,12 @@ impl SessionStore for Faulty {
         self.inner.expire_approval(l, c).await
     }
     async fn request_cancel(&self, r: &str, why: &str) -> Result<(), StoreError> {
+        let gate = self.cancel_gate.lock().unwrap().take();
+        if let Some(g) = gate {
+            let open = g.open.notified();
+            g.entered.notify_one();
+            open.await;
+        }
         self.inner.request_cancel(r, why).await
     }
     async fn signals(&self, rep: &str, w: &[(String, String)]) -> Result<Vec<Signal>, StoreError> {
@@ -665,4 +674,77 @@ async fn a_run_whose_caller_left_while_it_was_starting_frees_its_session() {
         .expect("the run ended")
         .unwrap();
     assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+}
+
+/// A DeleteSession whose caller left while the store recorded the cancel
+/// of the session's run (the handler dropped at its deadline) still stops
+/// the run and fires session_end. The run used to go on (its replica was
+/// never told) and session_end never fired: the session's row was gone,
+/// so no TTL sweep would find it either.
+#[tokio::test]
+async fn a_delete_whose_caller_left_still_stops_the_run_and_ends_the_session() {
+    let watch = FnHook::new("watch", &[pb::EventKind::SessionEnd])
+        .start()
+        .await;
+    let gate = Arc::new(Gate::default());
+    let store = Faulty::sqlite(Duration::from_secs(30)).await;
+    *store.cancel_gate.lock().unwrap() = Some(gate.clone());
+    let store = Arc::new(store);
+    // A model that takes a minute: the run is in flight when the session
+    // goes, and would outlast the test unless it is cancelled.
+    let yaml = config(&[("watch", &watch.addr, "")], "").replace(
+        "provider: scripted\n",
+        "provider: scripted\n    delay: 60s\n",
+    );
+    let engine = engine_on(&yaml, store.clone()).await;
+    let session = new_session(&engine).await;
+    let run = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "hello".into(),
+            false,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let deleting = {
+        let (engine, session) = (engine.clone(), session.clone());
+        tokio::spawn(async move {
+            engine
+                .delete_session(&Principal::anonymous(), &session)
+                .await
+        })
+    };
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the delete records the run's cancel");
+    deleting.abort();
+    assert!(matches!(deleting.await, Err(e) if e.is_cancelled()));
+    gate.open.notify_one();
+    let report = tokio::time::timeout(PATIENCE, run.task)
+        .await
+        .expect("the run was stopped")
+        .unwrap();
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert_eq!(report.reason, "session deleted");
+    tokio::time::timeout(PATIENCE, watch.hook.wait_for("session_end"))
+        .await
+        .expect("session_end fired");
+    let ends: Vec<String> = watch
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(pb::hook_event::Payload::SessionEnd(s)) => Some(s.reason.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, ["deleted"]);
+    assert!(matches!(
+        store.get_session(&session).await,
+        Err(StoreError::SessionNotFound(_))
+    ));
 }
