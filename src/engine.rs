@@ -471,11 +471,37 @@ impl Engine {
             + metadata
     }
 
-    pub async fn delete_session(&self, principal: &Principal, id: &str) -> Result<(), EngineError> {
+    pub async fn delete_session(
+        self: &Arc<Self>,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<(), EngineError> {
         let (_, grant) = self.grant(principal, Action::Delete, id).await?;
-        let session = self.store.delete_session(grant.session_id()).await?;
+        // From the delete on, in a task of its own: a caller that leaves
+        // (tonic drops the handler when the client's deadline passes) left
+        // a deleted session whose run went on, whose cancel was never
+        // recorded, and whose session_end never fired (the row is gone, so
+        // no TTL sweep finds it later).
+        let engine = self.clone();
+        let (principal, id) = (principal.clone(), grant.session_id().to_string());
+        let deleting = tokio::spawn(async move { engine.delete_now(&principal, &id).await });
+        match deleting.await {
+            Ok(deleted) => deleted,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down.
+            Err(_) => Err(EngineError::ShuttingDown),
+        }
+    }
+
+    /// The store's part of [`Engine::delete_session`], and what follows.
+    async fn delete_now(&self, principal: &Principal, id: &str) -> Result<(), EngineError> {
+        let session = self.store.delete_session(id).await?;
         self.transcripts.forget(id);
         if let Some(run) = &session.active_run {
+            // A run of this replica stops now, not after the store answered.
+            if let Some(r) = self.local_run(run) {
+                r.cancel("session deleted");
+            }
             // Wherever it runs, its replica is told to stop it.
             match self.store.request_cancel(run, "session deleted").await {
                 Ok(()) | Err(StoreError::RunNotFound(_)) => {}
@@ -484,9 +510,6 @@ impl Engine {
                     run,
                     &e,
                 ),
-            }
-            if let Some(r) = self.local_run(run) {
-                r.cancel("session deleted");
             }
         }
         self.session_end(&session, "deleted", Some(principal));
@@ -544,6 +567,47 @@ impl Engine {
                 max,
             });
         }
+        // The rest runs in a task of its own. A caller that leaves (tonic
+        // drops the handler when the client's deadline passes or it
+        // disconnects) would otherwise drop the start after `begin_run`
+        // committed and before the run's task exists: the run stayed
+        // active in the store with nothing behind it, and its session
+        // answered busy until the lease expired. Now the start completes;
+        // the handle nobody takes is dropped with its event queue, which
+        // the run sees before its first step and ends `cancelled`
+        // (client disconnected).
+        let engine = self.clone();
+        let (principal, session_id) = (principal.clone(), session_id.to_string());
+        let starting = tokio::spawn(async move {
+            engine
+                .start_now(
+                    start,
+                    &principal,
+                    &session_id,
+                    input,
+                    streaming,
+                    traceparent,
+                )
+                .await
+        });
+        match starting.await {
+            Ok(started) => started,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down.
+            Err(_) => Err(EngineError::ShuttingDown),
+        }
+    }
+
+    /// The store's part of [`Engine::start_run`] and the run's task.
+    async fn start_now(
+        self: &Arc<Self>,
+        start: drain::Starting,
+        principal: &Principal,
+        session_id: &str,
+        input: String,
+        streaming: bool,
+        traceparent: (String, String),
+    ) -> Result<RunHandle, EngineError> {
         let (session, grant) = self.grant(principal, Action::Run, session_id).await?;
         // A busy session answers Busy before any quota: its active run
         // counts toward `max_concurrent_runs`, so the quota check answered
@@ -660,6 +724,14 @@ impl Engine {
                 engine,
                 run: run.clone(),
             };
+            // A cancel (or a delete) answered while the run was starting
+            // found no run here to stop, and its hint was dropped; one
+            // recorded by another replica reaches this one only with its
+            // next poll. Read now that the run is registered (any later one
+            // finds it), so the run stops before its first hook.
+            if let Some(stop) = run.ledger.recorded_stop().await {
+                run.stop_from_outside(stop);
+            }
             let report = drive_contained(run, transcript, input)
                 .instrument(span.clone())
                 .await;

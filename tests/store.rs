@@ -690,6 +690,75 @@ async fn deleting_a_session_with_an_active_run_lets_the_run_end(engine: &str) {
     s.close().await;
 }
 
+/// A run that may start nothing more (a cancel recorded, on any replica,
+/// or its session deleted) is told so by the writes that would start work
+/// (the staged tool batch, an approval request) and by `check_run`; what
+/// it commits and its end still go through.
+async fn a_cancelled_or_deleted_runs_work_is_refused(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    s.check_run(&l).await.unwrap();
+    s.stage_turn(&l, Some(&call_turn(&["c1"]))).await.unwrap();
+    s.request_approval(&l, "c1").await.unwrap();
+    s.request_cancel("r", "cancelled by client").await.unwrap();
+    let cancelled = StoreError::RunCancelled {
+        run: "r".into(),
+        reason: "cancelled by client".into(),
+    };
+    assert_eq!(s.check_run(&l).await.unwrap_err(), cancelled);
+    assert_eq!(
+        s.stage_turn(&l, Some(&call_turn(&["c2"])))
+            .await
+            .unwrap_err(),
+        cancelled
+    );
+    assert_eq!(s.request_approval(&l, "c2").await.unwrap_err(), cancelled);
+    assert!(
+        matches!(
+            s.resolve_approval(
+                "r",
+                "c2",
+                &Decision {
+                    approve: true,
+                    note: String::new()
+                }
+            )
+            .await,
+            Err(StoreError::ApprovalNotPending { .. })
+        ),
+        "the refused request was not recorded"
+    );
+    s.append(&l, &[Message::user("go")]).await.unwrap();
+    s.end_run(&l, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    // Ended: the lease holds no more, whatever was recorded for the run.
+    assert_eq!(
+        s.check_run(&l).await.unwrap_err(),
+        StoreError::LeaseLost("r".into())
+    );
+    // A deleted session's run, before any cancel of it is recorded.
+    s.create_session(&new_session("s2", "a", "o"))
+        .await
+        .unwrap();
+    let l2 = s.begin_run("s2", "r2", "A").await.unwrap();
+    s.delete_session("s2").await.unwrap();
+    let gone = StoreError::SessionNotFound("s2".into());
+    assert_eq!(s.check_run(&l2).await.unwrap_err(), gone);
+    assert_eq!(
+        s.stage_turn(&l2, Some(&call_turn(&["c1"])))
+            .await
+            .unwrap_err(),
+        gone
+    );
+    assert_eq!(s.request_approval(&l2, "c1").await.unwrap_err(), gone);
+    s.end_run(&l2, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    s.close().await;
+}
+
 /// A run on `replica` that commits `msgs` (the first with a step, the rest
 /// with its end).
 async fn commit_run(s: &dyn SessionStore, run: &str, replica: &str, msgs: &[Message]) {
@@ -881,6 +950,9 @@ impl SessionStore for Recording {
     }
     async fn stage_turn(&self, l: &store::RunLease, t: Option<&Message>) -> Result<(), StoreError> {
         self.inner.stage_turn(l, t).await
+    }
+    async fn check_run(&self, l: &store::RunLease) -> Result<(), StoreError> {
+        self.inner.check_run(l).await
     }
     async fn end_run(
         &self,
@@ -1684,6 +1756,7 @@ contract!(
     transcript_size_is_limited,
     idle_sessions_expire_but_busy_ones_do_not,
     deleting_a_session_with_an_active_run_lets_the_run_end,
+    a_cancelled_or_deleted_runs_work_is_refused,
     the_transcript_reads_from_a_position,
     a_replicas_transcript_cache_sees_what_other_replicas_appended,
     the_transcript_cache_reads_only_what_follows_its_copy,

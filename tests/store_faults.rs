@@ -1,7 +1,8 @@
 //! The engine on a store that misbehaves at chosen moments: lease renewals
 //! that fail (the replica must stop its runs before their leases can
 //! expire), a run start held up in the store while shutdown begins (the
-//! drain must wait for it).
+//! drain must wait for it) or while the run is cancelled, signals that
+//! have not reached the replica yet (a cancel recorded by another one).
 
 mod support;
 
@@ -46,6 +47,18 @@ struct Faulty {
     /// No expired run is ever claimed (the reapers of other replicas are
     /// cut off as well): a run only stops if its own replica stops it.
     no_claims: bool,
+    /// The replica's poll reads no signal (it has not come round yet, or
+    /// a hint was lost): what other replicas recorded reaches it only
+    /// through the store's answers to its runs' own calls.
+    no_signals: bool,
+    /// The next transcript read waits here (once).
+    transcript_gate: std::sync::Mutex<Option<Arc<Gate>>>,
+    /// The next cancel recorded waits here (once).
+    cancel_gate: std::sync::Mutex<Option<Arc<Gate>>>,
+    /// The outcome and reason of each run end recorded, in order; `ended`
+    /// is notified after each.
+    ends: std::sync::Mutex<Vec<(RunOutcome, String)>>,
+    ended: Notify,
 }
 
 impl Faulty {
@@ -64,6 +77,11 @@ impl Faulty {
             renewals_fail: false,
             renewals: AtomicUsize::new(0),
             no_claims: false,
+            no_signals: false,
+            transcript_gate: Default::default(),
+            cancel_gate: Default::default(),
+            ends: Default::default(),
+            ended: Notify::new(),
         }
     }
 
@@ -110,6 +128,12 @@ impl SessionStore for Faulty {
         self.inner.transcript(id).await
     }
     async fn transcript_after(&self, id: &str, from: u64) -> Result<Vec<Message>, StoreError> {
+        let gate = self.transcript_gate.lock().unwrap().take();
+        if let Some(g) = gate {
+            let open = g.open.notified();
+            g.entered.notify_one();
+            open.await;
+        }
         self.inner.transcript_after(id, from).await
     }
     async fn begin_run(&self, s: &str, r: &str, rep: &str) -> Result<RunLease, StoreError> {
@@ -134,8 +158,17 @@ impl SessionStore for Faulty {
     async fn stage_turn(&self, l: &RunLease, t: Option<&Message>) -> Result<(), StoreError> {
         self.inner.stage_turn(l, t).await
     }
+    async fn check_run(&self, l: &RunLease) -> Result<(), StoreError> {
+        self.inner.check_run(l).await
+    }
     async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
-        self.inner.end_run(l, m, e).await
+        self.inner.end_run(l, m, e).await?;
+        self.ends
+            .lock()
+            .unwrap()
+            .push((e.outcome, e.reason.clone()));
+        self.ended.notify_one();
+        Ok(())
     }
     async fn request_approval(&self, l: &RunLease, c: &str) -> Result<(), StoreError> {
         self.inner.request_approval(l, c).await
@@ -147,9 +180,18 @@ impl SessionStore for Faulty {
         self.inner.expire_approval(l, c).await
     }
     async fn request_cancel(&self, r: &str, why: &str) -> Result<(), StoreError> {
+        let gate = self.cancel_gate.lock().unwrap().take();
+        if let Some(g) = gate {
+            let open = g.open.notified();
+            g.entered.notify_one();
+            open.await;
+        }
         self.inner.request_cancel(r, why).await
     }
     async fn signals(&self, rep: &str, w: &[(String, String)]) -> Result<Vec<Signal>, StoreError> {
+        if self.no_signals {
+            return Ok(Vec::new());
+        }
         self.inner.signals(rep, w).await
     }
     async fn claim_expired(&self, rep: &str, n: u32) -> Result<Vec<ClaimedRun>, StoreError> {
@@ -170,7 +212,7 @@ impl SessionStore for Faulty {
 }
 
 /// An engine of `yaml` on `store`, its hooks described.
-async fn engine_on(yaml: &str, store: Arc<Faulty>) -> Arc<Engine> {
+async fn engine_on(yaml: &str, store: Arc<dyn SessionStore>) -> Arc<Engine> {
     let config = Config::parse(yaml, "test").unwrap();
     let models = hookwire::server::build_models(&config).unwrap();
     let inst = hookwire::telemetry::Instruments::new(&config.telemetry);
@@ -422,4 +464,287 @@ async fn a_run_that_starts_after_the_grace_ran_out_is_cancelled_at_once() {
         .unwrap();
     let s = store.get_session(&session).await.unwrap();
     assert_eq!(s.active_run, None, "the session is free");
+}
+
+/// A hook `holder` whose first model_request call says it arrived, then
+/// waits until released (later calls go through).
+async fn holder() -> (TestHook, Arc<Notify>, Arc<Notify>) {
+    let (entered, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (e, r) = (entered.clone(), release.clone());
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let hook = FnHook::new("holder", &[pb::EventKind::ModelRequest])
+        .on_model_request(move |_, _| {
+            let (e, r, first) = (e.clone(), r.clone(), first.clone());
+            async move {
+                if first.swap(false, Ordering::SeqCst) {
+                    let released = r.notified();
+                    e.notify_one();
+                    released.await;
+                }
+                hookwire::hook_server::Reply::new(pb::ModelRequestVerdict {
+                    action: Some(pb::model_request_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
+        .start()
+        .await;
+    (hook, entered, release)
+}
+
+/// A run on replica A cancelled through replica B, before A's poll brought
+/// it the cancel: once CancelRun answered OK, the run starts no tool. A's
+/// last write before its tools (the staged turn) used to check only the
+/// lease, so the tool ran after the cancel had been answered.
+#[tokio::test]
+async fn a_cancel_recorded_by_another_replica_stops_the_next_tool_batch() {
+    let owner = weather_owner().start().await;
+    let (holder, entered, release) = holder().await;
+    let mut store = Faulty::sqlite(Duration::from_secs(30)).await;
+    store.no_signals = true;
+    let store = Arc::new(store);
+    let yaml = config(
+        &[("holder", &holder.addr, ""), ("owner", &owner.addr, "")],
+        "tools: [get_weather]",
+    );
+    let a = engine_on(&yaml, store.clone()).await;
+    a.start_background();
+    let b = engine_on(&yaml, store.inner.clone()).await;
+    let session = new_session(&a).await;
+    let run = a
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "weather".into(),
+            false,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(PATIENCE, entered.notified())
+        .await
+        .expect("the model_request hook was called");
+    b.cancel_run(&Principal::anonymous(), &run.run_id)
+        .await
+        .expect("B records the cancel");
+    release.notify_one();
+    let report = tokio::time::timeout(PATIENCE, run.task)
+        .await
+        .expect("the run ended")
+        .unwrap();
+    assert!(
+        owner.hook.tool_calls.lock().unwrap().is_empty(),
+        "no tool started after the cancel was answered"
+    );
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert_eq!(report.reason, "cancelled by client");
+    assert_eq!(store.get_session(&session).await.unwrap().active_run, None);
+    a.stop_background().await;
+}
+
+/// A cancel answered while the run was starting (in the store, not yet on
+/// this replica) stops it before its first hook. The cancel found no run
+/// here to stop and its wake-up was dropped, so the run went on until a
+/// poll, or, between polls, to its tools.
+#[tokio::test]
+async fn a_cancel_answered_while_the_run_was_starting_stops_it_before_any_hook() {
+    let owner = weather_owner().start().await;
+    let watch = FnHook::new("watch", &[pb::EventKind::RunStart, pb::EventKind::RunEnd])
+        .start()
+        .await;
+    let gate = Arc::new(Gate::default());
+    let store = Faulty::sqlite(Duration::from_secs(30)).await;
+    *store.transcript_gate.lock().unwrap() = Some(gate.clone());
+    let store = Arc::new(store);
+    let yaml = config(
+        &[("watch", &watch.addr, ""), ("owner", &owner.addr, "")],
+        "tools: [get_weather]",
+    );
+    // No background work: the poll that would deliver the cancel later
+    // does not run, so only the start itself can stop the run.
+    let engine = engine_on(&yaml, store.clone()).await;
+    let session = new_session(&engine).await;
+    let starting = {
+        let (engine, session) = (engine.clone(), session.clone());
+        tokio::spawn(async move {
+            engine
+                .start_run(
+                    &Principal::anonymous(),
+                    &session,
+                    "weather".into(),
+                    false,
+                    Default::default(),
+                )
+                .await
+        })
+    };
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the start reads the transcript");
+    let run_id = store
+        .get_session(&session)
+        .await
+        .unwrap()
+        .active_run
+        .expect("the run is in the store");
+    engine
+        .cancel_run(&Principal::anonymous(), &run_id)
+        .await
+        .expect("the cancel is recorded");
+    gate.open.notify_one();
+    let run = starting.await.unwrap().expect("the run started");
+    let report = tokio::time::timeout(PATIENCE, run.task)
+        .await
+        .expect("the run ended")
+        .unwrap();
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert_eq!(report.reason, "cancelled by client");
+    tokio::time::timeout(PATIENCE, watch.hook.wait_for("run_end"))
+        .await
+        .expect("run_end is observed");
+    assert_eq!(
+        watch.hook.seen_kinds(),
+        ["run_end"],
+        "no hook before the stop"
+    );
+    assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
+}
+
+/// A caller that leaves while its run is starting (tonic drops the handler
+/// when the client's deadline passes or it disconnects; here the start is
+/// dropped while it reads the transcript, after the store began the run)
+/// does not leave the session busy: the start completes, the run nobody
+/// hears ends cancelled, and the next run starts. The run used to stay
+/// active in the store with no task behind it until its lease expired.
+#[tokio::test]
+async fn a_run_whose_caller_left_while_it_was_starting_frees_its_session() {
+    let gate = Arc::new(Gate::default());
+    let store = Faulty::sqlite(Duration::from_secs(30)).await;
+    *store.transcript_gate.lock().unwrap() = Some(gate.clone());
+    let store = Arc::new(store);
+    let engine = engine_on(&config(&[], ""), store.clone()).await;
+    let session = new_session(&engine).await;
+    let abandoned = {
+        let (engine, session) = (engine.clone(), session.clone());
+        tokio::spawn(async move {
+            engine
+                .start_run(
+                    &Principal::anonymous(),
+                    &session,
+                    "hello".into(),
+                    false,
+                    Default::default(),
+                )
+                .await
+        })
+    };
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the start reads the transcript");
+    assert!(
+        store
+            .get_session(&session)
+            .await
+            .unwrap()
+            .active_run
+            .is_some(),
+        "the store began the run"
+    );
+    abandoned.abort();
+    assert!(matches!(abandoned.await, Err(e) if e.is_cancelled()));
+    gate.open.notify_one();
+    tokio::time::timeout(PATIENCE, store.ended.notified())
+        .await
+        .expect("the abandoned run's end was recorded");
+    assert_eq!(
+        store.ends.lock().unwrap().as_slice(),
+        [(RunOutcome::Cancelled, "client disconnected".to_string())]
+    );
+    let next = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "hello again".into(),
+            false,
+            Default::default(),
+        )
+        .await
+        .expect("the session is free");
+    let report = tokio::time::timeout(PATIENCE, next.task)
+        .await
+        .expect("the run ended")
+        .unwrap();
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+}
+
+/// A DeleteSession whose caller left while the store recorded the cancel
+/// of the session's run (the handler dropped at its deadline) still stops
+/// the run and fires session_end. The run used to go on (its replica was
+/// never told) and session_end never fired: the session's row was gone,
+/// so no TTL sweep would find it either.
+#[tokio::test]
+async fn a_delete_whose_caller_left_still_stops_the_run_and_ends_the_session() {
+    let watch = FnHook::new("watch", &[pb::EventKind::SessionEnd])
+        .start()
+        .await;
+    let gate = Arc::new(Gate::default());
+    let store = Faulty::sqlite(Duration::from_secs(30)).await;
+    *store.cancel_gate.lock().unwrap() = Some(gate.clone());
+    let store = Arc::new(store);
+    // A model that takes a minute: the run is in flight when the session
+    // goes, and would outlast the test unless it is cancelled.
+    let yaml = config(&[("watch", &watch.addr, "")], "").replace(
+        "provider: scripted\n",
+        "provider: scripted\n    delay: 60s\n",
+    );
+    let engine = engine_on(&yaml, store.clone()).await;
+    let session = new_session(&engine).await;
+    let run = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "hello".into(),
+            false,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let deleting = {
+        let (engine, session) = (engine.clone(), session.clone());
+        tokio::spawn(async move {
+            engine
+                .delete_session(&Principal::anonymous(), &session)
+                .await
+        })
+    };
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the delete records the run's cancel");
+    deleting.abort();
+    assert!(matches!(deleting.await, Err(e) if e.is_cancelled()));
+    gate.open.notify_one();
+    let report = tokio::time::timeout(PATIENCE, run.task)
+        .await
+        .expect("the run was stopped")
+        .unwrap();
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert_eq!(report.reason, "session deleted");
+    tokio::time::timeout(PATIENCE, watch.hook.wait_for("session_end"))
+        .await
+        .expect("session_end fired");
+    let ends: Vec<String> = watch
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(pb::hook_event::Payload::SessionEnd(s)) => Some(s.reason.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, ["deleted"]);
+    assert!(matches!(
+        store.get_session(&session).await,
+        Err(StoreError::SessionNotFound(_))
+    ));
 }

@@ -131,6 +131,28 @@ impl Ledger {
         Ok(())
     }
 
+    /// Why the run must stop before it starts anything, as the store has
+    /// it: a cancel recorded (on any replica), its session deleted, or its
+    /// lease lost. A store that cannot answer now stops nothing: the write
+    /// before any tool starts (`stage_turn`) checks the same again.
+    pub async fn recorded_stop(&self) -> Option<Stop> {
+        match self.store.check_run(&self.lease).await {
+            Ok(()) => None,
+            Err(
+                e @ (StoreError::RunCancelled { .. }
+                | StoreError::SessionNotFound(_)
+                | StoreError::LeaseLost(_)),
+            ) => Some(stop_for(&e)),
+            Err(e) => {
+                self.warn(
+                    "cannot read whether the run was cancelled as it started",
+                    &e,
+                );
+                None
+            }
+        }
+    }
+
     /// Stops waiting: `Some` when an answer was recorded meanwhile.
     pub async fn expire_approval(&self, call_id: &str) -> Option<Decision> {
         match self.store.expire_approval(&self.lease, call_id).await {
@@ -191,6 +213,9 @@ pub fn stop_for(e: &StoreError) -> Stop {
             "this replica lost the run's lease (another replica took the run over); it stopped without recording more".into(),
         ),
         StoreError::SessionNotFound(_) => Stop::Cancelled("the session was deleted".into()),
+        // Cancelled on another replica (or before this one had the run in
+        // hand): the run ends as that cancel would have ended it here.
+        StoreError::RunCancelled { reason, .. } => Stop::Cancelled(reason.clone()),
         StoreError::TranscriptFull { .. } => Stop::Failed(e.to_string()),
         _ => Stop::Failed(format!("the run could not be recorded: {e}")),
     }

@@ -148,7 +148,8 @@ impl Run {
         self.stop_from_outside(Stop::Interrupted(reason.to_string()));
     }
 
-    fn stop_from_outside(&self, stop: Stop) {
+    /// Stops the run for `stop` (the first reason given stands).
+    pub fn stop_from_outside(&self, stop: Stop) {
         self.cancel_reason.locked().get_or_insert(stop);
         self.cancel.cancel();
     }
@@ -997,6 +998,9 @@ mod tests {
         }
         async fn stage_turn(&self, l: &RunLease, t: Option<&Message>) -> Result<(), StoreError> {
             self.inner.stage_turn(l, t).await
+        }
+        async fn check_run(&self, l: &RunLease) -> Result<(), StoreError> {
+            self.inner.check_run(l).await
         }
         async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
             self.inner.end_run(l, m, e).await

@@ -26,12 +26,12 @@ const SHUTDOWN_CANCEL: &str = "server shutting down";
 
 /// A run start in progress: past the `accepting` check, not yet in
 /// `Engine::runs`. Given up when dropped (the run is registered, or its
-/// start failed).
-pub(super) struct Starting<'a> {
-    engine: &'a Engine,
+/// start failed). Owns its engine: the start goes on in a task of its own.
+pub(super) struct Starting {
+    engine: Arc<Engine>,
 }
 
-impl Drop for Starting<'_> {
+impl Drop for Starting {
     fn drop(&mut self) {
         // Under the runs lock, as `Leaving` and `is_idle` look at both.
         let runs = self.engine.runs.locked();
@@ -61,12 +61,14 @@ impl Drop for Leaving {
 impl Engine {
     /// Counts a run start, unless shutdown began: hold the guard until the
     /// run is in `runs` (or failed to start).
-    pub(super) fn begin_start(&self) -> Result<Starting<'_>, EngineError> {
+    pub(super) fn begin_start(self: &Arc<Self>) -> Result<Starting, EngineError> {
         // Counted before `accepting` is read, while `stop_accepting` writes
         // it before a drain reads the count: either this start sees the
         // shutdown, or the drain sees this start.
         self.starting.fetch_add(1, Ordering::SeqCst);
-        let start = Starting { engine: self };
+        let start = Starting {
+            engine: self.clone(),
+        };
         if !self.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
@@ -75,7 +77,7 @@ impl Engine {
 
     /// Puts a started run on this replica. One registered after the drain
     /// cancelled the runs (its start outlasted the grace) is cancelled too.
-    pub(super) fn register(&self, run: &Arc<Run>, start: Starting<'_>) {
+    pub(super) fn register(&self, run: &Arc<Run>, start: Starting) {
         self.runs.locked().insert(run.run_id.clone(), run.clone());
         if self.cancelling.load(Ordering::SeqCst) {
             run.cancel(SHUTDOWN_CANCEL);

@@ -34,6 +34,9 @@ fn store_code(e: &StoreError) -> Code {
         StoreError::ApprovalNotPending { .. } => Code::NotFound,
         StoreError::TranscriptFull { .. } => Code::ResourceExhausted,
         StoreError::LeaseLost(_) => Code::Aborted,
+        // A run's own write, refused; it ends the run rather than reaching
+        // a caller.
+        StoreError::RunCancelled { .. } => Code::Aborted,
         StoreError::BadPageToken => Code::InvalidArgument,
         StoreError::Unavailable(_) => Code::Unavailable,
         StoreError::Backend(_) => Code::Internal,

@@ -21,6 +21,12 @@ pub enum StoreError {
     /// it (ours expired) or the run was ended. Nothing was written.
     #[error("run `{0}`: this replica no longer holds the run's lease (another replica took it over or ended it); nothing was written")]
     LeaseLost(String),
+    /// A cancel is recorded for the run (CancelRun, on any replica, or its
+    /// session deleted): a write that would start work for it (a tool
+    /// batch, an approval request) is refused, so nothing starts after
+    /// the cancel was answered OK. Nothing was written.
+    #[error("run `{run}` was cancelled ({reason}); nothing was written")]
+    RunCancelled { run: String, reason: String },
     #[error(
         "invalid page token (pass back the next_page_token of a previous response, unchanged)"
     )]

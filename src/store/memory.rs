@@ -166,6 +166,24 @@ impl Inner {
         }
     }
 
+    /// The run, if `lease` still holds it and it may start work: no cancel
+    /// recorded for it and its session still there (see
+    /// [`SessionStore::check_run`]).
+    fn may_start(&mut self, lease: &RunLease) -> Result<&mut MemRun, StoreError> {
+        let session_gone = !self.sessions.contains_key(&lease.session_id);
+        let r = self.fenced(lease)?;
+        if let Some(reason) = &r.cancel_reason {
+            return Err(StoreError::RunCancelled {
+                run: lease.run_id.clone(),
+                reason: reason.clone(),
+            });
+        }
+        if session_gone {
+            return Err(StoreError::SessionNotFound(lease.session_id.clone()));
+        }
+        Ok(r)
+    }
+
     /// Forgets a removed session: its ended runs and their approvals, and
     /// its share of its owner's usage (a run still in flight stays until it
     /// ends, but no longer counts for the owner, as in the SQL engines).
@@ -446,10 +464,14 @@ impl SessionStore for MemoryStore {
 
     async fn stage_turn(&self, lease: &RunLease, turn: Option<&Message>) -> Result<(), StoreError> {
         let mut g = self.lock();
-        let r = g.fenced(lease)?;
+        let r = g.may_start(lease)?;
         r.pending_turn = turn.cloned();
         r.lease_expires = Instant::now() + self.options.lease;
         Ok(())
+    }
+
+    async fn check_run(&self, lease: &RunLease) -> Result<(), StoreError> {
+        self.lock().may_start(lease).map(|_| ())
     }
 
     async fn end_run(
@@ -519,7 +541,7 @@ impl SessionStore for MemoryStore {
 
     async fn request_approval(&self, lease: &RunLease, call_id: &str) -> Result<(), StoreError> {
         let mut g = self.lock();
-        g.fenced(lease)?;
+        g.may_start(lease)?;
         g.approvals
             .entry(lease.run_id.clone())
             .or_default()

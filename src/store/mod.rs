@@ -257,8 +257,17 @@ pub trait SessionStore: Send + Sync + 'static {
     /// [`SessionStore::renew`] does when it writes (the engine counts such
     /// a write as a renewal).
     async fn append(&self, lease: &RunLease, messages: &[Message]) -> Result<(), StoreError>;
-    /// Records (or clears) the model turn whose tool batch is executing.
+    /// Records (or clears) the model turn whose tool batch is executing:
+    /// the last write before its tools start. Refused, like
+    /// `request_approval`, for a run that may start nothing more (see
+    /// [`SessionStore::check_run`]): its replica may not have heard of a
+    /// cancel recorded elsewhere yet, and the store is where it is sure to.
     async fn stage_turn(&self, lease: &RunLease, turn: Option<&Message>) -> Result<(), StoreError>;
+    /// Whether the run may still start work: [`StoreError::RunCancelled`]
+    /// once a cancel is recorded for it, [`StoreError::SessionNotFound`]
+    /// once its session is gone, [`StoreError::LeaseLost`] when `lease` no
+    /// longer holds it. Reads only (the lease is not extended).
+    async fn check_run(&self, lease: &RunLease) -> Result<(), StoreError>;
     /// Ends the run: appends `messages` (the last committed ones), records
     /// the outcome, denies approvals still pending and frees the session.
     /// The same end again under the same lease (outcome and reason equal)
@@ -274,7 +283,8 @@ pub trait SessionStore: Send + Sync + 'static {
         end: &RunEnd,
     ) -> Result<(), StoreError>;
 
-    /// A tool call of the run waits for approval.
+    /// A tool call of the run waits for approval. Refused as `stage_turn`
+    /// is for a run that may start nothing more.
     async fn request_approval(&self, lease: &RunLease, call_id: &str) -> Result<(), StoreError>;
     /// Answers a pending approval; the first answer wins, later ones get
     /// [`StoreError::ApprovalNotPending`].

@@ -152,6 +152,40 @@ macro_rules! fence {
     }};
 }
 
+/// On `$conn` (a connection or an open transaction), what stands in the
+/// way of the run of `$lease` starting work, if anything: a recorded
+/// cancel ([`StoreError::RunCancelled`], first: a deleted session's run
+/// has one too), its session gone ([`StoreError::SessionNotFound`]), or
+/// the lease no longer held ([`StoreError::LeaseLost`]). `None` when the
+/// run may go on.
+macro_rules! stopped {
+    ($conn:expr, $lease:expr) => {{
+        let row: Option<(Option<String>, i64)> = sqlx::query_as(
+            "SELECT cancel_reason, (SELECT COUNT(*) FROM sessions s WHERE s.id = runs.session_id)
+             FROM runs WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
+        )
+        .bind(&$lease.run_id)
+        .bind($lease.epoch)
+        .fetch_optional(&mut *$conn)
+        .await?;
+        match row {
+            None => Some(StoreError::LeaseLost($lease.run_id.clone())),
+            Some((Some(reason), _)) => Some(StoreError::RunCancelled {
+                run: $lease.run_id.clone(),
+                reason,
+            }),
+            Some((None, 0)) => Some(StoreError::SessionNotFound($lease.session_id.clone())),
+            Some((None, _)) => None,
+        }
+    }};
+}
+
+/// The condition a write that starts work adds to its fence: no cancel
+/// recorded and the session still there ([`stopped!`] tells which one
+/// failed when the write is refused).
+const MAY_START: &str =
+    "cancel_reason IS NULL AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = runs.session_id)";
+
 pub struct SqlStore {
     pool: Pool,
     options: StoreOptions,
@@ -852,23 +886,42 @@ impl SessionStore for SqlStore {
     }
 
     async fn stage_turn(&self, lease: &RunLease, turn: Option<&Message>) -> Result<(), StoreError> {
-        let sql = self.sql(
-            "UPDATE runs SET pending_turn = $3, lease_expires_ms = {now} + $4
-             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
-        );
+        // The last write before the batch's tools start: a cancel recorded
+        // by another replica (whose poll has not reached this one yet) or a
+        // deleted session stops the batch here. In one statement with the
+        // fence, so on Postgres the cancel's update of the run row and this
+        // one are serialized: either the cancel is seen here, or the batch
+        // was staged before the cancel was recorded (and answered OK).
+        let sql = self.sql(&format!(
+            "UPDATE runs SET pending_turn = $3, lease_expires_ms = {{now}} + $4
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL AND {MAY_START}"
+        ));
         let body = turn.map(serde_json::to_string).transpose()?;
-        let n = with_pool!(self, p => sqlx::query(&sql)
-            .bind(&lease.run_id)
-            .bind(lease.epoch)
-            .bind(body)
-            .bind(ms(self.options.lease))
-            .execute(p)
-            .await?
-            .rows_affected());
-        if n == 0 {
-            return Err(StoreError::LeaseLost(lease.run_id.clone()));
-        }
+        with_pool!(self, p => {
+            let n = sqlx::query(&sql)
+                .bind(&lease.run_id)
+                .bind(lease.epoch)
+                .bind(body)
+                .bind(ms(self.options.lease))
+                .execute(&mut *p)
+                .await?
+                .rows_affected();
+            if n == 0 {
+                // Read again, nothing stands in the way: cannot be (a
+                // cancel, a delete and a lost lease are all for good), so
+                // answered as the fence's own refusal.
+                return Err(stopped!(p, lease)
+                    .unwrap_or_else(|| StoreError::LeaseLost(lease.run_id.clone())));
+            }
+        });
         Ok(())
+    }
+
+    async fn check_run(&self, lease: &RunLease) -> Result<(), StoreError> {
+        match with_pool!(self, p => stopped!(p, lease)) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     async fn end_run(
@@ -984,9 +1037,25 @@ impl SessionStore for SqlStore {
     }
 
     async fn request_approval(&self, lease: &RunLease, call_id: &str) -> Result<(), StoreError> {
+        // Fenced as `stage_turn` is: a request recorded after the run's
+        // cancel would reach the client as a question nobody may answer.
+        let fence = self.sql(&format!(
+            "UPDATE runs SET lease_expires_ms = {{now}} + $3
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL AND {MAY_START}"
+        ));
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
-            fence!(self, &mut *tx, lease);
+            let held = sqlx::query(&fence)
+                .bind(&lease.run_id)
+                .bind(lease.epoch)
+                .bind(ms(self.options.lease))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if held == 0 {
+                return Err(stopped!(tx, lease)
+                    .unwrap_or_else(|| StoreError::LeaseLost(lease.run_id.clone())));
+            }
             sqlx::query(
                 "INSERT INTO approvals (run_id, call_id, state, note) VALUES ($1, $2, 'pending', '')
                  ON CONFLICT (run_id, call_id) DO UPDATE SET state = 'pending', note = ''",

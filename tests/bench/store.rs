@@ -163,6 +163,9 @@ impl SessionStore for Counting {
         self.w();
         self.inner.stage_turn(l, t).await
     }
+    async fn check_run(&self, l: &RunLease) -> Result<(), StoreError> {
+        self.inner.check_run(l).await
+    }
     async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
         self.w();
         self.inner.end_run(l, m, e).await
