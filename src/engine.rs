@@ -9,7 +9,7 @@ mod replica;
 
 use crate::lock::LockExt;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, Notify};
@@ -104,6 +104,10 @@ pub struct Engine {
     /// Run starts past the `accepting` check whose run is not in `runs`
     /// yet (see `drain`).
     starting: AtomicUsize,
+    /// Cancels and deletes that found no run on this replica to stop: a
+    /// run starting meanwhile (in the store, not in `runs` yet) may be the
+    /// one they meant, and asks the store once registered.
+    unmatched_cancels: AtomicU64,
     accepting: AtomicBool,
     /// Set when the shutdown grace ran out and the runs were cancelled.
     cancelling: AtomicBool,
@@ -194,6 +198,7 @@ impl Engine {
             approvals: Arc::new(Approvals::default()),
             runs: Mutex::new(HashMap::new()),
             starting: AtomicUsize::new(0),
+            unmatched_cancels: AtomicU64::new(0),
             accepting: AtomicBool::new(true),
             cancelling: AtomicBool::new(false),
             idle: Notify::new(),
@@ -499,9 +504,7 @@ impl Engine {
         self.transcripts.forget(id);
         if let Some(run) = &session.active_run {
             // A run of this replica stops now, not after the store answered.
-            if let Some(r) = self.local_run(run) {
-                r.cancel("session deleted");
-            }
+            self.cancel_local(run, "session deleted");
             // Wherever it runs, its replica is told to stop it.
             match self.store.request_cancel(run, "session deleted").await {
                 Ok(()) | Err(StoreError::RunNotFound(_)) => {}
@@ -712,7 +715,7 @@ impl Engine {
             )
             .with_client_stall(self.config.server.client_stall_timeout),
         );
-        self.register(&run, start);
+        let missed_cancel = self.register(&run, start);
         let engine = self.clone();
         let active = self.inst.metrics.active_run();
         let started = std::time::Instant::now();
@@ -724,13 +727,16 @@ impl Engine {
                 engine,
                 run: run.clone(),
             };
-            // A cancel (or a delete) answered while the run was starting
-            // found no run here to stop, and its hint was dropped; one
-            // recorded by another replica reaches this one only with its
-            // next poll. Read now that the run is registered (any later one
-            // finds it), so the run stops before its first hook.
-            if let Some(stop) = run.ledger.recorded_stop().await {
-                run.stop_from_outside(stop);
+            // A cancel (or a delete) answered on this replica while the run
+            // was starting found no run to stop: the store has it, so the
+            // run stops before its first hook. (Any later cancel finds the
+            // run; one recorded by another replica meanwhile reaches it with
+            // the next poll, and the store refuses the run's tools and
+            // approvals from then on.)
+            if missed_cancel {
+                if let Some(stop) = run.ledger.recorded_stop().await {
+                    run.stop_from_outside(stop);
+                }
             }
             let report = drive_contained(run, transcript, input)
                 .instrument(span.clone())
@@ -769,9 +775,7 @@ impl Engine {
         const REASON: &str = "cancelled by client";
         self.grant_run(principal, Action::Cancel, run_id).await?;
         self.store.request_cancel(run_id, REASON).await?;
-        if let Some(r) = self.local_run(run_id) {
-            r.cancel(REASON);
-        }
+        self.cancel_local(run_id, REASON);
         Ok(())
     }
 

@@ -29,6 +29,8 @@ const SHUTDOWN_CANCEL: &str = "server shutting down";
 /// start failed). Owns its engine: the start goes on in a task of its own.
 pub(super) struct Starting {
     engine: Arc<Engine>,
+    /// `Engine::unmatched_cancels` when the start began.
+    cancels: u64,
 }
 
 impl Drop for Starting {
@@ -68,6 +70,7 @@ impl Engine {
         self.starting.fetch_add(1, Ordering::SeqCst);
         let start = Starting {
             engine: self.clone(),
+            cancels: self.unmatched_cancels.load(Ordering::SeqCst),
         };
         if !self.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
@@ -77,12 +80,37 @@ impl Engine {
 
     /// Puts a started run on this replica. One registered after the drain
     /// cancelled the runs (its start outlasted the grace) is cancelled too.
-    pub(super) fn register(&self, run: &Arc<Run>, start: Starting) {
-        self.runs.locked().insert(run.run_id.clone(), run.clone());
+    /// Returns whether a cancel or a delete found no run here while this
+    /// one was starting: it may have been meant for this run, which then
+    /// asks the store.
+    pub(super) fn register(&self, run: &Arc<Run>, start: Starting) -> bool {
+        let missed = {
+            // Under the lock `cancel_local` counts under: a cancel either
+            // finds the run or is counted before this reads the count.
+            let mut runs = self.runs.locked();
+            runs.insert(run.run_id.clone(), run.clone());
+            self.unmatched_cancels.load(Ordering::SeqCst) != start.cancels
+        };
         if self.cancelling.load(Ordering::SeqCst) {
             run.cancel(SHUTDOWN_CANCEL);
         }
         drop(start);
+        missed
+    }
+
+    /// Cancels the run `run_id` of this replica, if it has it; otherwise
+    /// counts a cancel that found no run (see [`Engine::register`]).
+    pub(super) fn cancel_local(&self, run_id: &str, reason: &str) {
+        let runs = self.runs.locked();
+        match runs.get(run_id).cloned() {
+            Some(run) => {
+                drop(runs);
+                run.cancel(reason);
+            }
+            None => {
+                self.unmatched_cancels.fetch_add(1, Ordering::SeqCst);
+            }
+        }
     }
 
     /// Refuses new sessions and runs from now on.

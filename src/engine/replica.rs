@@ -172,11 +172,7 @@ impl Engine {
         };
         for s in signals {
             match s {
-                Signal::Cancel { run_id, reason } => {
-                    if let Some(r) = self.local_run(&run_id) {
-                        r.cancel(&reason);
-                    }
-                }
+                Signal::Cancel { run_id, reason } => self.cancel_local(&run_id, &reason),
                 Signal::Approval {
                     run_id,
                     call_id,
