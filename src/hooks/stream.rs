@@ -189,6 +189,23 @@ impl RunStream {
         metrics: Arc<Metrics>,
         failure_log: Arc<Mutex<FailureLog>>,
     ) -> RunStream {
+        let owner = Owner {
+            hook,
+            metrics,
+            failure_log,
+        };
+        Self::open_with(pool, capacity, metadata, slot_wait, CLOSE_GRACE, owner)
+    }
+
+    /// [`RunStream::open`] with the close grace given (tests shorten it).
+    fn open_with(
+        pool: Pool,
+        capacity: usize,
+        metadata: Vec<(&'static str, String)>,
+        slot_wait: Duration,
+        close_grace: Duration,
+        owner: Owner,
+    ) -> RunStream {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let routing = Arc::new(Mutex::new(Routing {
             next_seq: 1,
@@ -198,11 +215,6 @@ impl RunStream {
         let r = routing.clone();
         let closed = Arc::new(Notify::new());
         let half_closed = closed.clone();
-        let owner = Owner {
-            hook,
-            metrics,
-            failure_log,
-        };
         let reader = tokio::spawn(async move {
             let guard = Reader { routing: r, owner };
             let (r, owner) = (&guard.routing, &guard.owner);
@@ -214,7 +226,11 @@ impl RunStream {
             // close is seen whether the reader waits or routes a verdict.
             let half_closed = half_closed.notified();
             tokio::pin!(half_closed);
-            let mut told = false;
+            // One deadline for the whole close, from the moment the close
+            // is first seen: a grace per message would let a hook that
+            // keeps sending (anything, more often than the grace) keep the
+            // stream and its slot for good.
+            let mut close_by: Option<Instant> = None;
             // A server that has not answered the call when the run ends
             // gets the close grace to do so, no more: a hung server would
             // otherwise keep the stream and its slot for good.
@@ -222,8 +238,9 @@ impl RunStream {
                 biased;
                 o = &mut open => o,
                 () = half_closed.as_mut() => {
-                    told = true;
-                    tokio::time::timeout(CLOSE_GRACE, &mut open).await.ok().flatten()
+                    let by = Instant::now() + close_grace;
+                    close_by = Some(by);
+                    tokio::time::timeout_at(by, &mut open).await.ok().flatten()
                 }
             };
             drop(open);
@@ -231,8 +248,14 @@ impl RunStream {
                 return;
             };
             loop {
-                let next = if told || r.locked().closing {
-                    match tokio::time::timeout(CLOSE_GRACE, inbound.message()).await {
+                // Also checked here, not only by the select below: with
+                // messages always ready, the biased select never polls the
+                // close notification.
+                if close_by.is_none() && r.locked().closing {
+                    close_by = Some(Instant::now() + close_grace);
+                }
+                let next = if let Some(by) = close_by {
+                    match tokio::time::timeout_at(by, inbound.message()).await {
                         Ok(m) => m,
                         Err(_) => return,
                     }
@@ -242,7 +265,7 @@ impl RunStream {
                         m = inbound.message() => m,
                         // Half-closed while waiting: wait again, bounded.
                         () = half_closed.as_mut() => {
-                            told = true;
+                            close_by = Some(Instant::now() + close_grace);
                             continue;
                         }
                     }
@@ -420,8 +443,9 @@ impl RunStream {
     }
 
     /// Half-closes the stream (after run_end); the reader lingers at most
-    /// [`CLOSE_GRACE`] for the hook to end its side, then resets the
-    /// stream and gives its slot back.
+    /// [`CLOSE_GRACE`] in all (however much the hook still sends) for the
+    /// hook to end its side, then resets the stream and gives its slot
+    /// back.
     pub fn close(&self) {
         self.routing.locked().closing = true;
         self.tx.locked().take();
@@ -904,6 +928,134 @@ mod tests {
             .unwrap_err();
         assert_eq!(fault.class, FailureClass::StreamReset);
         assert!(routing.locked().poisoned.is_some(), "the stream is broken");
+    }
+
+    /// A hook server whose `Process` stream sends a verdict every 20 ms
+    /// for as long as the stream lives, whatever hookwire sends or closes;
+    /// `sent` counts them.
+    struct Chatty {
+        sent: Arc<std::sync::atomic::AtomicUsize>,
+        more: Arc<Notify>,
+    }
+
+    #[tonic::async_trait]
+    impl pb::hook_service_server::HookService for Chatty {
+        async fn describe(
+            &self,
+            _: tonic::Request<pb::DescribeRequest>,
+        ) -> Result<tonic::Response<pb::DescribeResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not asked"))
+        }
+        type ProcessStream =
+            Pin<Box<dyn futures::Stream<Item = Result<pb::HookVerdict, tonic::Status>> + Send>>;
+        async fn process(
+            &self,
+            _: tonic::Request<tonic::Streaming<pb::HookEvent>>,
+        ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+            let (sent, more) = (self.sent.clone(), self.more.clone());
+            let verdicts = futures::stream::unfold(0u64, move |n| {
+                let (sent, more) = (sent.clone(), more.clone());
+                async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    more.notify_waiters();
+                    Some((Ok(verdict(1000 + n)), n + 1))
+                }
+            });
+            Ok(tonic::Response::new(Box::pin(verdicts)))
+        }
+        async fn call_tool(
+            &self,
+            _: tonic::Request<pb::CallToolRequest>,
+        ) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no tools"))
+        }
+    }
+
+    /// A pool of one connection to the hook server at `addr`.
+    fn pool_to(addr: std::net::SocketAddr) -> Pool {
+        use crate::config::{ConnectionsConfig, HookCredentials};
+        use crate::hooks::client::Dialer;
+        use crate::hooks::credentials::Credentials;
+        let dialer = Dialer::new(&format!("http://{addr}"), Duration::from_secs(5), None).unwrap();
+        let credentials =
+            Credentials::new("h", &HookCredentials::default(), Duration::MAX).unwrap();
+        let closed = Arc::new(Notify::new());
+        let connect: crate::hooks::pool::Connect = Box::new(move |report| {
+            tonic::service::interceptor::InterceptedService::new(
+                dialer.channel(closed.clone(), report),
+                credentials.clone(),
+            )
+        });
+        let config = ConnectionsConfig {
+            max: 1,
+            max_streams_per_connection: 10,
+            idle_timeout: Duration::from_secs(60),
+        };
+        Pool::new("h", &config, connect)
+    }
+
+    /// The close grace bounds the whole close, not each message: a hook
+    /// that keeps sending after its run ended (more often than the grace)
+    /// still has its stream reset and its slot given back within the
+    /// grace. Timed per message, the reader would wait for ever, and
+    /// across runs the hook's slots would fill.
+    #[tokio::test]
+    async fn a_hook_that_keeps_sending_after_the_run_gives_its_slot_back_within_the_grace() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let more = Arc::new(Notify::new());
+        let hook = Chatty {
+            sent: sent.clone(),
+            more: more.clone(),
+        };
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(pb::hook_service_server::HookServiceServer::new(hook))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        let pool = pool_to(addr);
+        let grace = Duration::from_millis(200);
+        let mut s = RunStream::open_with(
+            pool.clone(),
+            8,
+            Vec::new(),
+            Duration::from_secs(5),
+            grace,
+            owner(),
+        );
+        // The stream is open and the hook is sending.
+        loop {
+            let next = more.notified();
+            if sent.load(std::sync::atomic::Ordering::SeqCst) >= 3 {
+                break;
+            }
+            next.await;
+        }
+        assert_eq!(pool.load(), (1, 1));
+        s.close();
+        // Many graces, against a slow machine; without one deadline for the
+        // close it is never.
+        tokio::time::timeout(grace * 25, &mut s.reader)
+            .await
+            .expect("the reader ends within the close grace, however much the hook sends")
+            .unwrap();
+        assert!(
+            sent.load(std::sync::atomic::Ordering::SeqCst) > 3,
+            "the hook kept sending while the reader waited"
+        );
+        // The request body's share of the slot goes when hyper drops it,
+        // a moment after the reset.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while pool.load().1 != 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the slot is given back");
+        server.abort();
     }
 
     fn verdict(seq: u64) -> pb::HookVerdict {
