@@ -331,12 +331,9 @@ impl HookClient {
         // (Every connection of the pool: the one that ended is replaced,
         // but the server behind it may have changed.)
         let redescribe = Arc::new(Notify::new());
-        let dialer = Dialer::new(
-            &config.endpoint,
-            config.timeout.min(Duration::from_secs(10)),
-            tls.as_ref(),
-        )
-        .map_err(|e| format!("{owner}: {e}"))?;
+        let connect_timeout = config.timeout.min(Duration::from_secs(10));
+        let dialer = Dialer::new(&config.endpoint, connect_timeout, tls.as_ref())
+            .map_err(|e| format!("{owner}: {e}"))?;
         let credentials = Credentials::new(&owner, &config.credentials, reload_interval)?;
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
         // Each connection of the pool reads the server's advertised stream
@@ -347,7 +344,7 @@ impl HookClient {
             InterceptedService::new(dialer.channel(closed.clone(), report), credentials.clone())
         });
         Ok(Arc::new(HookClient {
-            pool: Pool::new(&config.name, &config.connections, connect),
+            pool: Pool::new(&config.name, &config.connections, connect_timeout, connect),
             tls,
             config,
             described: RwLock::new(None),

@@ -494,6 +494,8 @@ async fn open_on_pool(
             }
         };
         r.locked().queued = false;
+        // Dropped with this attempt, also when the reader gives up on it.
+        let _attempt = Attempt(lease.clone());
         let set_metadata = |md: &mut tonic::metadata::MetadataMap| {
             for (k, v) in &metadata {
                 if let Ok(v) = v.parse() {
@@ -521,6 +523,19 @@ async fn open_on_pool(
                 return None;
             }
         }
+    }
+}
+
+/// One attempt to open the stream on a slot. Dropped before the attempt
+/// ended (the run ended while the server had not answered), it tells the
+/// pool ([`Lease::abandoned`]): a connection whose server never said a
+/// word would otherwise keep the pool from opening any other. Once the
+/// attempt ended, the limit is known and this changes nothing.
+struct Attempt(Lease);
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        self.0.abandoned();
     }
 }
 
@@ -972,8 +987,10 @@ mod tests {
         }
     }
 
-    /// A pool of one connection to the hook server at `addr`.
-    fn pool_to(addr: std::net::SocketAddr) -> Pool {
+    /// A pool of one connection to the hook server at `addr`, which gives
+    /// up a connection whose server has not said its limit within
+    /// `settings_wait`.
+    fn pool_to(addr: std::net::SocketAddr, settings_wait: Duration) -> Pool {
         use crate::config::{ConnectionsConfig, HookCredentials};
         use crate::hooks::client::Dialer;
         use crate::hooks::credentials::Credentials;
@@ -992,7 +1009,7 @@ mod tests {
             max_streams_per_connection: 10,
             idle_timeout: Duration::from_secs(60),
         };
-        Pool::new("h", &config, connect)
+        Pool::new("h", &config, settings_wait, connect)
     }
 
     /// The close grace bounds the whole close, not each message: a hook
@@ -1016,7 +1033,7 @@ mod tests {
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
                 .await;
         });
-        let pool = pool_to(addr);
+        let pool = pool_to(addr, Duration::from_secs(5));
         let grace = Duration::from_millis(200);
         let mut s = RunStream::open_with(
             pool.clone(),
@@ -1056,6 +1073,50 @@ mod tests {
         .await
         .expect("the slot is given back");
         server.abort();
+    }
+
+    /// A stream given up (its run ended) while the server had not sent a
+    /// byte takes its connection out of the pool: kept, that connection's
+    /// unknown limit would hold back every stream that needs another one,
+    /// and the next stream would go on it and hang as well.
+    #[tokio::test]
+    async fn a_stream_given_up_before_the_server_said_a_word_takes_its_connection_out() {
+        // Accepts connections and never says a word (nor closes them).
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        let accepted = Arc::new(Notify::new());
+        let held = tokio::spawn({
+            let accepted = accepted.clone();
+            async move {
+                let mut held = Vec::new();
+                while let Ok((s, _)) = silent.accept().await {
+                    held.push(s);
+                    accepted.notify_one();
+                }
+            }
+        });
+        // Long enough that only the stream's giving up can forget it.
+        let pool = pool_to(addr, Duration::from_secs(3600));
+        let mut s = RunStream::open_with(
+            pool.clone(),
+            8,
+            Vec::new(),
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            owner(),
+        );
+        accepted.notified().await;
+        assert_eq!(pool.load(), (1, 1));
+        s.close();
+        tokio::time::timeout(Duration::from_secs(5), &mut s.reader)
+            .await
+            .expect("the reader gives up on the open within the close grace")
+            .unwrap();
+        assert_eq!(pool.load().0, 0, "the silent connection left the pool");
+        let next = pool.try_acquire().expect("the next stream opens another");
+        assert_eq!(pool.load(), (1, 1));
+        drop(next);
+        held.abort();
     }
 
     fn verdict(seq: u64) -> pb::HookVerdict {
