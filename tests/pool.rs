@@ -601,3 +601,103 @@ async fn a_connection_that_never_answers_does_not_stop_the_pool_from_opening_ano
     server.stop().await;
     hook_server.abort();
 }
+
+/// The scripted model, except that a run whose input is "hold" waits in
+/// its model call until released: the run (and its hook stream, which
+/// lives as long as the run) stays in flight without a hook call pending.
+struct Gated {
+    inner: Arc<dyn hookwire::model::ModelProvider>,
+    held: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl hookwire::model::ModelProvider for Gated {
+    fn provider_name(&self) -> &'static str {
+        self.inner.provider_name()
+    }
+    fn model_name(&self) -> &str {
+        self.inner.model_name()
+    }
+    fn complete<'a>(
+        &'a self,
+        request: &'a hookwire::model::ModelRequest,
+        on_delta: hookwire::model::DeltaSink<'a>,
+    ) -> hookwire::model::BoxFuture<
+        'a,
+        Result<hookwire::model::ModelResponse, hookwire::model::ModelError>,
+    > {
+        let hold = request.history.last().is_some_and(|m| m.text() == "hold");
+        Box::pin(async move {
+            if hold {
+                let mut release = self.release.subscribe();
+                self.held.notify_one();
+                let _ = release.wait_for(|r| *r).await;
+            }
+            self.inner.complete(request, on_delta).await
+        })
+    }
+}
+
+/// An event that waited for a free stream slot until its deadline never
+/// reached the hook: the run fails under the hook's policy, but the breaker
+/// holds nothing against the hook. Counted as the hook's failure, one busy
+/// moment of the pool (here: one slot, taken by another run) opened the
+/// breaker of a healthy server, and the next run failed `circuit_open`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_free_slot_does_not_open_the_hooks_breaker() {
+    let hook = FnHook::new("limited", &[K::RunStart]);
+    let seen = hook.seen.clone();
+    let (addr, hook_server) = limited_server_with(hook, None, None).await;
+    let lines = "events: [run_start]\ntimeout: 300ms\nbreaker: {failures: 1, cooldown: 60s}\nconnections: {max: 1, max_streams_per_connection: 1}";
+    let yaml = config(&[("limited", &format!("http://{addr}"), lines)], "");
+    let scripted =
+        hookwire::server::build_models(&hookwire::config::Config::parse(&yaml, "t").unwrap())
+            .unwrap()["m"]
+            .clone();
+    let held = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::watch::Sender::new(false));
+    let gated = Gated {
+        inner: scripted,
+        held: held.clone(),
+        release: release.clone(),
+    };
+    let (server, admin) = TestServer::start_with_models(&yaml, vec![("m", Arc::new(gated))]).await;
+    let client = server.client().await;
+    let run = |input: &'static str| {
+        let mut c = client.clone();
+        tokio::spawn(async move {
+            let s = session(&mut c, "a").await;
+            invoke(&mut c, &s, input).await
+        })
+    };
+
+    // Run A holds the pool's only slot.
+    let a = run("hold");
+    held.notified().await;
+    // Run B's run_start waits for it until its deadline.
+    let b = run("hello").await.unwrap();
+    assert_eq!(outcome(&b), pb::RunOutcome::HookFailed, "{}", b.reason);
+    assert!(b.reason.contains("free"), "{}", b.reason);
+    let metrics = http_get(admin, "/metrics").await;
+    assert_eq!(
+        gauge(&metrics, "hookwire_hook_breaker_open"),
+        0.0,
+        "{metrics}"
+    );
+    release.send_replace(true);
+    let a = a.await.unwrap();
+    assert_eq!(outcome(&a), pb::RunOutcome::Completed, "{}", a.reason);
+
+    // The next run calls the hook.
+    let c = run("hello").await.unwrap();
+    assert_eq!(outcome(&c), pb::RunOutcome::Completed, "{}", c.reason);
+    let run_starts = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.kind == K::RunStart as i32)
+        .count();
+    assert_eq!(run_starts, 2, "runs A and C called the hook");
+    server.stop().await;
+    hook_server.abort();
+}

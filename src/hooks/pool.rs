@@ -167,12 +167,14 @@ impl Pool {
                     let s = self.inner.state.locked();
                     (s.placement.connections(), s.placement.streams())
                 };
+                // Nothing went to the hook server: not its failure.
                 return Err(Fault::new(
                     FailureClass::Deadline,
                     format!(
                         "no free stream to the hook server before the deadline: {conns} connection(s) carry {streams} stream(s), each at its limit (raise connections.max)"
                     ),
-                ));
+                )
+                .unsent());
             }
         }
     }

@@ -385,16 +385,22 @@ impl RunStream {
             }
             Err(_) => {
                 self.expire(pending.seq);
-                Err(Fault::new(FailureClass::Deadline, self.deadline_detail()))
+                if self.routing.locked().queued {
+                    // The event never left hookwire (and now never will:
+                    // the stream's body skips it), so the hook was not
+                    // called.
+                    Err(Fault::new(
+                        FailureClass::Deadline,
+                        "no verdict before the deadline: the stream was still waiting for a free slot on the hook's connections (every one at the server's stream limit; see connections.max)",
+                    )
+                    .unsent())
+                } else {
+                    Err(Fault::new(
+                        FailureClass::Deadline,
+                        "no verdict before the deadline",
+                    ))
+                }
             }
-        }
-    }
-
-    fn deadline_detail(&self) -> &'static str {
-        if self.routing.locked().queued {
-            "no verdict before the deadline: the stream was still waiting for a free slot on the hook's connections (every one at the server's stream limit; see connections.max)"
-        } else {
-            "no verdict before the deadline"
         }
     }
 
@@ -483,7 +489,7 @@ async fn open_on_pool(
     slot_wait: Duration,
     r: Arc<Mutex<Routing>>,
 ) -> Option<(Lease, tonic::Streaming<pb::HookVerdict>)> {
-    let outbound = Outbound::new(rx);
+    let outbound = Outbound::new(rx, r.clone());
     let mut refusals = 0;
     loop {
         let lease = match pool.acquire(Instant::now() + slot_wait).await {
@@ -541,6 +547,7 @@ impl Drop for Attempt {
 
 struct Outbound {
     state: Arc<Mutex<OutState>>,
+    routing: Arc<Mutex<Routing>>,
 }
 
 struct OutState {
@@ -556,8 +563,9 @@ struct OutState {
 }
 
 impl Outbound {
-    fn new(rx: mpsc::Receiver<Queued>) -> Outbound {
+    fn new(rx: mpsc::Receiver<Queued>, routing: Arc<Mutex<Routing>>) -> Outbound {
         Outbound {
+            routing,
             state: Arc::new(Mutex::new(OutState {
                 rx,
                 taken: Vec::new(),
@@ -571,6 +579,7 @@ impl Outbound {
     fn body(&self, lease: Lease) -> Body {
         Body {
             state: self.state.clone(),
+            routing: self.routing.clone(),
             attempt: self.state.locked().attempt,
             _lease: lease,
         }
@@ -595,6 +604,8 @@ impl Outbound {
 /// stream until both sides ended, and this side ends when the body does.
 struct Body {
     state: Arc<Mutex<OutState>>,
+    /// The stream's routing, to skip events whose caller gave up.
+    routing: Arc<Mutex<Routing>>,
     attempt: u32,
     _lease: Lease,
 }
@@ -610,12 +621,24 @@ impl futures::Stream for Body {
         if s.attempt != this.attempt {
             return Poll::Ready(None);
         }
-        let next = match s.replay.pop_front() {
-            Some(e) => Some(e),
-            None => match s.rx.poll_recv(cx) {
-                Poll::Ready(e) => e,
-                Poll::Pending => return Poll::Pending,
-            },
+        let next = loop {
+            let next = match s.replay.pop_front() {
+                Some(e) => Some(e),
+                None => match s.rx.poll_recv(cx) {
+                    Poll::Ready(e) => e,
+                    Poll::Pending => return Poll::Pending,
+                },
+            };
+            // A blocking event whose deadline passed while it waited here
+            // (for a slot, or for the hook to read) failed already: sent
+            // now, it would have the hook act on an event the run has
+            // given up on. Forgotten, so a verdict for it is spurious.
+            match next {
+                Some(e)
+                    if e.event.expects_verdict
+                        && this.routing.locked().expired.remove(&e.event.seq) => {}
+                next => break next,
+            }
         };
         if let (Some(e), false) = (&next, s.accepted) {
             s.taken.push(e.clone());
@@ -1117,6 +1140,101 @@ mod tests {
         assert_eq!(pool.load(), (1, 1));
         drop(next);
         held.abort();
+    }
+
+    /// A hook server that answers every blocking event at once, and keeps
+    /// the seqs of the events it got.
+    struct Echo {
+        seen: Arc<Mutex<Vec<u64>>>,
+    }
+
+    #[tonic::async_trait]
+    impl pb::hook_service_server::HookService for Echo {
+        async fn describe(
+            &self,
+            _: tonic::Request<pb::DescribeRequest>,
+        ) -> Result<tonic::Response<pb::DescribeResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not asked"))
+        }
+        type ProcessStream =
+            tokio_stream::wrappers::ReceiverStream<Result<pb::HookVerdict, tonic::Status>>;
+        async fn process(
+            &self,
+            events: tonic::Request<tonic::Streaming<pb::HookEvent>>,
+        ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+            let mut events = events.into_inner();
+            let (tx, rx) = mpsc::channel(8);
+            let seen = self.seen.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(e)) = events.message().await {
+                    seen.locked().push(e.seq);
+                    if e.expects_verdict && tx.send(Ok(verdict(e.seq))).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(tonic::Response::new(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            ))
+        }
+        async fn call_tool(
+            &self,
+            _: tonic::Request<pb::CallToolRequest>,
+        ) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no tools"))
+        }
+    }
+
+    /// An event whose deadline passed while its stream waited for a free
+    /// slot never reached the hook: its failure is marked unsent (not held
+    /// against the hook by the breaker), and once a slot frees, the stream
+    /// opens without it rather than have the hook act on an event the run
+    /// gave up on.
+    #[tokio::test]
+    async fn an_event_that_expired_waiting_for_a_slot_never_reaches_the_hook() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hook = Echo { seen: seen.clone() };
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(pb::hook_service_server::HookServiceServer::new(hook))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        let pool = pool_to(addr, Duration::from_secs(3600));
+        // The pool's one slot is taken.
+        let taken = pool.try_acquire().expect("the free slot");
+        let s = RunStream::open_with(
+            pool.clone(),
+            8,
+            Vec::new(),
+            Duration::from_secs(60),
+            CLOSE_GRACE,
+            owner(),
+        );
+        let Ok(Sent::Queued(first)) = s.send_blocking(event()) else {
+            panic!("queued")
+        };
+        let fault = s
+            .wait(first, Instant::now() + Duration::from_millis(50))
+            .await
+            .expect_err("no slot, no verdict");
+        assert_eq!(fault.class, FailureClass::Deadline);
+        assert!(fault.unsent, "{}", fault.detail);
+        drop(taken);
+        let Ok(Sent::Queued(second)) = s.send_blocking(event()) else {
+            panic!("queued")
+        };
+        let v = s
+            .wait(second, Instant::now() + Duration::from_secs(5))
+            .await
+            .expect("answered once the stream opened");
+        assert_eq!(v.seq, 2);
+        // Events go in order: had the first been sent, it would be here.
+        assert_eq!(*seen.locked(), vec![2], "the expired event was not sent");
+        s.close();
+        server.abort();
     }
 
     fn verdict(seq: u64) -> pb::HookVerdict {
