@@ -76,7 +76,7 @@ impl Routing {
 /// reader would leave them to wait for their deadlines.
 struct Reader {
     routing: Arc<Mutex<Routing>>,
-    owner: Owner,
+    owner: Arc<Owner>,
 }
 
 impl Drop for Reader {
@@ -118,6 +118,9 @@ pub struct RunStream {
     /// then on the close grace bounds its wait for the server.
     closed: Arc<Notify>,
     reader: tokio::task::JoinHandle<()>,
+    /// Shared with the reader: [`RunStream::close`] reports a fault no
+    /// step reported.
+    owner: Arc<Owner>,
 }
 
 /// A blocking event in flight.
@@ -215,8 +218,13 @@ impl RunStream {
         let r = routing.clone();
         let closed = Arc::new(Notify::new());
         let half_closed = closed.clone();
+        let owner = Arc::new(owner);
+        let reader_owner = owner.clone();
         let reader = tokio::spawn(async move {
-            let guard = Reader { routing: r, owner };
+            let guard = Reader {
+                routing: r,
+                owner: reader_owner,
+            };
             let (r, owner) = (&guard.routing, &guard.owner);
             // Boxed: the open phase's futures are larger than the reading
             // loop's, and inline they would stay in the task for the
@@ -300,6 +308,7 @@ impl RunStream {
             routing,
             closed,
             reader,
+            owner,
         }
     }
 
@@ -453,7 +462,15 @@ impl RunStream {
     /// hook to end its side, then resets the stream and gives its slot
     /// back.
     pub fn close(&self) {
-        self.routing.locked().closing = true;
+        {
+            let mut g = self.routing.locked();
+            g.closing = true;
+            // A fault that broke the stream after the run's last check (it
+            // ran `check_faults` just before) and failed no event: no step
+            // is left to report it, and the reader reports only faults seen
+            // after the close. Under the lock, so it is reported once.
+            report_unreported(&mut g, &self.owner);
+        }
         self.tx.locked().take();
         // A permit if the reader is not waiting yet: it sees it next.
         self.closed.notify_one();
@@ -703,28 +720,40 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {
     };
     let event = first.seen_after.map_or("unknown", EventKind::name);
     tracing::debug!(hook = %owner.hook, class = %first.class, after = event, "hook stream fault; the run fails at its next step");
-    if g.closing && !g.delivered {
-        // The run is over, so no step will report it: count and log it now.
-        g.delivered = true;
-        owner
-            .metrics
-            .hook_failure(&owner.hook, event, first.class.name());
-        // Thinned like every hook failure warning (a hook that answers
-        // every run twice must not flood the log).
-        let admitted = owner
-            .failure_log
-            .locked()
-            .admit(first.class, Instant::now().into_std());
-        if let Some(suppressed) = admitted {
-            tracing::warn!(
-                hook = %owner.hook,
-                event = %event,
-                class = %first.class,
-                detail = %first.log_detail(),
-                suppressed,
-                "hook broke the protocol after its run ended"
-            );
-        }
+    if g.closing {
+        report_unreported(&mut g, owner);
+    }
+}
+
+/// The run is over, so no step will report the fault that broke the
+/// stream if it failed no event yet: count and log it now, once.
+fn report_unreported(g: &mut Routing, owner: &Owner) {
+    if g.delivered {
+        return;
+    }
+    let Some(first) = g.poisoned.clone() else {
+        return;
+    };
+    g.delivered = true;
+    let event = first.seen_after.map_or("unknown", EventKind::name);
+    owner
+        .metrics
+        .hook_failure(&owner.hook, event, first.class.name());
+    // Thinned like every hook failure warning (a hook that answers every
+    // run twice must not flood the log).
+    let admitted = owner
+        .failure_log
+        .locked()
+        .admit(first.class, Instant::now().into_std());
+    if let Some(suppressed) = admitted {
+        tracing::warn!(
+            hook = %owner.hook,
+            event = %event,
+            class = %first.class,
+            detail = %first.log_detail(),
+            suppressed,
+            "hook stream failed after its run's last step; counted, the run's outcome stands"
+        );
     }
 }
 
@@ -905,6 +934,7 @@ mod tests {
             })),
             closed: Arc::default(),
             reader: tokio::spawn(async {}),
+            owner: Arc::new(owner()),
         };
         assert!(matches!(s.send_blocking(event()), Ok(Sent::Queued(_))));
         let Ok(Sent::Full(full)) = s.send_blocking(event()) else {
@@ -951,7 +981,7 @@ mod tests {
             .insert(1, (tx, pb::EventKind::ToolCall as i32));
         let reader = Reader {
             routing: routing.clone(),
-            owner: owner(),
+            owner: Arc::new(owner()),
         };
         let task = tokio::spawn(async move {
             let _reader = reader;
@@ -1235,6 +1265,53 @@ mod tests {
         assert_eq!(*seen.locked(), vec![2], "the expired event was not sent");
         s.close();
         server.abort();
+    }
+
+    /// A fault that broke the stream after the run's last check
+    /// (`check_faults` at run_end) but before the run closed it failed no
+    /// event, and no step is left to: closing the stream counts it, once,
+    /// as the reader counts one that comes after the close.
+    #[tokio::test]
+    async fn a_fault_between_the_last_check_and_the_close_is_counted_once() {
+        let metrics = Arc::new(Metrics::new());
+        let (tx, _rx) = mpsc::channel(1);
+        let s = RunStream {
+            tx: Mutex::new(Some(tx)),
+            routing: Arc::new(Mutex::new(Routing {
+                next_seq: 2,
+                last_sent: pb::EventKind::RunEnd as i32,
+                ..Default::default()
+            })),
+            closed: Arc::default(),
+            reader: tokio::spawn(async {}),
+            owner: Arc::new(Owner {
+                hook: "h".into(),
+                metrics: metrics.clone(),
+                failure_log: Arc::default(),
+            }),
+        };
+        // The hook server ended the stream with nothing in flight, after
+        // the run's last check.
+        s.routing.locked().poison(
+            Fault::new(FailureClass::StreamReset, "hook server ended the stream"),
+            None,
+        );
+        let series =
+            r#"hookwire_hook_failures_total{hook="h",event="run_end",class="stream_reset"} "#;
+        let count = || {
+            metrics
+                .encode()
+                .lines()
+                .find_map(|l| l.strip_prefix(series).map(str::to_owned))
+        };
+        assert_eq!(count(), None);
+        s.close();
+        assert_eq!(count().as_deref(), Some("1"));
+        assert!(s.take_unreported().is_none(), "reported already");
+        // A later fault on the broken stream is not counted again.
+        route(&s.routing, verdict(9), &s.owner);
+        s.close();
+        assert_eq!(count().as_deref(), Some("1"));
     }
 
     fn verdict(seq: u64) -> pb::HookVerdict {
