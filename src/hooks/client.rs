@@ -514,8 +514,11 @@ impl HookClient {
 
     /// While the breaker is open, calls Describe with backoff
     /// ([`PROBE_FIRST`] doubling to [`PROBE_MAX`]); the first answer closes
-    /// the breaker on probation ([`Breaker::recover`]), so runs do not wait
-    /// out the whole cool-down after the server came back.
+    /// the breaker on probation ([`Breaker::recover`]: one call at a time
+    /// until one succeeds), so runs do not wait out the whole cool-down
+    /// after the server came back. Not if the last call on probation
+    /// failed: a server that answers Describe but not its events waits out
+    /// the cool-down.
     pub async fn probe_until_closed(&self, cancel: &CancellationToken) {
         let mut delay = PROBE_FIRST;
         while self.breaker_open() {
@@ -532,7 +535,9 @@ impl HookClient {
             {
                 if self.breaker.locked().recover() {
                     self.publish_breaker(false);
-                    tracing::info!(hook = %self.name(), "hook server answers again; circuit breaker closed");
+                    tracing::info!(hook = %self.name(), "hook server answers again; circuit breaker closed on probation (one call at a time until one succeeds)");
+                } else {
+                    tracing::info!(hook = %self.name(), "hook server answers Describe, but its last call on probation failed; circuit breaker stays open for its cool-down");
                 }
                 return;
             }
