@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hookwire::hook_server::{self, Hook};
+use hookwire::hook_server::{self, Ctx, Hook, Reply};
 use hookwire::pb;
 use hookwire::pb::agent_service_client::AgentServiceClient;
 use support::*;
@@ -147,5 +147,107 @@ async fn runs_succeed_again_soon_after_a_killed_hook_server_returns() {
     );
     let hooks = c.list_hooks(pb::ListHooksRequest {}).await.unwrap();
     assert_eq!(hooks.into_inner().hooks[0].state, "connected");
+    server.stop().await;
+}
+
+/// A hook server whose Describe answers while its run_start handler hangs
+/// (a stuck policy backend behind a healthy process), counting the
+/// run_start calls it got.
+#[derive(Clone, Default)]
+struct DescribesButHangs {
+    calls: Arc<AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl Hook for DescribesButHangs {
+    fn describe(&self) -> pb::DescribeResponse {
+        hook_server::describe("hangs", &[pb::EventKind::RunStart])
+    }
+    async fn run_start(&self, _: &Ctx, _: pb::RunStartEvent) -> Reply<pb::RunStartVerdict> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::pending().await
+    }
+}
+
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// A Describe answer closes the breaker on probation, where one call at a
+/// time goes through; when that call fails too, the breaker stays open for
+/// its whole cool-down, whatever Describe says. Closed outright instead,
+/// every event during probation called the hook, and the background probe
+/// closed it again ~100 ms after each failure: a hook whose Process hangs
+/// while Describe answers was called at every probe, its cool-down gone.
+#[tokio::test]
+async fn a_hook_that_answers_describe_but_hangs_is_called_once_on_probation() {
+    let (logs, _guard) = support::logwatch::LogWatch::install("info");
+    let hook = DescribesButHangs::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _hook_server = tokio::spawn(hook_server::serve(
+        hook.clone(),
+        listener,
+        std::future::pending(),
+    ));
+    let server = TestServer::start(&config(
+        &[(
+            "hangs",
+            &format!("http://{addr}"),
+            "events: [run_start]\nfailure: closed\ntimeout: 300ms\nbreaker: {failures: 1, cooldown: 60s}",
+        )],
+        "",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(session(&mut c, "a").await);
+    }
+    let calls = || hook.calls.load(Ordering::SeqCst);
+
+    // The hook hangs: the run fails at its deadline and the breaker opens.
+    let r = invoke(&mut c, &sessions[0], "hello").await;
+    assert!(r.reason.contains("deadline"), "{}", r.reason);
+    assert_eq!(calls(), 1);
+    // Describe answers the background probe: closed on probation.
+    bounded(
+        "the probe to close the breaker",
+        logs.wait_for(&["hook server answers again", "hook=hangs"]),
+    )
+    .await;
+
+    // Three runs at once: one is the call on probation, the others are
+    // not let through while it is in flight.
+    let runs = sessions.iter().map(|s| {
+        let (mut c, s) = (c.clone(), s.clone());
+        async move { invoke(&mut c, &s, "hello").await }
+    });
+    let results = futures::future::join_all(runs).await;
+    let reasons: Vec<&str> = results.iter().map(|r| r.reason.as_str()).collect();
+    assert_eq!(calls(), 2, "one call on probation: {reasons:#?}");
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| r.contains("circuit_open"))
+            .count(),
+        2,
+        "{reasons:#?}"
+    );
+
+    // That call failed: Describe still answers the next probe, but the
+    // breaker stays open for its cool-down.
+    bounded(
+        "the probe after the failed call",
+        logs.wait_for(&["stays open for its cool-down", "hook=hangs"]),
+    )
+    .await;
+    for s in &sessions {
+        let r = invoke(&mut c, s, "hello").await;
+        assert!(r.reason.contains("circuit_open"), "{}", r.reason);
+    }
+    assert_eq!(calls(), 2, "not called again before the cool-down ends");
     server.stop().await;
 }

@@ -489,3 +489,215 @@ async fn a_hook_that_never_reads_gives_its_stream_slot_back_once_the_run_ended()
     )
     .await;
 }
+
+/// A TCP proxy to `upstream` that, once armed, accepts its next connection
+/// and never answers it (nor forwards it, nor closes it), as a stopped
+/// hook process or an L4 proxy whose backend is gone does; later
+/// connections are forwarded.
+struct BlackHole {
+    addr: String,
+    armed: std::sync::atomic::AtomicBool,
+    /// Signalled when a connection fell into the hole.
+    held: tokio::sync::Notify,
+}
+
+async fn black_hole_proxy(upstream: String) -> Arc<BlackHole> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole = Arc::new(BlackHole {
+        addr: format!("127.0.0.1:{}", listener.local_addr().unwrap().port()),
+        armed: false.into(),
+        held: tokio::sync::Notify::new(),
+    });
+    let h = hole.clone();
+    tokio::spawn(async move {
+        let mut silent = Vec::new();
+        while let Ok((client, _)) = listener.accept().await {
+            if h.armed.swap(false, Ordering::SeqCst) {
+                // Kept open: a closed connection would tell hookwire.
+                silent.push(client);
+                h.held.notify_one();
+                continue;
+            }
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let Ok(mut server) = TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let mut client = client;
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    hole
+}
+
+/// A connection whose server never sends its SETTINGS (TCP accepted, not a
+/// byte back) must not stop the pool from opening another: while its limit
+/// was unknown, every other stream waited for it, and runs failed with "no
+/// free stream" although the hook server was up behind other connections.
+/// Here run 0 fills the first connection (one stream per connection), run 1
+/// opens a second one into the black hole and hangs there, and run 2 must
+/// still complete, on a third connection, once the second has said nothing
+/// for the connect timeout (300 ms, the hook's `timeout`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_answers_does_not_stop_the_pool_from_opening_another() {
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let first_in = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::watch::Sender::new(false));
+    let hook = {
+        let (arrived, first_in, release) = (arrived.clone(), first_in.clone(), release.clone());
+        FnHook::new("limited", &[K::RunStart]).on_run_start(move |_, _| {
+            let (arrived, first_in, release) = (arrived.clone(), first_in.clone(), release.clone());
+            async move {
+                // The first run is held until released: it keeps the
+                // first connection full.
+                if arrived.fetch_add(1, Ordering::SeqCst) == 0 {
+                    first_in.notify_one();
+                    let _ = release.subscribe().wait_for(|r| *r).await;
+                }
+                Reply::new(pb::RunStartVerdict {
+                    action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
+    };
+    let (addr, hook_server) = limited_server_with(hook, None, None).await;
+    let hole = black_hole_proxy(addr).await;
+    let lines = "events: [run_start]\ntimeout: 300ms\nevent_timeouts: {run_start: 3s}\nconnections: {max_streams_per_connection: 1}";
+    let yaml = config(&[("limited", &format!("http://{}", hole.addr), lines)], "");
+    let (server, admin) = TestServer::start_with_admin(&yaml).await;
+    let client = server.client().await;
+    let run = |session: String| {
+        let mut c = client.clone();
+        tokio::spawn(async move { invoke(&mut c, &session, "hello").await })
+    };
+    let s0 = session(&mut client.clone(), "a").await;
+    let s1 = session(&mut client.clone(), "a").await;
+    let s2 = session(&mut client.clone(), "a").await;
+
+    let run0 = run(s0);
+    first_in.notified().await;
+    hole.armed.store(true, Ordering::SeqCst);
+    let run1 = run(s1);
+    hole.held.notified().await;
+    let r2 = run(s2).await.unwrap();
+    assert_eq!(
+        outcome(&r2),
+        pb::RunOutcome::Completed,
+        "{}\n{}",
+        r2.reason,
+        http_get(admin, "/metrics").await
+    );
+
+    release.send_replace(true);
+    let r0 = run0.await.unwrap();
+    assert_eq!(outcome(&r0), pb::RunOutcome::Completed, "{}", r0.reason);
+    // The run whose stream went into the hole ends at its deadline.
+    let r1 = run1.await.unwrap();
+    assert_eq!(outcome(&r1), pb::RunOutcome::HookFailed, "{}", r1.reason);
+    assert!(r1.reason.contains("deadline"), "{}", r1.reason);
+    server.stop().await;
+    hook_server.abort();
+}
+
+/// The scripted model, except that a run whose input is "hold" waits in
+/// its model call until released: the run (and its hook stream, which
+/// lives as long as the run) stays in flight without a hook call pending.
+struct Gated {
+    inner: Arc<dyn hookwire::model::ModelProvider>,
+    held: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl hookwire::model::ModelProvider for Gated {
+    fn provider_name(&self) -> &'static str {
+        self.inner.provider_name()
+    }
+    fn model_name(&self) -> &str {
+        self.inner.model_name()
+    }
+    fn complete<'a>(
+        &'a self,
+        request: &'a hookwire::model::ModelRequest,
+        on_delta: hookwire::model::DeltaSink<'a>,
+    ) -> hookwire::model::BoxFuture<
+        'a,
+        Result<hookwire::model::ModelResponse, hookwire::model::ModelError>,
+    > {
+        let hold = request.history.last().is_some_and(|m| m.text() == "hold");
+        Box::pin(async move {
+            if hold {
+                let mut release = self.release.subscribe();
+                self.held.notify_one();
+                let _ = release.wait_for(|r| *r).await;
+            }
+            self.inner.complete(request, on_delta).await
+        })
+    }
+}
+
+/// An event that waited for a free stream slot until its deadline never
+/// reached the hook: the run fails under the hook's policy, but the breaker
+/// holds nothing against the hook. Counted as the hook's failure, one busy
+/// moment of the pool (here: one slot, taken by another run) opened the
+/// breaker of a healthy server, and the next run failed `circuit_open`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_free_slot_does_not_open_the_hooks_breaker() {
+    let hook = FnHook::new("limited", &[K::RunStart]);
+    let seen = hook.seen.clone();
+    let (addr, hook_server) = limited_server_with(hook, None, None).await;
+    let lines = "events: [run_start]\ntimeout: 300ms\nbreaker: {failures: 1, cooldown: 60s}\nconnections: {max: 1, max_streams_per_connection: 1}";
+    let yaml = config(&[("limited", &format!("http://{addr}"), lines)], "");
+    let scripted =
+        hookwire::server::build_models(&hookwire::config::Config::parse(&yaml, "t").unwrap())
+            .unwrap()["m"]
+            .clone();
+    let held = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::watch::Sender::new(false));
+    let gated = Gated {
+        inner: scripted,
+        held: held.clone(),
+        release: release.clone(),
+    };
+    let (server, admin) = TestServer::start_with_models(&yaml, vec![("m", Arc::new(gated))]).await;
+    let client = server.client().await;
+    let run = |input: &'static str| {
+        let mut c = client.clone();
+        tokio::spawn(async move {
+            let s = session(&mut c, "a").await;
+            invoke(&mut c, &s, input).await
+        })
+    };
+
+    // Run A holds the pool's only slot.
+    let a = run("hold");
+    held.notified().await;
+    // Run B's run_start waits for it until its deadline.
+    let b = run("hello").await.unwrap();
+    assert_eq!(outcome(&b), pb::RunOutcome::HookFailed, "{}", b.reason);
+    assert!(b.reason.contains("free"), "{}", b.reason);
+    let metrics = http_get(admin, "/metrics").await;
+    assert_eq!(
+        gauge(&metrics, "hookwire_hook_breaker_open"),
+        0.0,
+        "{metrics}"
+    );
+    release.send_replace(true);
+    let a = a.await.unwrap();
+    assert_eq!(outcome(&a), pb::RunOutcome::Completed, "{}", a.reason);
+
+    // The next run calls the hook.
+    let c = run("hello").await.unwrap();
+    assert_eq!(outcome(&c), pb::RunOutcome::Completed, "{}", c.reason);
+    let run_starts = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.kind == K::RunStart as i32)
+        .count();
+    assert_eq!(run_starts, 2, "runs A and C called the hook");
+    server.stop().await;
+    hook_server.abort();
+}

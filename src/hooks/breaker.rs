@@ -2,6 +2,11 @@
 //! hook is not called until a cool-down passes; then one probe call decides.
 //! A background probe that sees the hook server answer again ends the
 //! cool-down early ([`Breaker::recover`]); the cool-down is the upper bound.
+//! Recovered that way, the breaker is closed on probation: one call at a
+//! time goes through until one succeeds, since a server that answers
+//! `Describe` may still hang or fail its `Process` calls. If that call
+//! fails, the breaker stays open for the whole cool-down: `Describe` is not
+//! believed again until a real call succeeds.
 //! Pure: callers pass the clock in.
 
 use std::time::{Duration, Instant};
@@ -16,10 +21,12 @@ pub enum Admit {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// Calls go through. `probation`: closed by a background probe, not by a
-    /// successful call yet, so the first failure reopens it at once.
-    Closed {
-        probation: bool,
+    /// Calls go through.
+    Closed,
+    /// Closed by a background probe, not by a successful call yet: one call
+    /// at a time (`calling`), and its failure reopens the breaker.
+    Probation {
+        calling: bool,
     },
     Open {
         until: Instant,
@@ -35,9 +42,14 @@ pub struct Breaker {
     cooldown: Duration,
     consecutive: u32,
     state: State,
+    /// Whether a background probe's answer may end a cool-down early:
+    /// not after a call let through on probation failed, until a call
+    /// succeeds (a server whose `Describe` answers while its `Process`
+    /// hangs would otherwise be called again at every probe, ~100 ms).
+    trust_probe: bool,
 }
 
-const CLOSED: State = State::Closed { probation: false };
+const CLOSED: State = State::Closed;
 
 impl Breaker {
     /// `threshold` 0 disables the breaker.
@@ -47,16 +59,24 @@ impl Breaker {
             cooldown,
             consecutive: 0,
             state: CLOSED,
+            trust_probe: true,
         }
     }
 
+    /// Open or half-open: calls are refused, but for a probe. Closed on
+    /// probation counts as closed (the hook is called, one call at a time).
     pub fn is_open(&self) -> bool {
-        !matches!(self.state, State::Closed { .. })
+        matches!(self.state, State::Open { .. } | State::HalfOpen { .. })
     }
 
     pub fn admit(&mut self, now: Instant) -> Admit {
         match self.state {
-            State::Closed { .. } => Admit::Call,
+            State::Closed => Admit::Call,
+            State::Probation { calling: false } => {
+                self.state = State::Probation { calling: true };
+                Admit::Probe
+            }
+            State::Probation { calling: true } => Admit::Reject,
             State::Open { until } if now < until => Admit::Reject,
             State::Open { .. } | State::HalfOpen { probing: false } => {
                 self.state = State::HalfOpen { probing: true };
@@ -70,13 +90,14 @@ impl Breaker {
         if ok {
             self.consecutive = 0;
             self.state = CLOSED;
+            self.trust_probe = true;
             return;
         }
         self.consecutive = self.consecutive.saturating_add(1);
-        let reopen = matches!(
-            self.state,
-            State::HalfOpen { .. } | State::Closed { probation: true }
-        );
+        if matches!(self.state, State::Probation { .. }) {
+            self.trust_probe = false;
+        }
+        let reopen = matches!(self.state, State::HalfOpen { .. } | State::Probation { .. });
         if self.threshold > 0 && (reopen || self.consecutive >= self.threshold) {
             self.state = State::Open {
                 until: now.checked_add(self.cooldown).unwrap_or(now),
@@ -90,20 +111,23 @@ impl Breaker {
     /// probes instead. Without this an abandoned probe would leave the
     /// breaker half-open with a probe "in flight" forever.
     pub fn abandon_probe(&mut self) {
-        if self.state == (State::HalfOpen { probing: true }) {
-            self.state = State::HalfOpen { probing: false };
+        match self.state {
+            State::HalfOpen { probing: true } => self.state = State::HalfOpen { probing: false },
+            State::Probation { calling: true } => self.state = State::Probation { calling: false },
+            _ => {}
         }
     }
 
     /// The hook server answered a background probe (Describe): close the
     /// breaker now rather than at the end of the cool-down, on probation.
-    /// Returns whether it was open.
+    /// Returns whether it did: not if it was not open, nor if the last
+    /// call let through on probation failed (the cool-down runs out then).
     pub fn recover(&mut self) -> bool {
-        if !self.is_open() {
+        if !self.is_open() || !self.trust_probe {
             return false;
         }
         self.consecutive = 0;
-        self.state = State::Closed { probation: true };
+        self.state = State::Probation { calling: false };
         true
     }
 }
@@ -175,14 +199,41 @@ mod tests {
         }
         assert_eq!(b.admit(t0), Admit::Reject);
         assert!(b.recover(), "was open");
-        assert_eq!(b.admit(t0), Admit::Call, "before the cool-down ended");
+        assert!(!b.is_open(), "closed, on probation");
+        assert_eq!(b.admit(t0), Admit::Probe, "before the cool-down ended");
+        assert_eq!(b.admit(t0), Admit::Reject, "one call at a time");
         b.record(t0, false);
         assert!(b.is_open(), "one failure on probation reopens");
-        assert!(b.recover());
-        b.record(t0, true);
-        b.record(t0, false);
+        assert!(
+            !b.recover(),
+            "a probe's answer is not believed again until a call succeeds"
+        );
+        assert_eq!(b.admit(t0 + Duration::from_secs(29)), Admit::Reject);
+        let t1 = t0 + Duration::from_secs(30);
+        assert_eq!(b.admit(t1), Admit::Probe, "the cool-down ran out");
+        b.record(t1, true);
+        assert_eq!(b.admit(t1), Admit::Call);
+        b.record(t1, false);
         assert!(!b.is_open(), "a success ends probation: back to counting");
         assert!(!b.recover(), "already closed");
+        for _ in 0..2 {
+            b.record(t1, false);
+        }
+        assert!(b.recover(), "a probe's answer is believed again");
+    }
+
+    #[test]
+    fn an_abandoned_call_on_probation_lets_the_next_one_through() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(1, Duration::from_secs(30));
+        b.record(t0, false);
+        assert!(b.recover());
+        assert_eq!(b.admit(t0), Admit::Probe);
+        b.abandon_probe();
+        assert_eq!(b.admit(t0), Admit::Probe, "not stuck on probation");
+        b.record(t0, true);
+        assert_eq!(b.admit(t0), Admit::Call);
+        assert_eq!(b.admit(t0), Admit::Call, "closed: every call goes through");
     }
 
     #[test]

@@ -331,12 +331,9 @@ impl HookClient {
         // (Every connection of the pool: the one that ended is replaced,
         // but the server behind it may have changed.)
         let redescribe = Arc::new(Notify::new());
-        let dialer = Dialer::new(
-            &config.endpoint,
-            config.timeout.min(Duration::from_secs(10)),
-            tls.as_ref(),
-        )
-        .map_err(|e| format!("{owner}: {e}"))?;
+        let connect_timeout = config.timeout.min(Duration::from_secs(10));
+        let dialer = Dialer::new(&config.endpoint, connect_timeout, tls.as_ref())
+            .map_err(|e| format!("{owner}: {e}"))?;
         let credentials = Credentials::new(&owner, &config.credentials, reload_interval)?;
         let breaker = Breaker::new(config.breaker.failures, config.breaker.cooldown);
         // Each connection of the pool reads the server's advertised stream
@@ -347,7 +344,7 @@ impl HookClient {
             InterceptedService::new(dialer.channel(closed.clone(), report), credentials.clone())
         });
         Ok(Arc::new(HookClient {
-            pool: Pool::new(&config.name, &config.connections, connect),
+            pool: Pool::new(&config.name, &config.connections, connect_timeout, connect),
             tls,
             config,
             described: RwLock::new(None),
@@ -517,8 +514,11 @@ impl HookClient {
 
     /// While the breaker is open, calls Describe with backoff
     /// ([`PROBE_FIRST`] doubling to [`PROBE_MAX`]); the first answer closes
-    /// the breaker on probation ([`Breaker::recover`]), so runs do not wait
-    /// out the whole cool-down after the server came back.
+    /// the breaker on probation ([`Breaker::recover`]: one call at a time
+    /// until one succeeds), so runs do not wait out the whole cool-down
+    /// after the server came back. Not if the last call on probation
+    /// failed: a server that answers Describe but not its events waits out
+    /// the cool-down.
     pub async fn probe_until_closed(&self, cancel: &CancellationToken) {
         let mut delay = PROBE_FIRST;
         while self.breaker_open() {
@@ -535,7 +535,9 @@ impl HookClient {
             {
                 if self.breaker.locked().recover() {
                     self.publish_breaker(false);
-                    tracing::info!(hook = %self.name(), "hook server answers again; circuit breaker closed");
+                    tracing::info!(hook = %self.name(), "hook server answers again; circuit breaker closed on probation (one call at a time until one succeeds)");
+                } else {
+                    tracing::info!(hook = %self.name(), "hook server answers Describe, but its last call on probation failed; circuit breaker stays open for its cool-down");
                 }
                 return;
             }

@@ -363,8 +363,14 @@ impl RunHooks {
                 hook.client.note_fault(f);
             }
         }
-        if let Some(permit) = permit {
-            permit.record(result.is_ok());
+        match (permit, &result) {
+            // The event waited for a free stream slot until its deadline and
+            // never reached the hook: dropped without an outcome, the
+            // permit holds nothing against it (a busy pool would otherwise
+            // open the breaker of a healthy hook server).
+            (Some(_), Err(f)) if f.unsent => {}
+            (Some(permit), _) => permit.record(result.is_ok()),
+            (None, _) => {}
         }
         (result, span)
     }

@@ -89,6 +89,11 @@ pub struct Fault {
     /// message, which often quotes request content); `None` when `detail`
     /// holds none. Logs above debug and spans use this one.
     pub quiet: Option<String>,
+    /// The event never reached the hook: it waited for a free stream slot
+    /// on the hook's connections until its deadline. The failure policy
+    /// still applies, but the circuit breaker holds nothing against the
+    /// hook for it (a busy pool is not a sick server).
+    pub unsent: bool,
 }
 
 impl Fault {
@@ -98,6 +103,7 @@ impl Fault {
             detail: detail.into(),
             seen_after: None,
             quiet: None,
+            unsent: false,
         }
     }
 
@@ -118,7 +124,14 @@ impl Fault {
             detail: detail.into(),
             seen_after: None,
             quiet: Some(quiet.into()),
+            unsent: false,
         }
+    }
+
+    /// This fault, for an event that never reached the hook.
+    pub fn unsent(mut self) -> Self {
+        self.unsent = true;
+        self
     }
 
     /// What may be logged above debug or exported: `detail` without any

@@ -10,7 +10,9 @@
 //!   `max_streams_per_connection` (1 000 by default, also when the server
 //!   sets no limit). Until the server has said it, only the
 //!   stream that opens the connection goes on it: nothing is queued or
-//!   refused beyond a limit nobody knows yet.
+//!   refused beyond a limit nobody knows yet. A connection whose server
+//!   says nothing (not within the connect timeout, or before its opener
+//!   gave up) is forgotten, so it cannot hold the pool back.
 //! - Another connection is opened only when every connection is full (at
 //!   most one connecting at a time), up to the configured maximum; past
 //!   that, streams wait for a free slot.
@@ -169,6 +171,26 @@ impl Placement {
         }
     }
 
+    /// Removes `id` if its server has still said nothing of its limit
+    /// (no SETTINGS: TCP accepted, but not a byte back, as from a stopped
+    /// process or a proxy whose backend is gone); returns whether it did.
+    /// Another connection is opened only once no limit is unknown, so one
+    /// such connection, kept, would stop the pool from ever growing, and
+    /// with no stream on it, it would take the next stream and hang it too.
+    /// Streams still on it keep their slots' channel; their ends are no-ops.
+    pub fn forget_unknown(&mut self, id: ConnId) -> bool {
+        let Some(i) = self
+            .conns
+            .iter()
+            .position(|c| c.id == id && c.limit == Limit::Unknown)
+        else {
+            return false;
+        };
+        self.conns.remove(i);
+        self.rebalance();
+        true
+    }
+
     /// The server refused a stream on `id` (REFUSED_STREAM) while it
     /// carried `streams` of ours, the refused one included: its limit is
     /// below that.
@@ -324,6 +346,24 @@ mod tests {
         assert_eq!(p.place(), Choice::Use(a));
         assert_eq!(p.place(), Choice::Use(b), "a is full: b is taken back");
         assert_eq!(p.connections(), 2);
+    }
+
+    #[test]
+    fn a_connection_whose_limit_never_came_is_forgotten_and_another_opens() {
+        let mut p = Placement::new(8, usize::MAX, IDLE);
+        let silent = id(p.place());
+        assert_eq!(p.place(), Choice::Wait, "waits for the limit");
+        assert!(p.forget_unknown(silent));
+        assert_eq!(p.connections(), 0);
+        let next = p.place();
+        assert!(matches!(next, Choice::Open(n) if n != silent), "{next:?}");
+        // The forgotten connection's stream ends: nothing to count.
+        p.release(silent, Instant::now());
+        assert_eq!(p.loads(), vec![1]);
+        // A connection whose limit is known stays.
+        p.learned(id(next), Advertised::Limit(10));
+        assert!(!p.forget_unknown(id(next)));
+        assert_eq!(p.connections(), 1);
     }
 
     #[test]

@@ -39,6 +39,9 @@ struct Inner {
     changed: Notify,
     connect: Connect,
     idle: Duration,
+    /// How long a new connection may go without its server's SETTINGS
+    /// before it leaves the pool ([`Placement::forget_unknown`]).
+    settings_wait: Duration,
     metrics: OnceLock<PoolMetrics>,
 }
 
@@ -96,10 +99,25 @@ impl Lease {
     pub fn failed(&self) {
         self.opened();
     }
+
+    /// The attempt to open a stream on this slot was given up before it
+    /// ended (its run ended first). If the server has still said nothing
+    /// of its limit, the connection leaves the pool: it may never answer,
+    /// and the next stream dials a new one rather than wait for it.
+    pub fn abandoned(&self) {
+        self.inner.pool.forget_unknown(self.inner.conn);
+    }
 }
 
 impl Pool {
-    pub fn new(hook: &str, config: &ConnectionsConfig, connect: Connect) -> Pool {
+    /// `settings_wait`: how long a new connection may go without its
+    /// server's SETTINGS (the connect timeout) before it is given up.
+    pub fn new(
+        hook: &str,
+        config: &ConnectionsConfig,
+        settings_wait: Duration,
+        connect: Connect,
+    ) -> Pool {
         Pool {
             inner: Arc::new(Inner {
                 hook: hook.to_string(),
@@ -115,6 +133,7 @@ impl Pool {
                 changed: Notify::new(),
                 connect,
                 idle: config.idle_timeout,
+                settings_wait,
                 metrics: OnceLock::new(),
             }),
         }
@@ -148,12 +167,14 @@ impl Pool {
                     let s = self.inner.state.locked();
                     (s.placement.connections(), s.placement.streams())
                 };
+                // Nothing went to the hook server: not its failure.
                 return Err(Fault::new(
                     FailureClass::Deadline,
                     format!(
                         "no free stream to the hook server before the deadline: {conns} connection(s) carry {streams} stream(s), each at its limit (raise connections.max)"
                     ),
-                ));
+                )
+                .unsent());
             }
         }
     }
@@ -174,6 +195,15 @@ impl Pool {
                 });
                 let channel = (self.inner.connect)(report);
                 s.channels.insert(id, channel);
+                // Bounds the one thing that stops the pool from growing: a
+                // limit nobody knows yet. A healthy server's SETTINGS come
+                // right after the connect; one slower than the connect
+                // timeout costs at most an extra connection.
+                tokio::spawn(forget_if_silent(
+                    Arc::downgrade(&self.inner),
+                    id,
+                    self.inner.settings_wait,
+                ));
                 if s.placement.connections() > 1 && !s.sweeping {
                     s.sweeping = true;
                     tokio::spawn(sweep(Arc::downgrade(&self.inner)));
@@ -213,6 +243,20 @@ impl Inner {
         self.changed.notify_waiters();
     }
 
+    /// [`Placement::forget_unknown`], and the connection's channel with it
+    /// (closed once the streams still on it end).
+    fn forget_unknown(&self, id: ConnId) {
+        let mut s = self.state.locked();
+        if !s.placement.forget_unknown(id) {
+            return;
+        }
+        s.channels.remove(&id);
+        self.publish(&s);
+        drop(s);
+        self.changed.notify_waiters();
+        tracing::debug!(hook = %self.hook, "hook server sent no HTTP/2 SETTINGS on a new connection; it takes no more streams");
+    }
+
     fn publish(&self, s: &State) {
         if let Some(m) = self.metrics.get() {
             m.connections
@@ -220,6 +264,15 @@ impl Inner {
             m.streams
                 .set(i64::try_from(s.placement.streams()).unwrap_or(i64::MAX));
         }
+    }
+}
+
+/// Gives up connection `id` if its server has not said its limit within
+/// `wait` of its opening.
+async fn forget_if_silent(pool: Weak<Inner>, id: ConnId, wait: Duration) {
+    tokio::time::sleep(wait).await;
+    if let Some(p) = pool.upgrade() {
+        p.forget_unknown(id);
     }
 }
 
@@ -287,7 +340,7 @@ mod tests {
             max_streams_per_connection: 1,
             idle_timeout: Duration::from_secs(60),
         };
-        Pool::new("h", &config, connect)
+        Pool::new("h", &config, Duration::from_secs(1), connect)
     }
 
     #[tokio::test]

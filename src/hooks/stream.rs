@@ -76,7 +76,7 @@ impl Routing {
 /// reader would leave them to wait for their deadlines.
 struct Reader {
     routing: Arc<Mutex<Routing>>,
-    owner: Owner,
+    owner: Arc<Owner>,
 }
 
 impl Drop for Reader {
@@ -118,6 +118,9 @@ pub struct RunStream {
     /// then on the close grace bounds its wait for the server.
     closed: Arc<Notify>,
     reader: tokio::task::JoinHandle<()>,
+    /// Shared with the reader: [`RunStream::close`] reports a fault no
+    /// step reported.
+    owner: Arc<Owner>,
 }
 
 /// A blocking event in flight.
@@ -189,6 +192,23 @@ impl RunStream {
         metrics: Arc<Metrics>,
         failure_log: Arc<Mutex<FailureLog>>,
     ) -> RunStream {
+        let owner = Owner {
+            hook,
+            metrics,
+            failure_log,
+        };
+        Self::open_with(pool, capacity, metadata, slot_wait, CLOSE_GRACE, owner)
+    }
+
+    /// [`RunStream::open`] with the close grace given (tests shorten it).
+    fn open_with(
+        pool: Pool,
+        capacity: usize,
+        metadata: Vec<(&'static str, String)>,
+        slot_wait: Duration,
+        close_grace: Duration,
+        owner: Owner,
+    ) -> RunStream {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let routing = Arc::new(Mutex::new(Routing {
             next_seq: 1,
@@ -198,13 +218,13 @@ impl RunStream {
         let r = routing.clone();
         let closed = Arc::new(Notify::new());
         let half_closed = closed.clone();
-        let owner = Owner {
-            hook,
-            metrics,
-            failure_log,
-        };
+        let owner = Arc::new(owner);
+        let reader_owner = owner.clone();
         let reader = tokio::spawn(async move {
-            let guard = Reader { routing: r, owner };
+            let guard = Reader {
+                routing: r,
+                owner: reader_owner,
+            };
             let (r, owner) = (&guard.routing, &guard.owner);
             // Boxed: the open phase's futures are larger than the reading
             // loop's, and inline they would stay in the task for the
@@ -214,7 +234,11 @@ impl RunStream {
             // close is seen whether the reader waits or routes a verdict.
             let half_closed = half_closed.notified();
             tokio::pin!(half_closed);
-            let mut told = false;
+            // One deadline for the whole close, from the moment the close
+            // is first seen: a grace per message would let a hook that
+            // keeps sending (anything, more often than the grace) keep the
+            // stream and its slot for good.
+            let mut close_by: Option<Instant> = None;
             // A server that has not answered the call when the run ends
             // gets the close grace to do so, no more: a hung server would
             // otherwise keep the stream and its slot for good.
@@ -222,8 +246,9 @@ impl RunStream {
                 biased;
                 o = &mut open => o,
                 () = half_closed.as_mut() => {
-                    told = true;
-                    tokio::time::timeout(CLOSE_GRACE, &mut open).await.ok().flatten()
+                    let by = Instant::now() + close_grace;
+                    close_by = Some(by);
+                    tokio::time::timeout_at(by, &mut open).await.ok().flatten()
                 }
             };
             drop(open);
@@ -231,8 +256,14 @@ impl RunStream {
                 return;
             };
             loop {
-                let next = if told || r.locked().closing {
-                    match tokio::time::timeout(CLOSE_GRACE, inbound.message()).await {
+                // Also checked here, not only by the select below: with
+                // messages always ready, the biased select never polls the
+                // close notification.
+                if close_by.is_none() && r.locked().closing {
+                    close_by = Some(Instant::now() + close_grace);
+                }
+                let next = if let Some(by) = close_by {
+                    match tokio::time::timeout_at(by, inbound.message()).await {
                         Ok(m) => m,
                         Err(_) => return,
                     }
@@ -242,7 +273,7 @@ impl RunStream {
                         m = inbound.message() => m,
                         // Half-closed while waiting: wait again, bounded.
                         () = half_closed.as_mut() => {
-                            told = true;
+                            close_by = Some(Instant::now() + close_grace);
                             continue;
                         }
                     }
@@ -277,6 +308,7 @@ impl RunStream {
             routing,
             closed,
             reader,
+            owner,
         }
     }
 
@@ -362,16 +394,22 @@ impl RunStream {
             }
             Err(_) => {
                 self.expire(pending.seq);
-                Err(Fault::new(FailureClass::Deadline, self.deadline_detail()))
+                if self.routing.locked().queued {
+                    // The event never left hookwire (and now never will:
+                    // the stream's body skips it), so the hook was not
+                    // called.
+                    Err(Fault::new(
+                        FailureClass::Deadline,
+                        "no verdict before the deadline: the stream was still waiting for a free slot on the hook's connections (every one at the server's stream limit; see connections.max)",
+                    )
+                    .unsent())
+                } else {
+                    Err(Fault::new(
+                        FailureClass::Deadline,
+                        "no verdict before the deadline",
+                    ))
+                }
             }
-        }
-    }
-
-    fn deadline_detail(&self) -> &'static str {
-        if self.routing.locked().queued {
-            "no verdict before the deadline: the stream was still waiting for a free slot on the hook's connections (every one at the server's stream limit; see connections.max)"
-        } else {
-            "no verdict before the deadline"
         }
     }
 
@@ -420,10 +458,19 @@ impl RunStream {
     }
 
     /// Half-closes the stream (after run_end); the reader lingers at most
-    /// [`CLOSE_GRACE`] for the hook to end its side, then resets the
-    /// stream and gives its slot back.
+    /// [`CLOSE_GRACE`] in all (however much the hook still sends) for the
+    /// hook to end its side, then resets the stream and gives its slot
+    /// back.
     pub fn close(&self) {
-        self.routing.locked().closing = true;
+        {
+            let mut g = self.routing.locked();
+            g.closing = true;
+            // A fault that broke the stream after the run's last check (it
+            // ran `check_faults` just before) and failed no event: no step
+            // is left to report it, and the reader reports only faults seen
+            // after the close. Under the lock, so it is reported once.
+            report_unreported(&mut g, &self.owner);
+        }
         self.tx.locked().take();
         // A permit if the reader is not waiting yet: it sees it next.
         self.closed.notify_one();
@@ -459,7 +506,7 @@ async fn open_on_pool(
     slot_wait: Duration,
     r: Arc<Mutex<Routing>>,
 ) -> Option<(Lease, tonic::Streaming<pb::HookVerdict>)> {
-    let outbound = Outbound::new(rx);
+    let outbound = Outbound::new(rx, r.clone());
     let mut refusals = 0;
     loop {
         let lease = match pool.acquire(Instant::now() + slot_wait).await {
@@ -470,6 +517,8 @@ async fn open_on_pool(
             }
         };
         r.locked().queued = false;
+        // Dropped with this attempt, also when the reader gives up on it.
+        let _attempt = Attempt(lease.clone());
         let set_metadata = |md: &mut tonic::metadata::MetadataMap| {
             for (k, v) in &metadata {
                 if let Ok(v) = v.parse() {
@@ -500,8 +549,22 @@ async fn open_on_pool(
     }
 }
 
+/// One attempt to open the stream on a slot. Dropped before the attempt
+/// ended (the run ended while the server had not answered), it tells the
+/// pool ([`Lease::abandoned`]): a connection whose server never said a
+/// word would otherwise keep the pool from opening any other. Once the
+/// attempt ended, the limit is known and this changes nothing.
+struct Attempt(Lease);
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        self.0.abandoned();
+    }
+}
+
 struct Outbound {
     state: Arc<Mutex<OutState>>,
+    routing: Arc<Mutex<Routing>>,
 }
 
 struct OutState {
@@ -517,8 +580,9 @@ struct OutState {
 }
 
 impl Outbound {
-    fn new(rx: mpsc::Receiver<Queued>) -> Outbound {
+    fn new(rx: mpsc::Receiver<Queued>, routing: Arc<Mutex<Routing>>) -> Outbound {
         Outbound {
+            routing,
             state: Arc::new(Mutex::new(OutState {
                 rx,
                 taken: Vec::new(),
@@ -532,6 +596,7 @@ impl Outbound {
     fn body(&self, lease: Lease) -> Body {
         Body {
             state: self.state.clone(),
+            routing: self.routing.clone(),
             attempt: self.state.locked().attempt,
             _lease: lease,
         }
@@ -556,6 +621,8 @@ impl Outbound {
 /// stream until both sides ended, and this side ends when the body does.
 struct Body {
     state: Arc<Mutex<OutState>>,
+    /// The stream's routing, to skip events whose caller gave up.
+    routing: Arc<Mutex<Routing>>,
     attempt: u32,
     _lease: Lease,
 }
@@ -571,12 +638,24 @@ impl futures::Stream for Body {
         if s.attempt != this.attempt {
             return Poll::Ready(None);
         }
-        let next = match s.replay.pop_front() {
-            Some(e) => Some(e),
-            None => match s.rx.poll_recv(cx) {
-                Poll::Ready(e) => e,
-                Poll::Pending => return Poll::Pending,
-            },
+        let next = loop {
+            let next = match s.replay.pop_front() {
+                Some(e) => Some(e),
+                None => match s.rx.poll_recv(cx) {
+                    Poll::Ready(e) => e,
+                    Poll::Pending => return Poll::Pending,
+                },
+            };
+            // A blocking event whose deadline passed while it waited here
+            // (for a slot, or for the hook to read) failed already: sent
+            // now, it would have the hook act on an event the run has
+            // given up on. Forgotten, so a verdict for it is spurious.
+            match next {
+                Some(e)
+                    if e.event.expects_verdict
+                        && this.routing.locked().expired.remove(&e.event.seq) => {}
+                next => break next,
+            }
         };
         if let (Some(e), false) = (&next, s.accepted) {
             s.taken.push(e.clone());
@@ -641,28 +720,40 @@ fn route(r: &Mutex<Routing>, v: pb::HookVerdict, owner: &Owner) {
     };
     let event = first.seen_after.map_or("unknown", EventKind::name);
     tracing::debug!(hook = %owner.hook, class = %first.class, after = event, "hook stream fault; the run fails at its next step");
-    if g.closing && !g.delivered {
-        // The run is over, so no step will report it: count and log it now.
-        g.delivered = true;
-        owner
-            .metrics
-            .hook_failure(&owner.hook, event, first.class.name());
-        // Thinned like every hook failure warning (a hook that answers
-        // every run twice must not flood the log).
-        let admitted = owner
-            .failure_log
-            .locked()
-            .admit(first.class, Instant::now().into_std());
-        if let Some(suppressed) = admitted {
-            tracing::warn!(
-                hook = %owner.hook,
-                event = %event,
-                class = %first.class,
-                detail = %first.log_detail(),
-                suppressed,
-                "hook broke the protocol after its run ended"
-            );
-        }
+    if g.closing {
+        report_unreported(&mut g, owner);
+    }
+}
+
+/// The run is over, so no step will report the fault that broke the
+/// stream if it failed no event yet: count and log it now, once.
+fn report_unreported(g: &mut Routing, owner: &Owner) {
+    if g.delivered {
+        return;
+    }
+    let Some(first) = g.poisoned.clone() else {
+        return;
+    };
+    g.delivered = true;
+    let event = first.seen_after.map_or("unknown", EventKind::name);
+    owner
+        .metrics
+        .hook_failure(&owner.hook, event, first.class.name());
+    // Thinned like every hook failure warning (a hook that answers every
+    // run twice must not flood the log).
+    let admitted = owner
+        .failure_log
+        .locked()
+        .admit(first.class, Instant::now().into_std());
+    if let Some(suppressed) = admitted {
+        tracing::warn!(
+            hook = %owner.hook,
+            event = %event,
+            class = %first.class,
+            detail = %first.log_detail(),
+            suppressed,
+            "hook stream failed after its run's last step; counted, the run's outcome stands"
+        );
     }
 }
 
@@ -843,6 +934,7 @@ mod tests {
             })),
             closed: Arc::default(),
             reader: tokio::spawn(async {}),
+            owner: Arc::new(owner()),
         };
         assert!(matches!(s.send_blocking(event()), Ok(Sent::Queued(_))));
         let Ok(Sent::Full(full)) = s.send_blocking(event()) else {
@@ -889,7 +981,7 @@ mod tests {
             .insert(1, (tx, pb::EventKind::ToolCall as i32));
         let reader = Reader {
             routing: routing.clone(),
-            owner: owner(),
+            owner: Arc::new(owner()),
         };
         let task = tokio::spawn(async move {
             let _reader = reader;
@@ -904,6 +996,322 @@ mod tests {
             .unwrap_err();
         assert_eq!(fault.class, FailureClass::StreamReset);
         assert!(routing.locked().poisoned.is_some(), "the stream is broken");
+    }
+
+    /// A hook server whose `Process` stream sends a verdict every 20 ms
+    /// for as long as the stream lives, whatever hookwire sends or closes;
+    /// `sent` counts them.
+    struct Chatty {
+        sent: Arc<std::sync::atomic::AtomicUsize>,
+        more: Arc<Notify>,
+    }
+
+    #[tonic::async_trait]
+    impl pb::hook_service_server::HookService for Chatty {
+        async fn describe(
+            &self,
+            _: tonic::Request<pb::DescribeRequest>,
+        ) -> Result<tonic::Response<pb::DescribeResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not asked"))
+        }
+        type ProcessStream =
+            Pin<Box<dyn futures::Stream<Item = Result<pb::HookVerdict, tonic::Status>> + Send>>;
+        async fn process(
+            &self,
+            _: tonic::Request<tonic::Streaming<pb::HookEvent>>,
+        ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+            let (sent, more) = (self.sent.clone(), self.more.clone());
+            let verdicts = futures::stream::unfold(0u64, move |n| {
+                let (sent, more) = (sent.clone(), more.clone());
+                async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    more.notify_waiters();
+                    Some((Ok(verdict(1000 + n)), n + 1))
+                }
+            });
+            Ok(tonic::Response::new(Box::pin(verdicts)))
+        }
+        async fn call_tool(
+            &self,
+            _: tonic::Request<pb::CallToolRequest>,
+        ) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no tools"))
+        }
+    }
+
+    /// A pool of one connection to the hook server at `addr`, which gives
+    /// up a connection whose server has not said its limit within
+    /// `settings_wait`.
+    fn pool_to(addr: std::net::SocketAddr, settings_wait: Duration) -> Pool {
+        use crate::config::{ConnectionsConfig, HookCredentials};
+        use crate::hooks::client::Dialer;
+        use crate::hooks::credentials::Credentials;
+        let dialer = Dialer::new(&format!("http://{addr}"), Duration::from_secs(5), None).unwrap();
+        let credentials =
+            Credentials::new("h", &HookCredentials::default(), Duration::MAX).unwrap();
+        let closed = Arc::new(Notify::new());
+        let connect: crate::hooks::pool::Connect = Box::new(move |report| {
+            tonic::service::interceptor::InterceptedService::new(
+                dialer.channel(closed.clone(), report),
+                credentials.clone(),
+            )
+        });
+        let config = ConnectionsConfig {
+            max: 1,
+            max_streams_per_connection: 10,
+            idle_timeout: Duration::from_secs(60),
+        };
+        Pool::new("h", &config, settings_wait, connect)
+    }
+
+    /// The close grace bounds the whole close, not each message: a hook
+    /// that keeps sending after its run ended (more often than the grace)
+    /// still has its stream reset and its slot given back within the
+    /// grace. Timed per message, the reader would wait for ever, and
+    /// across runs the hook's slots would fill.
+    #[tokio::test]
+    async fn a_hook_that_keeps_sending_after_the_run_gives_its_slot_back_within_the_grace() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let more = Arc::new(Notify::new());
+        let hook = Chatty {
+            sent: sent.clone(),
+            more: more.clone(),
+        };
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(pb::hook_service_server::HookServiceServer::new(hook))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        let pool = pool_to(addr, Duration::from_secs(5));
+        let grace = Duration::from_millis(200);
+        let mut s = RunStream::open_with(
+            pool.clone(),
+            8,
+            Vec::new(),
+            Duration::from_secs(5),
+            grace,
+            owner(),
+        );
+        // The stream is open and the hook is sending.
+        loop {
+            let next = more.notified();
+            if sent.load(std::sync::atomic::Ordering::SeqCst) >= 3 {
+                break;
+            }
+            next.await;
+        }
+        assert_eq!(pool.load(), (1, 1));
+        s.close();
+        // Many graces, against a slow machine; without one deadline for the
+        // close it is never.
+        tokio::time::timeout(grace * 25, &mut s.reader)
+            .await
+            .expect("the reader ends within the close grace, however much the hook sends")
+            .unwrap();
+        assert!(
+            sent.load(std::sync::atomic::Ordering::SeqCst) > 3,
+            "the hook kept sending while the reader waited"
+        );
+        // The request body's share of the slot goes when hyper drops it,
+        // a moment after the reset.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while pool.load().1 != 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the slot is given back");
+        server.abort();
+    }
+
+    /// A stream given up (its run ended) while the server had not sent a
+    /// byte takes its connection out of the pool: kept, that connection's
+    /// unknown limit would hold back every stream that needs another one,
+    /// and the next stream would go on it and hang as well.
+    #[tokio::test]
+    async fn a_stream_given_up_before_the_server_said_a_word_takes_its_connection_out() {
+        // Accepts connections and never says a word (nor closes them).
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        let accepted = Arc::new(Notify::new());
+        let held = tokio::spawn({
+            let accepted = accepted.clone();
+            async move {
+                let mut held = Vec::new();
+                while let Ok((s, _)) = silent.accept().await {
+                    held.push(s);
+                    accepted.notify_one();
+                }
+            }
+        });
+        // Long enough that only the stream's giving up can forget it.
+        let pool = pool_to(addr, Duration::from_secs(3600));
+        let mut s = RunStream::open_with(
+            pool.clone(),
+            8,
+            Vec::new(),
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            owner(),
+        );
+        accepted.notified().await;
+        assert_eq!(pool.load(), (1, 1));
+        s.close();
+        tokio::time::timeout(Duration::from_secs(5), &mut s.reader)
+            .await
+            .expect("the reader gives up on the open within the close grace")
+            .unwrap();
+        assert_eq!(pool.load().0, 0, "the silent connection left the pool");
+        let next = pool.try_acquire().expect("the next stream opens another");
+        assert_eq!(pool.load(), (1, 1));
+        drop(next);
+        held.abort();
+    }
+
+    /// A hook server that answers every blocking event at once, and keeps
+    /// the seqs of the events it got.
+    struct Echo {
+        seen: Arc<Mutex<Vec<u64>>>,
+    }
+
+    #[tonic::async_trait]
+    impl pb::hook_service_server::HookService for Echo {
+        async fn describe(
+            &self,
+            _: tonic::Request<pb::DescribeRequest>,
+        ) -> Result<tonic::Response<pb::DescribeResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not asked"))
+        }
+        type ProcessStream =
+            tokio_stream::wrappers::ReceiverStream<Result<pb::HookVerdict, tonic::Status>>;
+        async fn process(
+            &self,
+            events: tonic::Request<tonic::Streaming<pb::HookEvent>>,
+        ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+            let mut events = events.into_inner();
+            let (tx, rx) = mpsc::channel(8);
+            let seen = self.seen.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(e)) = events.message().await {
+                    seen.locked().push(e.seq);
+                    if e.expects_verdict && tx.send(Ok(verdict(e.seq))).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(tonic::Response::new(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            ))
+        }
+        async fn call_tool(
+            &self,
+            _: tonic::Request<pb::CallToolRequest>,
+        ) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no tools"))
+        }
+    }
+
+    /// An event whose deadline passed while its stream waited for a free
+    /// slot never reached the hook: its failure is marked unsent (not held
+    /// against the hook by the breaker), and once a slot frees, the stream
+    /// opens without it rather than have the hook act on an event the run
+    /// gave up on.
+    #[tokio::test]
+    async fn an_event_that_expired_waiting_for_a_slot_never_reaches_the_hook() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hook = Echo { seen: seen.clone() };
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(pb::hook_service_server::HookServiceServer::new(hook))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        let pool = pool_to(addr, Duration::from_secs(3600));
+        // The pool's one slot is taken.
+        let taken = pool.try_acquire().expect("the free slot");
+        let s = RunStream::open_with(
+            pool.clone(),
+            8,
+            Vec::new(),
+            Duration::from_secs(60),
+            CLOSE_GRACE,
+            owner(),
+        );
+        let Ok(Sent::Queued(first)) = s.send_blocking(event()) else {
+            panic!("queued")
+        };
+        let fault = s
+            .wait(first, Instant::now() + Duration::from_millis(50))
+            .await
+            .expect_err("no slot, no verdict");
+        assert_eq!(fault.class, FailureClass::Deadline);
+        assert!(fault.unsent, "{}", fault.detail);
+        drop(taken);
+        let Ok(Sent::Queued(second)) = s.send_blocking(event()) else {
+            panic!("queued")
+        };
+        let v = s
+            .wait(second, Instant::now() + Duration::from_secs(5))
+            .await
+            .expect("answered once the stream opened");
+        assert_eq!(v.seq, 2);
+        // Events go in order: had the first been sent, it would be here.
+        assert_eq!(*seen.locked(), vec![2], "the expired event was not sent");
+        s.close();
+        server.abort();
+    }
+
+    /// A fault that broke the stream after the run's last check
+    /// (`check_faults` at run_end) but before the run closed it failed no
+    /// event, and no step is left to: closing the stream counts it, once,
+    /// as the reader counts one that comes after the close.
+    #[tokio::test]
+    async fn a_fault_between_the_last_check_and_the_close_is_counted_once() {
+        let metrics = Arc::new(Metrics::new());
+        let (tx, _rx) = mpsc::channel(1);
+        let s = RunStream {
+            tx: Mutex::new(Some(tx)),
+            routing: Arc::new(Mutex::new(Routing {
+                next_seq: 2,
+                last_sent: pb::EventKind::RunEnd as i32,
+                ..Default::default()
+            })),
+            closed: Arc::default(),
+            reader: tokio::spawn(async {}),
+            owner: Arc::new(Owner {
+                hook: "h".into(),
+                metrics: metrics.clone(),
+                failure_log: Arc::default(),
+            }),
+        };
+        // The hook server ended the stream with nothing in flight, after
+        // the run's last check.
+        s.routing.locked().poison(
+            Fault::new(FailureClass::StreamReset, "hook server ended the stream"),
+            None,
+        );
+        let series =
+            r#"hookwire_hook_failures_total{hook="h",event="run_end",class="stream_reset"} "#;
+        let count = || {
+            metrics
+                .encode()
+                .lines()
+                .find_map(|l| l.strip_prefix(series).map(str::to_owned))
+        };
+        assert_eq!(count(), None);
+        s.close();
+        assert_eq!(count().as_deref(), Some("1"));
+        assert!(s.take_unreported().is_none(), "reported already");
+        // A later fault on the broken stream is not counted again.
+        route(&s.routing, verdict(9), &s.owner);
+        s.close();
+        assert_eq!(count().as_deref(), Some("1"));
     }
 
     fn verdict(seq: u64) -> pb::HookVerdict {

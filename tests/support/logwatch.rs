@@ -39,6 +39,14 @@ impl LogWatch {
     /// Captures hookwire's logs filtered by `filter` (`RUST_LOG` syntax) on
     /// this thread until the guard drops.
     pub fn install(filter: &str) -> (LogWatch, tracing::dispatcher::DefaultGuard) {
+        // With one dispatcher registered in the process, tracing-core takes
+        // a callsite's interest from the default of whichever thread hits
+        // it first and caches it: another test's thread (no subscriber)
+        // would cache `never`, and this watch would see nothing. With two,
+        // every registered one is asked, and registering ours below
+        // rebuilds what was cached.
+        static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let watch = LogWatch::default();
         let mut opts = TelemetryOptions::new(LogFormat::Text);
         opts.log_filter = filter.into();
