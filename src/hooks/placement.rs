@@ -191,12 +191,22 @@ impl Placement {
         true
     }
 
-    /// The server refused a stream on `id` (REFUSED_STREAM) while it
-    /// carried `streams` of ours, the refused one included: its limit is
-    /// below that.
-    pub fn refused(&mut self, id: ConnId) {
+    /// Streams of ours on `id` now.
+    pub fn streams_on(&self, id: ConnId) -> usize {
+        self.conns
+            .iter()
+            .find(|c| c.id == id)
+            .map_or(0, |c| c.streams)
+    }
+
+    /// The server refused a stream on `id` (REFUSED_STREAM) that was
+    /// placed when `id` carried `seen` streams of ours, it included: the
+    /// server had fewer than that open when it refused, so its limit is
+    /// below `seen`. (Not below what `id` carries now: streams that ended
+    /// since the refusal would lower the limit for good.)
+    pub fn refused(&mut self, id: ConnId, seen: usize) {
         if let Some(c) = self.conn(id) {
-            let below = c.streams.saturating_sub(1).max(1);
+            let below = seen.saturating_sub(1).max(1);
             c.limit = match c.limit {
                 Limit::Advertised(n) => Limit::Advertised(n.min(below)),
                 _ => Limit::Advertised(below),
@@ -374,10 +384,34 @@ mod tests {
         for _ in 0..9 {
             assert_eq!(p.place(), Choice::Use(a), "100 assumed while unread");
         }
-        p.refused(a);
+        p.refused(a, p.streams_on(a));
         p.release(a, Instant::now());
         assert_eq!(p.loads(), vec![9]);
         // Limit 9 now: the next stream opens another connection.
+        assert!(matches!(p.place(), Choice::Open(_)));
+    }
+
+    #[test]
+    fn streams_that_ended_before_a_refusal_was_seen_do_not_lower_the_limit_further() {
+        let mut p = Placement::new(8, usize::MAX, IDLE);
+        let a = id(p.place());
+        p.opened(a);
+        for _ in 0..9 {
+            p.place();
+        }
+        // The tenth stream was placed with ten on the connection; five
+        // ended before its refusal came back.
+        let seen = p.streams_on(a);
+        for _ in 0..5 {
+            p.release(a, Instant::now());
+        }
+        p.refused(a, seen);
+        p.release(a, Instant::now());
+        assert_eq!(p.loads(), vec![4]);
+        // Limit 9, not 4: five more fit before another connection opens.
+        for _ in 0..5 {
+            assert_eq!(p.place(), Choice::Use(a));
+        }
         assert!(matches!(p.place(), Choice::Open(_)));
     }
 

@@ -63,6 +63,8 @@ pub struct Lease {
 struct LeaseInner {
     pool: Arc<Inner>,
     conn: ConnId,
+    /// Streams of ours on `conn` when this one was placed (it included).
+    seen: usize,
     channel: HookChannel,
 }
 
@@ -91,7 +93,9 @@ impl Lease {
         if let Some(m) = self.inner.pool.metrics.get() {
             m.refused.inc();
         }
-        self.inner.pool.update(|p| p.refused(self.inner.conn));
+        self.inner
+            .pool
+            .update(|p| p.refused(self.inner.conn, self.inner.seen));
     }
 
     /// Opening failed before the server said anything (cannot connect):
@@ -212,12 +216,14 @@ impl Pool {
             }
         };
         let channel = s.channels.get(&conn)?.clone();
+        let seen = s.placement.streams_on(conn);
         self.inner.publish(&s);
         drop(s);
         Some(Lease {
             inner: Arc::new(LeaseInner {
                 pool: self.inner.clone(),
                 conn,
+                seen,
                 channel,
             }),
         })
