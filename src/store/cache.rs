@@ -17,7 +17,7 @@
 //! it, else the next load copies it once.
 
 use crate::lock::LockExt;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use super::{SessionStore, StoreError};
@@ -45,7 +45,16 @@ struct Inner {
     by_use: BTreeMap<u64, Arc<str>>,
     bytes: usize,
     clock: u64,
+    /// Sessions forgotten lately (deleted), numbered by `forgets`: a load
+    /// that read the store before a delete and finishes after it must not
+    /// put the deleted transcript back.
+    forgotten: VecDeque<(u64, Arc<str>)>,
+    forgets: u64,
 }
+
+/// How many recent deletes a load in flight can be checked against; a
+/// load that outlived more keeps nothing.
+const FORGOTTEN_KEPT: usize = 256;
 
 struct Entry {
     messages: Arc<Vec<Message>>,
@@ -73,27 +82,38 @@ impl TranscriptCache {
         store: &dyn SessionStore,
         session_id: &str,
     ) -> Result<Arc<Vec<Message>>, StoreError> {
-        let known = self.lock().touch(session_id);
+        let (known, forgets) = {
+            let mut g = self.lock();
+            (g.touch(session_id), g.forgets)
+        };
         let from = known.as_ref().map_or(0, |k| k.len());
         let newer = store
             .transcript_after(session_id, u64::try_from(from).unwrap_or(u64::MAX))
             .await?;
         match known {
             Some(k) if newer.is_empty() => Ok(k),
-            known => Ok(self.extend(session_id, known, from, newer)),
+            known => Ok(self.extend(session_id, known, from, newer, forgets)),
         }
     }
 
     /// Adds `newer` (the messages from position `from` on) to the copy,
-    /// which another load may have changed meanwhile.
+    /// which another load may have changed meanwhile. `forgets`: the count
+    /// of forgotten sessions when the load began; a session forgotten since
+    /// is not kept.
     fn extend(
         &self,
         session_id: &str,
         known: Option<Arc<Vec<Message>>>,
         from: usize,
         newer: Vec<Message>,
+        forgets: u64,
     ) -> Arc<Vec<Message>> {
         let mut g = self.lock();
+        let deleted_since = g.forgets != forgets
+            && (g.forgets - forgets > FORGOTTEN_KEPT as u64
+                || g.forgotten
+                    .iter()
+                    .any(|(n, id)| *n > forgets && &**id == session_id));
         let taken = g.take(session_id);
         // Both are true prefixes of the transcript: the longer one wins.
         let (mut messages, mut bytes) = match (taken, known) {
@@ -117,7 +137,7 @@ impl TranscriptCache {
         }
         g.clock += 1;
         let used = g.clock;
-        if bytes <= self.budget {
+        if bytes <= self.budget && !deleted_since {
             g.put(
                 session_id,
                 Entry {
@@ -131,9 +151,17 @@ impl TranscriptCache {
         messages
     }
 
-    /// Drops the session's copy (it was deleted).
+    /// Drops the session's copy (it was deleted), and keeps a load that
+    /// read it before from putting it back.
     pub fn forget(&self, session_id: &str) {
-        self.lock().take(session_id);
+        let mut g = self.lock();
+        g.take(session_id);
+        g.forgets += 1;
+        let n = g.forgets;
+        if g.forgotten.len() == FORGOTTEN_KEPT {
+            g.forgotten.pop_front();
+        }
+        g.forgotten.push_back((n, Arc::from(session_id)));
     }
 
     /// Sessions and bytes held (for tests and metrics).
@@ -271,6 +299,26 @@ mod tests {
         assert_eq!(huge.len(), 1, "still returned");
         assert_eq!(cache.held().0, 2, "but not kept");
         assert!(!cache.lock().entries.contains_key("huge"));
+    }
+
+    #[test]
+    fn a_load_that_finishes_after_its_session_was_deleted_keeps_nothing() {
+        let cache = TranscriptCache::new(DEFAULT_CACHE_BYTES);
+        // Both loads read the store before the delete.
+        let forgets = cache.lock().forgets;
+        cache.forget("gone");
+        let back = cache.extend("gone", None, 0, vec![Message::user("secret")], forgets);
+        assert_eq!(back.len(), 1, "the caller still gets what it read");
+        assert!(!cache.lock().entries.contains_key("gone"), "not kept");
+        // Another session's load is not affected.
+        cache.extend("kept", None, 0, vec![Message::user("x")], forgets);
+        assert!(cache.lock().entries.contains_key("kept"));
+        // One that outlived more deletes than are remembered keeps nothing.
+        for i in 0..=FORGOTTEN_KEPT {
+            cache.forget(&format!("other{i}"));
+        }
+        cache.extend("late", None, 0, vec![Message::user("y")], forgets);
+        assert!(!cache.lock().entries.contains_key("late"));
     }
 
     #[tokio::test]
