@@ -36,7 +36,8 @@ use crate::hooks::registry::{HookRegistry, RegistryError};
 use crate::model::ModelProvider;
 use crate::session::Session;
 use crate::store::{
-    NewSession, RunEnd, SessionFilter, SessionPage, SessionStore, StoreError, TranscriptCache,
+    NewSession, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore, StoreError,
+    TranscriptCache,
 };
 use crate::telemetry::{propagation, spans, Instruments};
 use tracing::Instrument;
@@ -570,35 +571,8 @@ impl Engine {
                 max,
             });
         }
-        // The rest runs in a task of its own. A caller that leaves (tonic
-        // drops the handler when the client's deadline passes or it
-        // disconnects) would otherwise drop the start after `begin_run`
-        // committed and before the run's task exists: the run stayed
-        // active in the store with nothing behind it, and its session
-        // answered busy until the lease expired. Now the start completes;
-        // the handle nobody takes is dropped with its event queue, which
-        // the run sees before its first step and ends `cancelled`
-        // (client disconnected).
-        let engine = self.clone();
-        let (principal, session_id) = (principal.clone(), session_id.to_string());
-        let starting = tokio::spawn(async move {
-            engine
-                .start_now(
-                    start,
-                    &principal,
-                    &session_id,
-                    input,
-                    streaming,
-                    traceparent,
-                )
-                .await
-        });
-        match starting.await {
-            Ok(started) => started,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Only when the runtime shuts down.
-            Err(_) => Err(EngineError::ShuttingDown),
-        }
+        self.start_now(start, principal, session_id, input, streaming, traceparent)
+            .await
     }
 
     /// The store's part of [`Engine::start_run`] and the run's task.
@@ -641,6 +615,12 @@ impl Engine {
         // From here the store counts the run (or it did not start).
         drop(starting);
         let lease = lease?;
+        // A caller that leaves now (tonic drops the handler when the
+        // client's deadline passes or it disconnects) drops this start
+        // before the run's task exists: the run would stay active in the
+        // store with nothing behind it, its session busy until the lease
+        // expired. Its end is recorded instead.
+        let abandoned = AbandonedStart(Some((self.store.clone(), lease.clone())));
         let ledger = Ledger::new(self.store.clone(), lease)
             .leased_at(asked)
             .retrying_end_for(self.config.server.run_lease)
@@ -654,6 +634,9 @@ impl Engine {
             Ok::<_, EngineError>((agent, transcript))
         }
         .await;
+        // No await from here to the run's task (or the failed start's own
+        // end below).
+        abandoned.disarm();
         let (agent, transcript) = match loaded {
             Ok(l) => l,
             Err(e) => {
@@ -833,3 +816,35 @@ impl Engine {
 /// `Engine::listed_bytes`): half of the 4 MiB gRPC clients receive by
 /// default, so that a page never needs a client to raise its limit.
 pub const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
+
+/// A run begun in the store whose start may still be dropped (its caller
+/// left); dropped armed, it records the run's end.
+struct AbandonedStart(Option<(Arc<dyn SessionStore>, RunLease)>);
+
+impl AbandonedStart {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbandonedStart {
+    fn drop(&mut self) {
+        let Some((store, lease)) = self.0.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // shutting down: the reaper ends it after the lease
+        };
+        rt.spawn(async move {
+            let end = RunEnd {
+                outcome: RunOutcome::Cancelled,
+                reason: "client disconnected".into(),
+                usage: Default::default(),
+                turns: 0,
+            };
+            if let Err(e) = store.end_run(&lease, &[], &end).await {
+                tracing::warn!(run = %lease.run_id, error = %e, "cannot record the end of a run whose caller left as it started");
+            }
+        });
+    }
+}

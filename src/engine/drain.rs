@@ -26,7 +26,7 @@ const SHUTDOWN_CANCEL: &str = "server shutting down";
 
 /// A run start in progress: past the `accepting` check, not yet in
 /// `Engine::runs`. Given up when dropped (the run is registered, or its
-/// start failed). Owns its engine: the start goes on in a task of its own.
+/// start failed).
 pub(super) struct Starting {
     engine: Arc<Engine>,
     /// `Engine::unmatched_cancels` when the start began.
