@@ -224,6 +224,27 @@ async fn engine_on(yaml: &str, store: Arc<dyn SessionStore>) -> Arc<Engine> {
     engine
 }
 
+/// Starts a run of `session` in a task of its own (a caller the test can
+/// abort, as tonic drops a handler whose client left).
+fn spawn_start(
+    engine: &Arc<Engine>,
+    session: &str,
+    input: &str,
+) -> tokio::task::JoinHandle<Result<hookwire::engine::RunHandle, hookwire::engine::EngineError>> {
+    let (engine, session, input) = (engine.clone(), session.to_string(), input.to_string());
+    tokio::spawn(async move {
+        engine
+            .start_run(
+                &Principal::anonymous(),
+                &session,
+                input,
+                false,
+                Default::default(),
+            )
+            .await
+    })
+}
+
 async fn new_session(engine: &Engine) -> String {
     engine
         .create_session(&Principal::anonymous(), "a", vec![], Default::default())
@@ -354,20 +375,7 @@ async fn a_drain_waits_for_a_run_that_was_starting() {
     let store = Arc::new(store);
     let engine = engine_on(&config(&[], ""), store.clone()).await;
     let session = new_session(&engine).await;
-    let starting = {
-        let (engine, session) = (engine.clone(), session.clone());
-        tokio::spawn(async move {
-            engine
-                .start_run(
-                    &Principal::anonymous(),
-                    &session,
-                    "hello".into(),
-                    false,
-                    Default::default(),
-                )
-                .await
-        })
-    };
+    let starting = spawn_start(&engine, &session, "hello");
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the start reached the store");
@@ -418,20 +426,7 @@ async fn a_run_that_starts_after_the_grace_ran_out_is_cancelled_at_once() {
     );
     let engine = engine_on(&yaml, store.clone()).await;
     let session = new_session(&engine).await;
-    let starting = {
-        let (engine, session) = (engine.clone(), session.clone());
-        tokio::spawn(async move {
-            engine
-                .start_run(
-                    &Principal::anonymous(),
-                    &session,
-                    "hello".into(),
-                    false,
-                    Default::default(),
-                )
-                .await
-        })
-    };
+    let starting = spawn_start(&engine, &session, "hello");
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the start reached the store");
@@ -563,20 +558,7 @@ async fn a_cancel_answered_while_the_run_was_starting_stops_it_before_any_hook()
     // does not run, so only the start itself can stop the run.
     let engine = engine_on(&yaml, store.clone()).await;
     let session = new_session(&engine).await;
-    let starting = {
-        let (engine, session) = (engine.clone(), session.clone());
-        tokio::spawn(async move {
-            engine
-                .start_run(
-                    &Principal::anonymous(),
-                    &session,
-                    "weather".into(),
-                    false,
-                    Default::default(),
-                )
-                .await
-        })
-    };
+    let starting = spawn_start(&engine, &session, "weather");
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the start reads the transcript");
@@ -623,20 +605,7 @@ async fn a_run_whose_caller_left_while_it_was_starting_frees_its_session() {
     let store = Arc::new(store);
     let engine = engine_on(&config(&[], ""), store.clone()).await;
     let session = new_session(&engine).await;
-    let abandoned = {
-        let (engine, session) = (engine.clone(), session.clone());
-        tokio::spawn(async move {
-            engine
-                .start_run(
-                    &Principal::anonymous(),
-                    &session,
-                    "hello".into(),
-                    false,
-                    Default::default(),
-                )
-                .await
-        })
-    };
+    let abandoned = spawn_start(&engine, &session, "hello");
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the start reads the transcript");
