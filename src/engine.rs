@@ -578,7 +578,7 @@ impl Engine {
     /// The store's part of [`Engine::start_run`] and the run's task.
     async fn start_now(
         self: &Arc<Self>,
-        start: drain::Starting,
+        start: drain::Starting<'_>,
         principal: &Principal,
         session_id: &str,
         input: String,

@@ -27,13 +27,13 @@ const SHUTDOWN_CANCEL: &str = "server shutting down";
 /// A run start in progress: past the `accepting` check, not yet in
 /// `Engine::runs`. Given up when dropped (the run is registered, or its
 /// start failed).
-pub(super) struct Starting {
-    engine: Arc<Engine>,
+pub(super) struct Starting<'a> {
+    engine: &'a Engine,
     /// `Engine::unmatched_cancels` when the start began.
     cancels: u64,
 }
 
-impl Drop for Starting {
+impl Drop for Starting<'_> {
     fn drop(&mut self) {
         // Under the runs lock, as `Leaving` and `is_idle` look at both.
         let runs = self.engine.runs.locked();
@@ -63,13 +63,13 @@ impl Drop for Leaving {
 impl Engine {
     /// Counts a run start, unless shutdown began: hold the guard until the
     /// run is in `runs` (or failed to start).
-    pub(super) fn begin_start(self: &Arc<Self>) -> Result<Starting, EngineError> {
+    pub(super) fn begin_start(&self) -> Result<Starting<'_>, EngineError> {
         // Counted before `accepting` is read, while `stop_accepting` writes
         // it before a drain reads the count: either this start sees the
         // shutdown, or the drain sees this start.
         self.starting.fetch_add(1, Ordering::SeqCst);
         let start = Starting {
-            engine: self.clone(),
+            engine: self,
             cancels: self.unmatched_cancels.load(Ordering::SeqCst),
         };
         if !self.accepting.load(Ordering::SeqCst) {
@@ -83,7 +83,7 @@ impl Engine {
     /// Returns whether a cancel or a delete found no run here while this
     /// one was starting: it may have been meant for this run, which then
     /// asks the store.
-    pub(super) fn register(&self, run: &Arc<Run>, start: Starting) -> bool {
+    pub(super) fn register(&self, run: &Arc<Run>, start: Starting<'_>) -> bool {
         let missed = {
             // Under the lock `cancel_local` counts under: a cancel either
             // finds the run or is counted before this reads the count.
