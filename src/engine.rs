@@ -151,6 +151,20 @@ fn with_principal(mut ctx: EventContext, p: &Principal) -> EventContext {
     ctx
 }
 
+/// Runs `work` to its end in a task of its own, so a caller that leaves
+/// (tonic drops the handler when the client's deadline passes) cannot stop
+/// it halfway; its answer still goes to the caller that waited.
+async fn detached<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
+) -> Result<T, EngineError> {
+    match tokio::spawn(work).await {
+        Ok(done) => done,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only when the runtime shuts down.
+        Err(_) => Err(EngineError::ShuttingDown),
+    }
+}
+
 impl Engine {
     pub fn new(
         config: Config,
@@ -483,27 +497,26 @@ impl Engine {
         id: &str,
     ) -> Result<(), EngineError> {
         let (_, grant) = self.grant(principal, Action::Delete, id).await?;
-        // From the delete on, in a task of its own: a caller that leaves
-        // (tonic drops the handler when the client's deadline passes) left
-        // a deleted session whose run went on, whose cancel was never
+        // From the delete on, detached: a caller that left mid-call left a
+        // deleted session whose run went on, whose cancel was never
         // recorded, and whose session_end never fired (the row is gone, so
         // no TTL sweep finds it later).
         let engine = self.clone();
         let (principal, id) = (principal.clone(), grant.session_id().to_string());
-        let deleting = tokio::spawn(async move { engine.delete_now(&principal, &id).await });
-        match deleting.await {
-            Ok(deleted) => deleted,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Only when the runtime shuts down.
-            Err(_) => Err(EngineError::ShuttingDown),
-        }
+        detached(async move { engine.delete_now(&principal, &id).await }).await
     }
 
     /// The store's part of [`Engine::delete_session`], and what follows.
-    async fn delete_now(&self, principal: &Principal, id: &str) -> Result<(), EngineError> {
+    async fn delete_now(
+        self: &Arc<Self>,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<(), EngineError> {
         let session = self.store.delete_session(id).await?;
         self.transcripts.forget(id);
+        let mut local = None;
         if let Some(run) = &session.active_run {
+            local = self.local_run(run);
             // A run of this replica stops now, not after the store answered.
             self.cancel_local(run, "session deleted");
             // Wherever it runs, its replica is told to stop it.
@@ -516,7 +529,20 @@ impl Engine {
                 ),
             }
         }
-        self.session_end(&session, "deleted", Some(principal));
+        match local {
+            // Its hooks hear of the session's end after the run's: they
+            // may drop what they keep per session at session_end. Not
+            // awaited here, so the delete's answer never waits for the
+            // run's tools to drain.
+            Some(run) => {
+                let (engine, principal) = (self.clone(), principal.clone());
+                tokio::spawn(async move {
+                    run.left.cancelled().await;
+                    engine.session_end(&session, "deleted", Some(&principal));
+                });
+            }
+            None => self.session_end(&session, "deleted", Some(principal)),
+        }
         Ok(())
     }
 
@@ -754,12 +780,24 @@ impl Engine {
 
     /// Cancels a run wherever it executes: recorded in the store (which
     /// denies its pending approvals) and delivered to its replica.
-    pub async fn cancel_run(&self, principal: &Principal, run_id: &str) -> Result<(), EngineError> {
+    pub async fn cancel_run(
+        self: &Arc<Self>,
+        principal: &Principal,
+        run_id: &str,
+    ) -> Result<(), EngineError> {
         const REASON: &str = "cancelled by client";
         self.grant_run(principal, Action::Cancel, run_id).await?;
-        self.store.request_cancel(run_id, REASON).await?;
-        self.cancel_local(run_id, REASON);
-        Ok(())
+        // Once granted, the cancel is recorded even if its caller leaves
+        // mid-statement: dropped there, it was rolled back, and no poll
+        // could deliver a cancel the store never saw.
+        let engine = self.clone();
+        let run_id = run_id.to_string();
+        detached(async move {
+            engine.store.request_cancel(&run_id, REASON).await?;
+            engine.cancel_local(&run_id, REASON);
+            Ok(())
+        })
+        .await
     }
 
     /// Answers an approval wherever its run executes; the first answer

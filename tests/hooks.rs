@@ -788,3 +788,56 @@ async fn additional_params_that_shadow_a_typed_field_are_an_invalid_verdict() {
         server.stop().await;
     }
 }
+
+/// Deleting a session stops its run; the session's hooks hear of the end
+/// of the session after the end of its run (they may drop what they keep
+/// per session at session_end), even while a tool of the run still drains.
+#[tokio::test]
+async fn a_deleted_sessions_session_end_follows_its_runs_run_end() {
+    const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let hook = {
+        let (entered, release) = (entered.clone(), release.clone());
+        FnHook::new("rec", &[K::RunEnd, K::SessionEnd]).with_tool(weather_tool(), move |_, _| {
+            let (entered, release) = (entered.clone(), release.clone());
+            async move {
+                let go = release.notified();
+                entered.notify_one();
+                go.await;
+                pb::CallToolResponse {
+                    content: "sunny".into(),
+                    is_error: false,
+                }
+            }
+        })
+    }
+    .start()
+    .await;
+    let server =
+        TestServer::start(&config(&[("rec", &hook.addr, "")], "tools: [get_weather]")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let run = {
+        let (mut c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move { result_of(&run_events(&mut c, &s, "what's the weather?").await) })
+    };
+    tokio::time::timeout(PATIENCE, entered.notified())
+        .await
+        .expect("the tool starts");
+    c.delete_session(pb::DeleteSessionRequest { session_id: s })
+        .await
+        .unwrap();
+    // The tool drains (never detached): the run has not ended yet.
+    release.notify_one();
+    let r = tokio::time::timeout(PATIENCE, run)
+        .await
+        .expect("the run ends")
+        .unwrap();
+    assert_eq!(outcome(&r), pb::RunOutcome::Cancelled, "{}", r.reason);
+    tokio::time::timeout(PATIENCE, hook.hook.wait_for("session_end"))
+        .await
+        .expect("session_end reaches the hook");
+    assert_eq!(hook.hook.seen_kinds(), ["run_end", "session_end"]);
+    server.stop().await;
+}

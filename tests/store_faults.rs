@@ -717,3 +717,47 @@ async fn a_delete_whose_caller_left_still_stops_the_run_and_ends_the_session() {
         Err(StoreError::SessionNotFound(_))
     ));
 }
+
+/// A CancelRun whose caller leaves while the store records it: the cancel
+/// was rolled back with the dropped call, so no poll could deliver it, and
+/// the run went on as if never cancelled.
+#[tokio::test]
+async fn a_cancel_whose_caller_left_while_it_was_recorded_still_stops_the_run() {
+    let gate = Arc::new(Gate::default());
+    let store = Faulty::sqlite(Duration::from_secs(30)).await;
+    *store.cancel_gate.lock().unwrap() = Some(gate.clone());
+    let store = Arc::new(store);
+    // A model that takes a minute: only the cancel ends the run in time.
+    let yaml = config(&[], "").replace(
+        "provider: scripted\n",
+        "provider: scripted\n    delay: 60s\n",
+    );
+    let engine = engine_on(&yaml, store.clone()).await;
+    let session = new_session(&engine).await;
+    let run = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "hello".into(),
+            false,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let cancelling = {
+        let (engine, run_id) = (engine.clone(), run.run_id.clone());
+        tokio::spawn(async move { engine.cancel_run(&Principal::anonymous(), &run_id).await })
+    };
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the cancel reaches the store");
+    cancelling.abort();
+    assert!(matches!(cancelling.await, Err(e) if e.is_cancelled()));
+    gate.open.notify_one();
+    let report = tokio::time::timeout(PATIENCE, run.task)
+        .await
+        .expect("the run was stopped")
+        .unwrap();
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert_eq!(report.reason, "cancelled by client");
+}

@@ -71,6 +71,9 @@ pub struct Run {
     pub approvals: Arc<Approvals>,
     pub deadline: Instant,
     pub cancel: CancellationToken,
+    /// Fired once the run is over on this replica, its end recorded and
+    /// its hooks closed (set by the engine as the run leaves).
+    pub left: CancellationToken,
     /// Why the run was stopped from outside (cancelled, or interrupted).
     cancel_reason: Mutex<Option<Stop>>,
     /// Bounded (`server.run_event_buffer`): see [`Run::emit`].
@@ -114,6 +117,7 @@ impl Run {
             approvals,
             deadline,
             cancel: CancellationToken::new(),
+            left: CancellationToken::new(),
             cancel_reason: Mutex::new(None),
             events: {
                 let q = ClientQueue::new(events, crate::config::DEFAULT_CLIENT_STALL_TIMEOUT);

@@ -52,6 +52,7 @@ pub(super) struct Leaving {
 
 impl Drop for Leaving {
     fn drop(&mut self) {
+        self.run.left.cancel();
         let mut runs = self.engine.runs.locked();
         runs.remove(&self.run.run_id);
         if runs.is_empty() && self.engine.starting.load(Ordering::SeqCst) == 0 {
