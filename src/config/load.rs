@@ -241,8 +241,11 @@ impl Config {
                     ));
                 }
             }
-            if h.observe_queue == 0 {
-                errs.push((format!("{p}.observe_queue"), "must be at least 1".into()));
+            if !(1..=MAX_QUEUE).contains(&h.observe_queue) {
+                errs.push((
+                    format!("{p}.observe_queue"),
+                    format!("must be 1..={MAX_QUEUE}"),
+                ));
             }
             let c = &h.connections;
             if c.max == 0 || c.max > MAX_HOOK_CONNECTIONS {
@@ -326,10 +329,10 @@ impl Config {
                 "must be greater than zero".into(),
             ));
         }
-        if self.server.run_event_buffer < super::MIN_RUN_EVENT_BUFFER {
+        if !(super::MIN_RUN_EVENT_BUFFER..=MAX_QUEUE).contains(&self.server.run_event_buffer) {
             errs.push((
                 "server.run_event_buffer".into(),
-                format!("must be at least {}", super::MIN_RUN_EVENT_BUFFER),
+                format!("must be {}..={MAX_QUEUE}", super::MIN_RUN_EVENT_BUFFER),
             ));
         }
         if self.server.client_stall_timeout.is_zero() {
@@ -354,6 +357,11 @@ impl Config {
         errs
     }
 }
+
+/// The longest queue a setting may ask for: far more than any run or
+/// hook needs, and far below what tokio's channels refuse with a panic
+/// (usize::MAX >> 3), which a request would otherwise meet.
+const MAX_QUEUE: usize = 1 << 20;
 
 /// The YAML parser starts some messages with its own, shorter, path of the
 /// value (`hooks[1].events: unknown event …` for `hooks[1].events[0]`);
@@ -466,6 +474,69 @@ mod tests {
         assert_eq!(h.observe_queue, 256);
         assert_eq!(h.breaker.failures, 5);
         assert_eq!(h.breaker.cooldown, Duration::from_secs(30));
+    }
+
+    /// Each of these parsed, then panicked on the first request that used
+    /// it (a run's deadline, a channel, a JWT's leeway under now).
+    #[test]
+    fn huge_durations_and_queues_are_refused_naming_their_path() {
+        let base = "models: [{name: m, provider: scripted}]\nhooks: [{name: h, endpoint: 'http://x:1'}]\nagents: [{name: a, model: m, hooks: [h]}]\n";
+        let huge = "10000000000000000000s";
+        for (yaml, path) in [
+            (
+                base.replace(
+                    "model: m, hooks",
+                    &format!("model: m, run_timeout: {huge}, hooks"),
+                ),
+                "agents[0].run_timeout",
+            ),
+            (
+                base.replace("model: m, hooks", "model: m, event_budget: 367d, hooks"),
+                "agents[0].event_budget",
+            ),
+            (
+                base.replace("'http://x:1'", &format!("'http://x:1', timeout: {huge}")),
+                "hooks[0].timeout",
+            ),
+            (
+                base.replace(
+                    "'http://x:1'",
+                    &format!("'http://x:1', event_timeouts: {{run_start: {huge}}}"),
+                ),
+                "hooks[0].event_timeouts.run_start",
+            ),
+            (
+                base.replace(
+                    "provider: scripted",
+                    &format!("provider: scripted, delay: {huge}"),
+                ),
+                "models[0].delay",
+            ),
+            (
+                format!("{base}server: {{session_ttl: {huge}}}\n"),
+                "server.session_ttl",
+            ),
+            (
+                base.replace(
+                    "'http://x:1'",
+                    "'http://x:1', observe_queue: 3000000000000000000",
+                ),
+                "hooks[0].observe_queue",
+            ),
+            (
+                format!("{base}server: {{run_event_buffer: 3000000000000000000}}\n"),
+                "server.run_event_buffer",
+            ),
+        ] {
+            let e = err(&yaml);
+            assert!(e.path().is_some_and(|p| p.starts_with(path)), "{path}: {e}");
+        }
+        // The longest accepted is a year and a day.
+        Config::parse(
+            &base.replace("model: m, hooks", "model: m, run_timeout: 366d, hooks"),
+            "t",
+        )
+        .unwrap();
     }
 
     #[test]

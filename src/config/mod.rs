@@ -4,6 +4,7 @@
 //! Defaults are chosen for agents, whose hooks may themselves call a model:
 //! seconds, not milliseconds. See README "Configuration reference".
 
+pub(crate) mod duration;
 mod env;
 mod load;
 mod secret_env;
@@ -84,7 +85,7 @@ pub struct ModelConfig {
     pub rules: Option<Vec<Rule>>,
     /// How long every answer takes (a rule's own `delay` wins); lets load
     /// tests keep runs in flight as a real model would.
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "duration::option::deserialize")]
     pub delay: Option<Duration>,
     // openai
     pub base_url: Option<String>,
@@ -92,7 +93,7 @@ pub struct ModelConfig {
     pub api_key_env: Option<String>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "duration::option::deserialize")]
     pub timeout: Option<Duration>,
     pub max_retries: Option<u32>,
     pub temperature: Option<f64>,
@@ -140,7 +141,10 @@ pub struct HookConfig {
     #[serde(default)]
     pub priority: i32,
     /// Per-call deadline.
-    #[serde(default = "default_hook_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "default_hook_timeout",
+        deserialize_with = "duration::deserialize"
+    )]
     pub timeout: Duration,
     /// Per-event overrides of `timeout`.
     #[serde(default)]
@@ -200,7 +204,10 @@ pub struct ConnectionsConfig {
     #[serde(default = "default_max_streams_per_connection")]
     pub max_streams_per_connection: usize,
     /// How long a surplus connection may carry no stream before it closes.
-    #[serde(default = "default_connection_idle", with = "humantime_serde")]
+    #[serde(
+        default = "default_connection_idle",
+        deserialize_with = "duration::deserialize"
+    )]
     pub idle_timeout: Duration,
 }
 
@@ -226,7 +233,7 @@ fn default_connection_idle() -> Duration {
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
-pub struct HumanDuration(#[serde(with = "humantime_serde")] pub Duration);
+pub struct HumanDuration(#[serde(deserialize_with = "duration::deserialize")] pub Duration);
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -235,7 +242,10 @@ pub struct BreakerConfig {
     #[serde(default = "default_breaker_failures")]
     pub failures: u32,
     /// How long the breaker stays open before a probe call is let through.
-    #[serde(default = "default_breaker_cooldown", with = "humantime_serde")]
+    #[serde(
+        default = "default_breaker_cooldown",
+        deserialize_with = "duration::deserialize"
+    )]
     pub cooldown: Duration,
 }
 
@@ -320,11 +330,20 @@ pub struct AgentConfig {
     #[serde(default)]
     pub stream_deltas: StreamDeltas,
     /// All hooks of one event together.
-    #[serde(default = "default_event_budget", with = "humantime_serde")]
+    #[serde(
+        default = "default_event_budget",
+        deserialize_with = "duration::deserialize"
+    )]
     pub event_budget: Duration,
-    #[serde(default = "default_run_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "default_run_timeout",
+        deserialize_with = "duration::deserialize"
+    )]
     pub run_timeout: Duration,
-    #[serde(default = "default_approval_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "default_approval_timeout",
+        deserialize_with = "duration::deserialize"
+    )]
     pub approval_timeout: Duration,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
@@ -388,18 +407,21 @@ pub struct ServerConfig {
     #[serde(default = "default_max_input")]
     pub max_input_bytes: usize,
     /// How long in-flight runs may finish after SIGTERM before cancellation.
-    #[serde(default = "default_grace", with = "humantime_serde")]
+    #[serde(default = "default_grace", deserialize_with = "duration::deserialize")]
     pub shutdown_grace: Duration,
     /// How long a run's lease lasts; its replica renews it every third of
     /// that. When a replica dies, another ends its runs `interrupted` once
     /// their lease expired; a replica that could not renew a run's lease
     /// for two thirds of it stops the run itself first. Also how long a
     /// run's end is written again after the store first failed to take it.
-    #[serde(default = "default_run_lease", with = "humantime_serde")]
+    #[serde(
+        default = "default_run_lease",
+        deserialize_with = "duration::deserialize"
+    )]
     pub run_lease: Duration,
     /// Idle sessions (no run, no activity) are deleted after this long,
     /// firing session_end with reason `expired`. Unset: kept until deleted.
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "duration::option::deserialize")]
     pub session_ttl: Option<Duration>,
     /// Largest transcript per session (bytes of stored messages). A run
     /// cannot start on a session at the limit, and a run whose commit would
@@ -412,12 +434,18 @@ pub struct ServerConfig {
     pub run_event_buffer: usize,
     /// How long a run waits for a `Run` client that reads none of its
     /// events (its queue full) before it is cancelled.
-    #[serde(default = "default_client_stall", with = "humantime_serde")]
+    #[serde(
+        default = "default_client_stall",
+        deserialize_with = "duration::deserialize"
+    )]
     pub client_stall_timeout: Duration,
     /// How often certificate, key, token and JWKS files are checked for
     /// changes (on use: a connection or call after this long re-reads them);
     /// 0s checks on every use.
-    #[serde(default = "default_reload_interval", with = "humantime_serde")]
+    #[serde(
+        default = "default_reload_interval",
+        deserialize_with = "duration::deserialize"
+    )]
     pub reload_interval: Duration,
 }
 

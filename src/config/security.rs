@@ -102,7 +102,7 @@ pub struct AuthConfig {
     #[serde(default)]
     pub algorithms: Vec<String>,
     /// mode jwt: allowed clock skew for exp/nbf (default 60s).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "super::duration::option::deserialize")]
     pub leeway: Option<Duration>,
     /// mode jwt: claim naming the principal (default `sub`).
     pub principal_claim: Option<String>,

@@ -51,7 +51,10 @@ pub struct Rule {
     pub tool_calls: Vec<ScriptedToolCall>,
     /// How long this answer takes (overrides the model's `delay`), so runs
     /// stay in flight the way they do on a real model.
-    #[serde(default, with = "humantime_serde")]
+    #[serde(
+        default,
+        deserialize_with = "crate::config::duration::option::deserialize"
+    )]
     pub delay: Option<Duration>,
 }
 
