@@ -23,7 +23,9 @@ use crate::agent::outcome::RunOutcome;
 use crate::agent::runner::{AgentRuntime, Run};
 use crate::agent::store_warnings::StoreWarnings;
 use crate::auth::access::{self, Action, Denied, SessionGrant};
-use crate::auth::quota::{self, Held, QuotaExceeded, QuotaLedger};
+use crate::auth::quota::{
+    self, CreatingSlot, Held, QuotaExceeded, QuotaLedger, Reading, StartRefused, StartingSlot,
+};
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::event::{nearest, EventKind};
@@ -303,19 +305,82 @@ impl Engine {
     }
 
     /// What `owner` holds in the store, when a quota needs it.
-    async fn held(&self, owner: &str, needed: bool) -> Result<Held, EngineError> {
+    async fn held(&self, owner: &str, needed: bool) -> Result<(Reading, Held), EngineError> {
         if !needed {
-            return Ok(Held::default());
+            return Ok(Default::default());
         }
+        let read = self.quotas.reading(owner);
         let u = self
             .store
             .owner_usage(owner, quota::WINDOW, self.quotas.count_cap())
             .await?;
-        Ok(Held {
+        let held = Held {
             sessions: u.sessions,
             active_runs: u.active_runs,
             recent_runs: u.recent_runs,
-        })
+        };
+        Ok((read, held))
+    }
+
+    /// A session slot under `p`'s quota. A refusal counts what this
+    /// replica recorded since the store's count was read (which may have
+    /// missed it): conservative under a race, so it is read again once.
+    async fn reserve_session(&self, p: &Principal) -> Result<CreatingSlot, EngineError> {
+        let mut again = false;
+        loop {
+            let (read, held) = self.held(&p.name, self.quotas.limits_sessions()).await?;
+            match self.quotas.begin_session(p, read, held) {
+                Ok(slot) => return Ok(slot),
+                Err(e) if again => return Err(self.quota(p, e)),
+                Err(_) => again = true,
+            }
+        }
+    }
+
+    /// A run start in `session` under its owner's quota (the store counts
+    /// the run for the owner, whoever starts it: checking the caller's
+    /// would let an admin's and the owner's starts overshoot).
+    async fn reserve_start(
+        &self,
+        p: &Principal,
+        session: &Session,
+    ) -> Result<StartingSlot, EngineError> {
+        let busy = |run: String| -> EngineError {
+            StoreError::Busy {
+                session: session.id.clone(),
+                run,
+            }
+            .into()
+        };
+        let mut again = false;
+        loop {
+            let (read, held) = self.held(&session.owner, self.quotas.limits_runs()).await?;
+            match self
+                .quotas
+                .begin_run(&session.owner, &session.id, read, held)
+            {
+                Ok(slot) => return Ok(slot),
+                Err(StartRefused::Busy) => return Err(busy(String::new())),
+                Err(StartRefused::Quota(e)) => {
+                    // Another start may have taken this session since the
+                    // caller's read of it: that answer is busy, not a
+                    // limit its run reached. Otherwise the count may hold
+                    // runs recorded here that ended since: read it again
+                    // once.
+                    if let Ok(Session {
+                        active_run: Some(run),
+                        ..
+                    }) = self.store.get_session(&session.id).await
+                    {
+                        return Err(busy(run));
+                    }
+                    if again {
+                        return Err(self.quota(p, e));
+                    }
+                    again = true;
+                }
+            }
+        }
     }
 
     /// The session (without its transcript), if `p` may do `action` with it.
@@ -367,13 +432,7 @@ impl Engine {
         }
         // Held until the session is stored (or refused), so concurrent
         // creations here cannot both take the last slot.
-        let held = self
-            .held(&principal.name, self.quotas.limits_sessions())
-            .await?;
-        let _slot = self
-            .quotas
-            .begin_session(principal, held)
-            .map_err(|e| self.quota(principal, e))?;
+        let slot = self.reserve_session(principal).await?;
         let session = NewSession {
             id: uuid::Uuid::new_v4().to_string(),
             agent: agent_name.to_string(),
@@ -419,7 +478,9 @@ impl Engine {
                 }
             }
         }
-        Ok(self.store.create_session(&session).await?)
+        let created = self.store.create_session(&session).await?;
+        slot.recorded();
+        Ok(created)
     }
 
     /// The session with its transcript.
@@ -623,15 +684,17 @@ impl Engine {
             }
             .into());
         }
-        // The session's owner's quotas, whoever starts the run (an admin
-        // may): the store counts the run for the owner, so checking the
-        // caller's would let an admin's and the owner's starts overshoot.
-        let held = self.held(&session.owner, self.quotas.limits_runs()).await?;
-        let starting = self
-            .quotas
-            .begin_run(&session.owner, held)
-            .map_err(|e| self.quota(principal, e))?;
+        let starting = self.reserve_start(principal, &session).await?;
         let run_id = uuid::Uuid::new_v4().to_string();
+        // A caller that leaves from here on (tonic drops the handler when
+        // the client's deadline passes or it disconnects) drops this start
+        // before the run's task exists: the run would stay active in the
+        // store with nothing behind it, its session busy until the lease
+        // expired. Its end is recorded instead, from before the store is
+        // asked: a begin that committed while its answer was dropped (or
+        // lost with a connection) is one too.
+        let first = RunLease::first(grant.session_id(), &run_id);
+        let abandoned = AbandonedStart::new(self.store.clone(), first);
         // The lease runs from when the store took the call, later than this.
         let asked = Instant::now();
         let lease = self
@@ -639,14 +702,22 @@ impl Engine {
             .begin_run(grant.session_id(), &run_id, &self.replica)
             .await;
         // From here the store counts the run (or it did not start).
-        drop(starting);
-        let lease = lease?;
-        // A caller that leaves now (tonic drops the handler when the
-        // client's deadline passes or it disconnects) drops this start
-        // before the run's task exists: the run would stay active in the
-        // store with nothing behind it, its session busy until the lease
-        // expired. Its end is recorded instead.
-        let abandoned = AbandonedStart(Some((self.store.clone(), lease.clone())));
+        match &lease {
+            Ok(_) => starting.recorded(),
+            Err(_) => drop(starting),
+        }
+        let lease = match lease {
+            Ok(lease) => lease,
+            // Only an unavailable store may have begun the run anyway.
+            Err(e @ StoreError::Unavailable(_)) => {
+                abandoned.abandon("the store's answer to the run's start was lost");
+                return Err(e.into());
+            }
+            Err(e) => {
+                abandoned.disarm();
+                return Err(e.into());
+            }
+        };
         let ledger = Ledger::new(self.store.clone(), lease)
             .leased_at(asked)
             .retrying_end_for(self.config.server.run_lease)
@@ -856,12 +927,22 @@ impl Engine {
 pub const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
 /// A run begun in the store whose start may still be dropped (its caller
-/// left); dropped armed, it records the run's end.
-struct AbandonedStart(Option<(Arc<dyn SessionStore>, RunLease)>);
+/// left); dropped armed, it records the run's end (cancelled, for the
+/// reason given).
+struct AbandonedStart(Option<(Arc<dyn SessionStore>, RunLease)>, &'static str);
 
 impl AbandonedStart {
+    fn new(store: Arc<dyn SessionStore>, lease: RunLease) -> AbandonedStart {
+        AbandonedStart(Some((store, lease)), "client disconnected")
+    }
+
     fn disarm(mut self) {
         self.0 = None;
+    }
+
+    /// Dropped armed now, for `reason` rather than a caller gone.
+    fn abandon(mut self, reason: &'static str) {
+        self.1 = reason;
     }
 }
 
@@ -870,18 +951,23 @@ impl Drop for AbandonedStart {
         let Some((store, lease)) = self.0.take() else {
             return;
         };
+        let reason = self.1;
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return; // shutting down: the reaper ends it after the lease
         };
         rt.spawn(async move {
             let end = RunEnd {
                 outcome: RunOutcome::Cancelled,
-                reason: "client disconnected".into(),
+                reason: reason.into(),
                 usage: Default::default(),
                 turns: 0,
             };
-            if let Err(e) = store.end_run(&lease, &[], &end).await {
-                tracing::warn!(run = %lease.run_id, error = %e, "cannot record the end of a run whose caller left as it started");
+            match store.end_run(&lease, &[], &end).await {
+                // The store never began it (its answer was an error).
+                Ok(()) | Err(StoreError::LeaseLost(_) | StoreError::RunNotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(run = %lease.run_id, error = %e, "cannot record the end of a run whose caller left as it started");
+                }
             }
         });
     }

@@ -14,7 +14,7 @@ use hookwire::agent::approvals::Decision;
 use hookwire::agent::outcome::RunOutcome;
 use hookwire::auth::Principal;
 use hookwire::config::{Config, StoreSetting};
-use hookwire::engine::Engine;
+use hookwire::engine::{Engine, EngineError};
 use hookwire::message::Message;
 use hookwire::pb;
 use hookwire::session::Session;
@@ -33,6 +33,15 @@ const PATIENCE: Duration = Duration::from_secs(20);
 struct Gate {
     entered: Notify,
     open: Notify,
+}
+
+impl Gate {
+    /// Says it was entered, then waits to be opened.
+    async fn wait(&self) {
+        let open = self.open.notified();
+        self.entered.notify_one();
+        open.await;
+    }
 }
 
 /// A real store (SQLite) with chosen faults.
@@ -55,6 +64,13 @@ struct Faulty {
     transcript_gate: std::sync::Mutex<Option<Arc<Gate>>>,
     /// The next cancel recorded waits here (once).
     cancel_gate: std::sync::Mutex<Option<Arc<Gate>>>,
+    /// The next owner count waits here (once), after it was read.
+    usage_gate: std::sync::Mutex<Option<Arc<Gate>>>,
+    /// The next run begun waits here (once), after the store began it.
+    begun_gate: std::sync::Mutex<Option<Arc<Gate>>>,
+    /// The next run begun is answered UNAVAILABLE (once), as if the
+    /// connection was lost with the commit's answer.
+    begin_answer_lost: std::sync::atomic::AtomicBool,
     /// The outcome and reason of each run end recorded, in order; `ended`
     /// is notified after each.
     ends: std::sync::Mutex<Vec<(RunOutcome, String)>>,
@@ -80,6 +96,9 @@ impl Faulty {
             no_signals: false,
             transcript_gate: Default::default(),
             cancel_gate: Default::default(),
+            usage_gate: Default::default(),
+            begun_gate: Default::default(),
+            begin_answer_lost: Default::default(),
             ends: Default::default(),
             ended: Notify::new(),
         }
@@ -119,7 +138,12 @@ impl SessionStore for Faulty {
         window: Duration,
         cap: u64,
     ) -> Result<OwnerUsage, StoreError> {
-        self.inner.owner_usage(owner, window, cap).await
+        let usage = self.inner.owner_usage(owner, window, cap).await;
+        let gate = self.usage_gate.lock().unwrap().take();
+        if let Some(g) = gate {
+            g.wait().await;
+        }
+        usage
     }
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError> {
         self.inner.delete_session(id).await
@@ -142,7 +166,15 @@ impl SessionStore for Faulty {
             g.entered.notify_one();
             open.await;
         }
-        self.inner.begin_run(s, r, rep).await
+        let lease = self.inner.begin_run(s, r, rep).await?;
+        let gate = self.begun_gate.lock().unwrap().take();
+        if let Some(g) = gate {
+            g.wait().await;
+        }
+        if self.begin_answer_lost.swap(false, Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("connection lost (test)".into()));
+        }
+        Ok(lease)
     }
     async fn renew(&self, l: &RunLease) -> Result<(), StoreError> {
         self.renewal()?;
@@ -243,6 +275,13 @@ fn spawn_start(
             )
             .await
     })
+}
+
+async fn new_session_of(engine: &Engine) -> Result<String, EngineError> {
+    Ok(engine
+        .create_session(&Principal::anonymous(), "a", vec![], Default::default())
+        .await?
+        .id)
 }
 
 async fn new_session(engine: &Engine) -> String {
@@ -760,4 +799,153 @@ async fn a_cancel_whose_caller_left_while_it_was_recorded_still_stops_the_run() 
         .unwrap();
     assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
     assert_eq!(report.reason, "cancelled by client");
+}
+
+/// Quotas are per principal; `max_concurrent_runs` is what the tests below
+/// reach.
+fn with_quotas(yaml: &str, quotas: &str) -> String {
+    format!("{yaml}quotas: {quotas}\n")
+}
+
+/// Two creations at once on one replica, one slot left: the one whose
+/// count was read before the other was recorded, and whose check came
+/// after the other gave its slot back, saw neither and took a slot past
+/// the limit.
+#[tokio::test]
+async fn concurrent_creations_on_one_replica_cannot_overshoot_a_quota() {
+    let gate = Arc::new(Gate::default());
+    let store = Faulty::sqlite(Duration::from_secs(30)).await;
+    *store.usage_gate.lock().unwrap() = Some(gate.clone());
+    let store = Arc::new(store);
+    let engine = engine_on(
+        &with_quotas(&config(&[], ""), "{max_sessions: 1}"),
+        store.clone(),
+    )
+    .await;
+    let late = {
+        let engine = engine.clone();
+        tokio::spawn(async move { new_session_of(&engine).await })
+    };
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the first creation read the count");
+    new_session_of(&engine)
+        .await
+        .expect("the other creation takes the slot");
+    gate.open.notify_one();
+    let e = late.await.unwrap().expect_err("the slot was taken");
+    assert!(
+        e.to_string().contains("quota `max_sessions` reached"),
+        "{e}"
+    );
+}
+
+/// Two starts on one idle session at once, under a run quota: one takes
+/// the session, and the other is busy (FAILED_PRECONDITION: wait for the
+/// run), not over the quota the first one's slot filled.
+#[tokio::test]
+async fn a_second_start_on_a_session_being_started_is_busy_not_over_quota() {
+    let gate = Arc::new(Gate::default());
+    let mut store = Faulty::sqlite(Duration::from_secs(30)).await;
+    store.begin = Some(gate.clone());
+    let store = Arc::new(store);
+    let engine = engine_on(
+        &with_quotas(&config(&[], ""), "{max_concurrent_runs: 1}"),
+        store.clone(),
+    )
+    .await;
+    let session = new_session(&engine).await;
+    let first = spawn_start(&engine, &session, "hello");
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the first start reaches the store");
+    let second = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "hello too".into(),
+            false,
+            Default::default(),
+        )
+        .await;
+    let Err(e) = second else {
+        panic!("two runs started in one session")
+    };
+    assert!(
+        matches!(e, EngineError::Store(StoreError::Busy { .. })),
+        "{e}"
+    );
+    gate.open.notify_one();
+    let run = first.await.unwrap().expect("the first start goes on");
+    let report = tokio::time::timeout(PATIENCE, run.task)
+        .await
+        .expect("the run ended")
+        .unwrap();
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+}
+
+/// The store began the run, but its answer never reached the start: the
+/// caller left during the call, or the connection was lost with the
+/// commit's answer. Nothing then recorded the run's end, and its session
+/// stayed busy until the lease expired and a reaper came round.
+#[tokio::test]
+async fn a_run_begun_in_the_store_whose_answer_was_lost_frees_its_session() {
+    let gate = Arc::new(Gate::default());
+    let store = Faulty::sqlite(Duration::from_secs(30)).await;
+    *store.begun_gate.lock().unwrap() = Some(gate.clone());
+    let store = Arc::new(store);
+    let engine = engine_on(&config(&[], ""), store.clone()).await;
+    let session = new_session(&engine).await;
+    // The caller leaves while the store's answer is on its way.
+    let abandoned = spawn_start(&engine, &session, "hello");
+    tokio::time::timeout(PATIENCE, gate.entered.notified())
+        .await
+        .expect("the store began the run");
+    abandoned.abort();
+    assert!(matches!(abandoned.await, Err(e) if e.is_cancelled()));
+    tokio::time::timeout(PATIENCE, store.ended.notified())
+        .await
+        .expect("the abandoned run's end was recorded");
+    assert!(store
+        .get_session(&session)
+        .await
+        .unwrap()
+        .active_run
+        .is_none());
+    // The answer is lost with the connection.
+    store.begin_answer_lost.store(true, Ordering::SeqCst);
+    let e = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "hello again".into(),
+            false,
+            Default::default(),
+        )
+        .await
+        .err()
+        .expect("the start saw the store unavailable");
+    assert!(
+        matches!(e, EngineError::Store(StoreError::Unavailable(_))),
+        "{e}"
+    );
+    tokio::time::timeout(PATIENCE, store.ended.notified())
+        .await
+        .expect("the run the store began anyway was ended");
+    assert_eq!(
+        store.ends.lock().unwrap().as_slice(),
+        [
+            (RunOutcome::Cancelled, "client disconnected".to_string()),
+            (
+                RunOutcome::Cancelled,
+                "the store's answer to the run's start was lost".to_string()
+            )
+        ]
+    );
+    assert!(store
+        .get_session(&session)
+        .await
+        .unwrap()
+        .active_run
+        .is_none());
 }

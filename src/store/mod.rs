@@ -64,6 +64,18 @@ pub struct RunLease {
     pub epoch: i64,
 }
 
+impl RunLease {
+    /// The lease [`SessionStore::begin_run`] hands out (every store starts
+    /// a run at epoch 1), known before its answer arrives.
+    pub fn first(session_id: &str, run_id: &str) -> RunLease {
+        RunLease {
+            run_id: run_id.to_string(),
+            session_id: session_id.to_string(),
+            epoch: 1,
+        }
+    }
+}
+
 /// How a run ended, as recorded.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunEnd {
