@@ -164,6 +164,53 @@ async fn a_run_that_does_not_complete_is_reported_and_exits_1() {
     server.stop().await;
 }
 
+/// A run still in flight when the drain limit passes is counted
+/// unfinished, and the runs its client finished before still count: they
+/// were thrown away with the worker that was cut off.
+#[tokio::test]
+async fn runs_finished_before_one_that_outlasts_the_drain_are_reported() {
+    const K: usize = 3;
+    let answered = Arc::new(AtomicUsize::new(0));
+    let hook = {
+        let answered = answered.clone();
+        FnHook::new("slow", &[K::RunStart]).on_run_start(move |_, _| {
+            let n = answered.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n >= K {
+                    // Past the drain limit (the hook's own deadline is 5 s).
+                    std::future::pending::<()>().await;
+                }
+                Reply::new(pb::RunStartVerdict {
+                    action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
+    }
+    .start()
+    .await;
+    let server = TestServer::start(&config(&[("slow", &hook.addr, "")], "")).await;
+    server.client().await;
+    let (ok, stdout, stderr) = hookwire_load(
+        &server.addr,
+        &[
+            "--concurrency",
+            "1",
+            "--duration",
+            "1s",
+            "--drain",
+            "100ms",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(!ok, "an unfinished run: exit 1\n{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON report");
+    assert_eq!(report["runs"], K, "{report}");
+    assert_eq!(report["outcomes"]["completed"], K, "{report}");
+    assert_eq!(report["unfinished"], 1, "{report}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn bad_options_and_an_unreachable_server_are_clear_errors() {
     let (ok, _, stderr) = hookwire_load("http://127.0.0.1:1", &["--concurrency", "0"]).await;
@@ -175,6 +222,9 @@ async fn bad_options_and_an_unreachable_server_are_clear_errors() {
     let (ok, _, stderr) = hookwire_load("http://127.0.0.1:1", &["--duration", "2h"]).await;
     assert!(!ok);
     assert!(stderr.contains("--duration must be"), "{stderr}");
+    let (ok, _, stderr) = hookwire_load("http://127.0.0.1:1", &["--drain", "2h"]).await;
+    assert!(!ok);
+    assert!(stderr.contains("--drain must be at most 1h"), "{stderr}");
     let (ok, _, stderr) = hookwire_load("http://127.0.0.1:1", &[]).await;
     assert!(!ok);
     assert!(

@@ -51,7 +51,10 @@ pub async fn connect(addr: &str, opts: &ServerOpts) -> anyhow::Result<Client> {
         .with_context(|| {
             format!("bad server address `{addr}` (expected e.g. http://127.0.0.1:50051)")
         })?
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        // An address that drops packets would otherwise hang for the OS's
+        // SYN retries (about 2 minutes) before saying anything.
+        .connect_timeout(std::time::Duration::from_secs(10));
     let tls_flags = opts.ca_file.is_some() || opts.cert_file.is_some();
     if addr.starts_with("https://") {
         let mut tls = ClientTlsConfig::new();

@@ -156,6 +156,8 @@ impl Report {
 struct Seen {
     samples: Vec<Sample>,
     first_error: Option<String>,
+    /// Calls still in flight when the drain limit passed (0 or 1).
+    unfinished: u64,
 }
 
 impl Seen {
@@ -170,22 +172,33 @@ impl Seen {
     }
 }
 
+/// Starts sessions and runs until `stop_at`; a call still in flight at
+/// `drain_until` is given up and counted unfinished. The worker returns
+/// what it saw either way: cut off from outside, it took every run it had
+/// finished with it.
 async fn worker(
     mut client: Client,
     opts: std::sync::Arc<Options>,
     start: Instant,
     stop_at: Instant,
+    drain_until: Instant,
 ) -> Seen {
     let mut seen = Seen::default();
     'sessions: while Instant::now() < stop_at {
         let t = Instant::now();
-        let session = match client
-            .create_session(pb::CreateSessionRequest {
+        let created = tokio::time::timeout_at(
+            drain_until,
+            client.create_session(pb::CreateSessionRequest {
                 agent: opts.agent.clone(),
                 ..Default::default()
-            })
-            .await
-        {
+            }),
+        )
+        .await;
+        let Ok(created) = created else {
+            seen.unfinished = 1;
+            break;
+        };
+        let session = match created {
             Ok(s) => s.into_inner().id,
             Err(s) => {
                 seen.error(start.elapsed(), t.elapsed(), "CreateSession", &s);
@@ -199,13 +212,19 @@ async fn worker(
                 break 'sessions;
             }
             let t = Instant::now();
-            let r = client
-                .invoke(pb::RunRequest {
+            let r = tokio::time::timeout_at(
+                drain_until,
+                client.invoke(pb::RunRequest {
                     session_id: session.clone(),
                     input: opts.input.clone(),
-                })
-                .await;
+                }),
+            )
+            .await;
             let latency = t.elapsed();
+            let Ok(r) = r else {
+                seen.unfinished = 1;
+                break 'sessions;
+            };
             match r {
                 Ok(r) => seen.samples.push(Sample {
                     at: start.elapsed(),
@@ -231,6 +250,9 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     if opts.duration.is_zero() || opts.duration > MAX_DURATION {
         anyhow::bail!("--duration must be more than 0 and at most 1h");
     }
+    if opts.drain > MAX_DURATION {
+        anyhow::bail!("--drain must be at most 1h");
+    }
     let connections = opts
         .concurrency
         .div_ceil(WORKERS_PER_CONNECTION)
@@ -242,36 +264,26 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     let opts = std::sync::Arc::new(opts);
     let start = Instant::now();
     let stop_at = start + opts.duration;
+    let drain_until = stop_at + opts.drain;
     let mut workers = tokio::task::JoinSet::new();
     for i in 0..opts.concurrency {
         let client = clients[i % connections].clone();
-        workers.spawn(worker(client, opts.clone(), start, stop_at));
+        workers.spawn(worker(client, opts.clone(), start, stop_at, drain_until));
     }
     let mut seen = Seen::default();
-    let drain_until = stop_at + opts.drain;
-    let mut unfinished = 0u64;
-    loop {
-        match tokio::time::timeout_at(drain_until, workers.join_next()).await {
-            Ok(Some(Ok(s))) => {
-                if seen.first_error.is_none() {
-                    seen.first_error = s.first_error;
-                }
-                seen.samples.extend(s.samples);
-            }
-            Ok(Some(Err(e))) => anyhow::bail!("a load worker failed: {e}"),
-            Ok(None) => break,
-            Err(_) => {
-                // Each worker has at most one run in flight.
-                unfinished = workers.len() as u64;
-                workers.abort_all();
-                break;
-            }
+    // Every worker returns by `drain_until`, with what it saw.
+    while let Some(s) = workers.join_next().await {
+        let s = s.map_err(|e| anyhow::anyhow!("a load worker failed: {e}"))?;
+        if seen.first_error.is_none() {
+            seen.first_error = s.first_error;
         }
+        seen.samples.extend(s.samples);
+        seen.unfinished += s.unfinished;
     }
-    Ok(report(&opts, seen, unfinished))
+    Ok(report(&opts, seen))
 }
 
-fn report(opts: &Options, seen: Seen, unfinished: u64) -> Report {
+fn report(opts: &Options, seen: Seen) -> Report {
     let mut outcomes = BTreeMap::new();
     let mut errors = BTreeMap::new();
     let mut latencies: Vec<Duration> = Vec::with_capacity(seen.samples.len());
@@ -325,7 +337,7 @@ fn report(opts: &Options, seen: Seen, unfinished: u64) -> Report {
         latency_ms,
         outcomes,
         errors,
-        unfinished,
+        unfinished: seen.unfinished,
         first_error: seen.first_error,
     }
 }
@@ -361,9 +373,9 @@ mod tests {
     fn runs_ended_in_the_drain_give_a_rate_with_it() {
         let seen = Seen {
             samples: vec![run(2_500, 2_500), run(3_500, 3_500), run(4_000, 4_000)],
-            first_error: None,
+            ..Default::default()
         };
-        let r = report(&options(Duration::from_secs(3)), seen, 0);
+        let r = report(&options(Duration::from_secs(3)), seen);
         assert_eq!(r.runs, 3);
         assert!((r.runs_per_second - 1.0 / 3.0).abs() < 1e-9, "{r:?}");
         assert!((r.elapsed_s - 4.0).abs() < 1e-9, "{r:?}");
@@ -384,9 +396,9 @@ mod tests {
     fn runs_within_the_duration_give_one_rate() {
         let seen = Seen {
             samples: vec![run(100, 10), run(900, 10), run(1_000, 10), run(1_050, 10)],
-            first_error: None,
+            ..Default::default()
         };
-        let r = report(&options(Duration::from_secs(1)), seen, 0);
+        let r = report(&options(Duration::from_secs(1)), seen);
         assert!((r.elapsed_s - 1.05).abs() < 1e-9, "{r:?}");
         assert!((r.runs_per_second - 3.0).abs() < 1e-9, "{r:?}");
         assert!(

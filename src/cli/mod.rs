@@ -146,7 +146,8 @@ pub enum Command {
         /// conversation makes every later run bigger).
         #[arg(long, default_value_t = 1)]
         runs_per_session: u32,
-        /// How long runs in flight at the end may take to finish.
+        /// How long runs in flight at the end may take to finish (at most
+        /// 1h); runs still going then are counted unfinished.
         #[arg(long, default_value = "60s", value_parser = parse_duration)]
         drain: Duration,
         /// Print the report as one JSON object.
