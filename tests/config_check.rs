@@ -19,9 +19,16 @@ const UNSET_KEY: &str = "HOOKWIRE_CONFIG_CHECK_TEST_SURELY_UNSET";
 
 /// Exit status and stderr of the binary with `args`.
 async fn hookwire(args: &[&str]) -> (bool, String) {
+    hookwire_with(args, &[]).await
+}
+
+/// [`hookwire`] with `env` set as well.
+async fn hookwire_with(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let data = tempfile::tempdir().unwrap();
     let child = tokio::process::Command::new(BIN)
         .args(args)
+        .env_remove("HOOKWIRE_LISTEN")
+        .envs(env.iter().copied())
         .env("HOOKWIRE_DATA_DIR", data.path())
         .env_remove("HOOKWIRE_STORE")
         .env_remove(UNSET_KEY)
@@ -97,6 +104,13 @@ async fn check_and_serve_refuse_the_same_bad_configs_with_the_same_error() {
             "hooks[0].credentials.bearer_token_env: must name an environment variable",
         ),
         (
+            "a hook token of letters and digits pasted where its variable's name goes",
+            format!(
+                "{SCRIPTED}{AGENT}hooks: [{{name: h, endpoint: 'http://127.0.0.1:9', credentials: {{bearer_token_env: 'Zm9v{SECRET}YmFy'}}}}]\n"
+            ),
+            "credentials.bearer_token_env: environment variable (name not shown",
+        ),
+        (
             "a SQLite file whose directory cannot be made",
             format!("{SCRIPTED}{AGENT}store: 'sqlite://{}'\n", under_a_file.display()),
             "is not a directory",
@@ -170,6 +184,40 @@ async fn check_and_serve_refuse_the_same_bad_configs_with_the_same_error() {
         assert!(check_line.contains(expected), "{what}: {check_line}");
         assert_eq!(check_line, serve_line, "{what}: both say the same");
     }
+}
+
+/// Without authentication a server must listen on loopback only. The
+/// check judged the file's `listen:` and ignored HOOKWIRE_LISTEN (the
+/// image sets it to 0.0.0.0), and with --skip-files it judged nothing:
+/// both passed a config serve refuses.
+#[tokio::test]
+async fn check_refuses_no_authentication_off_loopback_where_serve_would_listen() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("open.yaml");
+    std::fs::write(&open, format!("{SCRIPTED}{AGENT}")).unwrap();
+    let open = open.to_str().unwrap();
+    let on_network = [("HOOKWIRE_LISTEN", "0.0.0.0:50051")];
+    for args in [
+        vec!["config", "check", "--offline", open],
+        vec!["config", "check", "--offline", "--skip-files", open],
+    ] {
+        let (ok, stderr) = hookwire_with(&args, &on_network).await;
+        assert!(!ok, "{args:?} passed:\n{stderr}");
+        assert!(error_line(&stderr).contains("0.0.0.0:50051"), "{stderr}");
+    }
+    let (ok, stderr) = hookwire(&["config", "check", "--offline", open]).await;
+    assert!(ok, "on loopback (the file's default):\n{stderr}");
+    let in_file = dir.path().join("in-file.yaml");
+    std::fs::write(&in_file, format!("{SCRIPTED}{AGENT}listen: 0.0.0.0:1\n")).unwrap();
+    let (ok, stderr) = hookwire(&[
+        "config",
+        "check",
+        "--offline",
+        "--skip-files",
+        in_file.to_str().unwrap(),
+    ])
+    .await;
+    assert!(!ok, "the file's listen: with --skip-files:\n{stderr}");
 }
 
 #[tokio::test]

@@ -61,19 +61,27 @@ pub struct Authenticator {
     forward: BTreeSet<String>,
 }
 
+/// Refuses authentication `none` unless `listening` is loopback, so a
+/// mis-configured pod cannot come up open.
+pub fn refuse_open(
+    auth: &crate::config::AuthConfig,
+    listening: SocketAddr,
+) -> Result<(), AuthSetupError> {
+    if auth.mode == AuthMode::None && !listening.ip().is_loopback() {
+        return Err(AuthSetupError::OpenOnNetwork { addr: listening });
+    }
+    Ok(())
+}
+
 impl Authenticator {
     /// Reads the mode's files; refuses `none` unless `listening` is loopback,
     /// so a mis-configured pod cannot come up open.
     pub fn new(config: &Config, listening: SocketAddr) -> Result<Authenticator, AuthSetupError> {
         let a = &config.auth;
         let interval = config.server.reload_interval;
+        refuse_open(a, listening)?;
         let method = match a.mode {
-            AuthMode::None => {
-                if !listening.ip().is_loopback() {
-                    return Err(AuthSetupError::OpenOnNetwork { addr: listening });
-                }
-                Method::None
-            }
+            AuthMode::None => Method::None,
             AuthMode::Tokens => {
                 let file = a.tokens_file.clone().ok_or_else(|| {
                     ReloadError("auth.tokens_file: required for auth.mode: tokens".into())

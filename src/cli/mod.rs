@@ -312,6 +312,10 @@ pub enum ConfigAction {
         /// the machine or pod it runs on. Their settings are still checked.
         #[arg(long)]
         skip_files: bool,
+        /// The gRPC listen address `serve` would use (overrides `listen:`,
+        /// as for serve): authentication `none` is refused off loopback.
+        #[arg(long, env = "HOOKWIRE_LISTEN")]
+        listen: Option<SocketAddr>,
     },
 }
 
@@ -498,8 +502,9 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     file,
                     offline,
                     skip_files,
+                    listen,
                 },
-        } => check_config(&file, offline, skip_files).await,
+        } => check_config(&file, offline, skip_files, listen).await,
     }
 }
 
@@ -551,13 +556,18 @@ async fn check_config(
     file: &std::path::Path,
     offline: bool,
     skip_files: bool,
+    listen: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     let cfg = Config::load(file)?;
+    // Where serve would listen: HOOKWIRE_LISTEN (the image sets it) wins.
+    let listen = listen.unwrap_or(cfg.listen);
     let mut cfg = if skip_files {
+        // Without the files, still the check that needs none of them.
+        crate::auth::refuse_open(&cfg.auth, listen)?;
         crate::server::preflight::without_files(&cfg)
     } else {
-        // Authentication and TLS as `serve` sets them up on `listen:`.
-        crate::server::preflight::security(&cfg, cfg.listen)?;
+        // Authentication and TLS as `serve` sets them up there.
+        crate::server::preflight::security(&cfg, listen)?;
         cfg
     };
     // The exporter `serve` would install, built and dropped.

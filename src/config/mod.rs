@@ -7,7 +7,7 @@
 pub(crate) mod duration;
 mod env;
 mod load;
-mod secret_env;
+pub mod secret_env;
 mod security;
 mod store;
 

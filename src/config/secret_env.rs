@@ -24,9 +24,31 @@ pub(super) fn refused(value: &str, what: &str) -> Option<String> {
     })
 }
 
+/// `var` as later errors may quote it ("… is not set"): a conventional
+/// name (capitals, digits and `_`) as it is; any other name passes
+/// [`refused`] too, a secret of letters and digits among them (a token made
+/// with `base64 | tr -d '/+='` is one), so it is not repeated.
+pub fn shown(var: &str) -> String {
+    let conventional = var
+        .chars()
+        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+    if conventional {
+        format!("`{var}`")
+    } else {
+        "(name not shown: it has lower-case letters, as a pasted secret would)".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::refused;
+    use super::{refused, shown};
+
+    #[test]
+    fn conventional_names_are_shown_and_others_are_not() {
+        assert_eq!(shown("HOOKWIRE_HOOK_TOKEN"), "`HOOKWIRE_HOOK_TOKEN`");
+        assert!(!shown("Zm9vYmFyYmF6cXV4SECRET").contains("SECRET"));
+        assert!(!shown("pg_password2").contains("pg_password2"));
+    }
 
     #[test]
     fn names_pass_and_secrets_are_refused_without_being_quoted() {

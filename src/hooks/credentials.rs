@@ -66,11 +66,12 @@ impl Credentials {
                 .map_err(|e| e.to_string())?,
             )),
             (None, Some(var)) => {
+                let name = crate::config::secret_env::shown(var);
                 let token = env(var).ok_or_else(|| {
-                    format!("{owner} credentials.bearer_token_env: environment variable {var} is not set")
+                    format!("{owner} credentials.bearer_token_env: environment variable {name} is not set")
                 })?;
                 Some(Source::Static(header(&token).map_err(|e| {
-                    format!("{owner} credentials.bearer_token_env: {var}: {e}")
+                    format!("{owner} credentials.bearer_token_env: {name}: {e}")
                 })?))
             }
             (None, None) => None,

@@ -267,7 +267,8 @@ pub(super) fn check_postgres(
     if let Some(var) = password_env {
         let pw = std::env::var(var).map_err(|_| {
             StoreError::Unavailable(format!(
-                "store.password_env names `{var}`, which is not set in the environment"
+                "store.password_env names {}, which is not set in the environment",
+                crate::config::secret_env::shown(var)
             ))
         })?;
         connect = connect.password(&pw);
