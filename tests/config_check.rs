@@ -153,6 +153,18 @@ async fn check_and_serve_refuse_the_same_bad_configs_with_the_same_error() {
             "cannot build the OTLP exporter",
         ),
         (
+            "a trace endpoint with a password that is not a URI",
+            format!(
+                "{SCRIPTED}{AGENT}telemetry: {{otlp_endpoint: 'http://u:{SECRET}@bad host:4317'}}\n"
+            ),
+            "cannot build the OTLP exporter",
+        ),
+        (
+            "a hook endpoint with a password",
+            format!("{SCRIPTED}{AGENT}hooks: [{{name: h, endpoint: 'http://u:{SECRET}@127.0.0.1:9'}}]\n"),
+            "hooks[0].endpoint: must not carry user info",
+        ),
+        (
             "an unknown field (the file's own validation)",
             format!("{SCRIPTED}{AGENT}nonsense: 1\n"),
             "unknown field `nonsense`",

@@ -226,9 +226,11 @@ impl Config {
                     format!("{p}.endpoint"),
                     format!(
                         "`{}` must be a URL starting with http:// or https:// (e.g. http://127.0.0.1:50061)",
-                        h.endpoint
+                        super::redact_url(&h.endpoint)
                     ),
                 ));
+            } else if let Some(why) = endpoint_refused(&h.endpoint) {
+                errs.push((format!("{p}.endpoint"), why));
             }
             if h.timeout.is_zero() {
                 errs.push((format!("{p}.timeout"), "must be greater than zero".into()));
@@ -358,6 +360,33 @@ impl Config {
     }
 }
 
+/// What is wrong with a hook endpoint that starts with a scheme, beyond
+/// what the connector says when it cannot parse it at all.
+fn endpoint_refused(endpoint: &str) -> Option<String> {
+    let authority = endpoint.split_once("://")?.1;
+    let authority = authority.split(['/', '?', '#']).next().unwrap_or("");
+    // gRPC never sends user info, and it shows wherever the endpoint does
+    // (logs, ListHooks): a password there would be published.
+    if authority.contains('@') {
+        return Some(
+            "must not carry user info (`user:password@`): gRPC does not send it; give a hook's credentials with credentials.bearer_token_env or bearer_token_file"
+                .into(),
+        );
+    }
+    // A port past 65535 (or not a number) parsed, and the connector then
+    // dialled the scheme's default port instead.
+    let port = match authority.rsplit_once(']') {
+        Some((_, rest)) => rest.strip_prefix(':'),
+        None => authority.rsplit_once(':').map(|(_, p)| p),
+    };
+    match port {
+        Some(p) if p.parse::<u16>().map_or(true, |n| n == 0) => Some(format!(
+            "`{endpoint}` has port `{p}`; a port is 1..=65535 (leave it out for the scheme's default)"
+        )),
+        _ => None,
+    }
+}
+
 /// The longest queue a setting may ask for: far more than any run or
 /// hook needs, and far below what tokio's channels refuse with a panic
 /// (usize::MAX >> 3), which a request would otherwise meet.
@@ -474,6 +503,33 @@ mod tests {
         assert_eq!(h.observe_queue, 256);
         assert_eq!(h.breaker.failures, 5);
         assert_eq!(h.breaker.cooldown, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn hook_endpoints_with_a_bad_port_or_user_info_are_refused() {
+        let yaml = |e: &str| {
+            format!("models: [{{name: m, provider: scripted}}]\nhooks: [{{name: h, endpoint: '{e}'}}]\nagents: [{{name: a, model: m, hooks: [h]}}]\n")
+        };
+        for (endpoint, says) in [
+            ("https://guard.hooks.svc:500610", "port `500610`"),
+            ("http://guard:0", "port `0`"),
+            ("http://guard:http", "port `http`"),
+            ("http://[::1]:70000/x", "port `70000`"),
+            ("http://u:SECRET@guard:50061", "user info"),
+        ] {
+            let e = err(&yaml(endpoint));
+            assert_eq!(e.path(), Some("hooks[0].endpoint"), "{endpoint}: {e}");
+            assert!(e.to_string().contains(says), "{endpoint}: {e}");
+            assert!(!e.to_string().contains("SECRET"), "{e}");
+        }
+        for fine in [
+            "http://guard:50061",
+            "https://guard",
+            "http://[::1]:1/",
+            "http://g:65535?x",
+        ] {
+            Config::parse(&yaml(fine), "t").unwrap_or_else(|e| panic!("{fine}: {e}"));
+        }
     }
 
     /// Each of these parsed, then panicked on the first request that used

@@ -22,6 +22,8 @@ use crate::model::scripted::Rule;
 
 pub use load::{ConfigError, EMBEDDED_DEFAULT};
 pub use security::*;
+/// A URL as logs and errors may show it: its password masked.
+pub(crate) use store::redact as redact_url;
 pub use store::StoreSetting;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";

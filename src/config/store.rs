@@ -104,7 +104,7 @@ fn has_password(url: &url::Url) -> bool {
 /// cannot be read shows its scheme only if it has an `@` (where a password
 /// would start in it cannot be told), and as it is otherwise (a typo such
 /// as `memroy` has none to hide).
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     let Ok(mut u) = url::Url::parse(url) else {
         if !url.contains('@') {
             return url.to_string();

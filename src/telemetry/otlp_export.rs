@@ -126,7 +126,9 @@ impl OtlpExporter {
                     rejected_spans = p.rejected_spans,
                     "the OTLP collector rejected spans"
                 );
-                tracing::debug!(target: "hookwire::telemetry::export", message = %p.error_message, "collector's partial-success message");
+                // Its text may echo credentials (a gateway's "invalid key
+                // …"): not logged even at debug.
+                tracing::debug!(target: "hookwire::telemetry::export", message_bytes = p.error_message.len(), "the collector's partial-success message is not shown");
             }
         }
         Ok(())
@@ -221,7 +223,8 @@ fn classify(status: &Status) -> Retry {
 /// The SDK logs this at error level: the code, and for a failure tonic made
 /// itself (connect, TLS, DNS) its cause; never the collector's message.
 fn failed(status: &Status) -> OTelSdkError {
-    tracing::debug!(target: "hookwire::telemetry::export", code = ?status.code(), message = status.message(), "OTLP export failed");
+    // The collector's message may echo credentials: its size only.
+    tracing::debug!(target: "hookwire::telemetry::export", code = ?status.code(), message_bytes = status.message().len(), "OTLP export failed");
     let mut text = format!("OTLP export failed with gRPC code {:?}", status.code());
     let mut source = std::error::Error::source(status);
     while let Some(s) = source {

@@ -455,7 +455,7 @@ pub fn init(cfg: &TelemetryConfig, format: LogFormat) -> Result<Telemetry, Telem
     }
     match &opts.otlp_endpoint {
         Some(endpoint) => tracing::info!(
-            %endpoint,
+            endpoint = %crate::config::redact_url(endpoint),
             service_name = %opts.service_name,
             sampling = ?opts.sampling,
             "exporting traces over OTLP/gRPC"
@@ -602,7 +602,7 @@ fn tracer_provider(
         headers: opts.otlp_headers.clone(),
     })
     .map_err(|source| TelemetryError::Exporter {
-        endpoint: endpoint.to_owned(),
+        endpoint: crate::config::redact_url(endpoint),
         source,
     })?;
     let mut batch = BatchConfigBuilder::default();
