@@ -1,7 +1,8 @@
 //! Repeated hook failures do not flood the log, and a hook server's own
 //! error text (its gRPC status message, which often quotes request content)
-//! stays out of log lines above debug and out of exported spans; metrics
-//! still count every failure.
+//! and what it sent in a verdict that failed validation stay out of log
+//! lines above debug and out of exported spans; metrics still count every
+//! failure.
 //!
 //! One test function: the subscriber is process-global.
 
@@ -98,6 +99,65 @@ async fn a_hook_outage_logs_a_few_lines_without_the_hooks_own_words() {
     assert!(
         !collector.raw_contains(HOOK_TEXT.as_bytes()),
         "the hook's message reached the trace backend"
+    );
+    server.stop().await;
+
+    // A verdict that fails validation: its fault's story quotes what the
+    // hook sent (here a tool name in a patch), which went to the warn line
+    // and, as that line's span event, to the trace backend.
+    const SENT: &str = "SENTINEL-42";
+    let patcher = FnHook::new("patcher", &[pb::EventKind::ModelRequest])
+        .on_model_request(|_, _| async {
+            hookwire::hook_server::Reply::new(pb::ModelRequestVerdict {
+                action: Some(pb::model_request_verdict::Action::PatchRequest(
+                    pb::RequestPatch {
+                        active_tools: Some(pb::ToolNames {
+                            names: vec![SENT.into()],
+                        }),
+                        ..Default::default()
+                    },
+                )),
+            })
+        })
+        .start()
+        .await;
+    let server = TestServer::start(&config(
+        &[("patcher", &patcher.addr, "failure: open")],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "hi").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    let v = &r.hook_verdicts[0];
+    assert_eq!(v.failed_open, "invalid_verdict");
+    assert!(
+        v.reason.contains(SENT),
+        "its own client sees why: {}",
+        v.reason
+    );
+    let run = r.run_id.clone();
+    collector
+        .wait_until(Duration::from_secs(20), |spans| {
+            spans.iter().any(|s| {
+                s.name.starts_with("invoke_agent")
+                    && s.attr("hookwire.run.id") == Some(run.as_str())
+            })
+        })
+        .await;
+    let text = logs.contents();
+    assert!(
+        text.contains("class=invalid_verdict"),
+        "the failure is logged:\n{text}"
+    );
+    assert!(
+        !text.contains(SENT),
+        "what the hook sent is logged:\n{text}"
+    );
+    assert!(
+        !collector.raw_contains(SENT.as_bytes()),
+        "what the hook sent reached the trace backend"
     );
     server.stop().await;
     telemetry.shutdown().await;

@@ -300,43 +300,67 @@ pub const RESERVED_PARAMS: [&str; 9] = [
     "stream",
 ];
 
+/// Why a patch does not fit the request it patches.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct PatchRefused {
+    /// The patch's field at fault: what may be logged.
+    pub field: &'static str,
+    /// The whole story, quoting what the hook sent (a tool name, a call
+    /// id): for the run's own client and debug logs only.
+    pub detail: String,
+}
+
+fn refused(field: &'static str, detail: String) -> Result<(), PatchRefused> {
+    Err(PatchRefused { field, detail })
+}
+
 /// Checks a patch against the request it patches, before merging. An
 /// invalid patch is an invalid verdict (a hook failure), not a merge input.
-pub fn validate_patch(baseline: &ModelRequest, patch: &RequestPatch) -> Result<(), String> {
+pub fn validate_patch(baseline: &ModelRequest, patch: &RequestPatch) -> Result<(), PatchRefused> {
     if let Some(key) = patch
         .additional_params
         .iter()
         .flat_map(|p| p.keys())
         .find(|k| RESERVED_PARAMS.contains(&k.as_str()))
     {
-        return Err(format!(
-            "additional_params `{key}` is not a provider parameter a patch may set (use the patch's own field, if it has one; reserved: {})",
-            RESERVED_PARAMS.join(", ")
-        ));
+        return refused(
+            "additional_params",
+            format!(
+                "additional_params `{key}` is not a provider parameter a patch may set (use the patch's own field, if it has one; reserved: {})",
+                RESERVED_PARAMS.join(", ")
+            ),
+        );
     }
     // A zero limit leaves the model no room for any answer (providers
     // reject it, or answer nothing with finish reason `length`).
     if patch.max_tokens == Some(0) {
-        return Err("max_tokens must be at least 1".into());
+        return refused("max_tokens", "max_tokens must be at least 1".into());
     }
     if let Some(names) = &patch.active_tools {
         for n in names {
             if !baseline.tools.iter().any(|t| &t.name == n) {
-                return Err(format!(
-                    "active_tools names `{n}`, which is not offered for this call (offered: {})",
-                    baseline
-                        .tools
-                        .iter()
-                        .map(|t| t.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+                return refused(
+                    "active_tools",
+                    format!(
+                        "active_tools names `{n}`, which is not offered for this call (offered: {})",
+                        baseline
+                            .tools
+                            .iter()
+                            .map(|t| t.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
             }
         }
     }
     if let Some(t) = patch.temperature {
         if !(0.0..=2.0).contains(&t) || t.is_nan() {
-            return Err(format!("temperature {t} is outside 0.0..=2.0"));
+            return refused(
+                "temperature",
+                format!("temperature {t} is outside 0.0..=2.0"),
+            );
         }
     }
     if let Some(history) = &patch.history {
@@ -354,10 +378,13 @@ pub fn validate_patch(baseline: &ModelRequest, patch: &RequestPatch) -> Result<(
                 continue;
             }
             if let Err(e) = serde_json::from_str::<serde_json::Value>(&c.arguments_json) {
-                return Err(format!(
-                    "history: tool call `{}` ({}) the hook added or changed has arguments_json that is not valid JSON: {e}",
-                    c.id, c.name
-                ));
+                return refused(
+                    "history",
+                    format!(
+                        "history: tool call `{}` ({}) the hook added or changed has arguments_json that is not valid JSON: {e}",
+                        c.id, c.name
+                    ),
+                );
             }
         }
     }
@@ -882,9 +909,9 @@ mod tests {
             active_tools: Some(vec!["nope".into()]),
             ..Default::default()
         };
-        assert!(validate_patch(&baseline(), &p)
-            .unwrap_err()
-            .contains("`nope`"));
+        let e = validate_patch(&baseline(), &p).unwrap_err();
+        assert!(e.detail.contains("`nope`"), "{e}");
+        assert_eq!(e.field, "active_tools");
     }
 
     #[test]
@@ -925,9 +952,10 @@ mod tests {
             max_tokens: Some(n),
             ..Default::default()
         };
-        assert!(validate_patch(&baseline(), &p(0))
-            .unwrap_err()
-            .contains("max_tokens"));
+        assert_eq!(
+            validate_patch(&baseline(), &p(0)).unwrap_err().field,
+            "max_tokens"
+        );
         assert_eq!(validate_patch(&baseline(), &p(1)), Ok(()));
     }
 

@@ -847,8 +847,10 @@ pub fn accept_verdict(
         let e = wire::InvalidVerdict::MissingVerdict { expected: kind };
         return Err(Fault::new(FailureClass::InvalidVerdict, e.to_string()));
     }
+    // The detail quotes the hook (a tool name, a key, a message's text),
+    // which the run's client may see; logs and spans get the quiet form.
     let v = Verdict::try_from(verdict)
-        .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e.to_string()))?;
+        .map_err(|e| Fault::quoting_hook(FailureClass::InvalidVerdict, e.to_string(), e.quiet()))?;
     let got = v.action.event();
     if got != kind {
         return Err(Fault::new(
@@ -858,8 +860,13 @@ pub fn accept_verdict(
     }
     if let (Action::ModelRequest(ModelRequestAction::Patch(p)), Some(base)) = (&v.action, baseline)
     {
-        compose::validate_patch(base, p)
-            .map_err(|e| Fault::new(FailureClass::InvalidVerdict, e))?;
+        compose::validate_patch(base, p).map_err(|e| {
+            let quiet = format!(
+                "the patch's {} does not fit the request it patches",
+                e.field
+            );
+            Fault::quoting_hook(FailureClass::InvalidVerdict, e.detail, quiet)
+        })?;
     }
     Ok(v)
 }

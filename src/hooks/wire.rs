@@ -62,6 +62,21 @@ pub enum InvalidVerdict {
     BadMessage(String),
 }
 
+impl InvalidVerdict {
+    /// What may be logged above debug or exported: the story without what
+    /// the hook sent (a message's text, a scratchpad key, a parser's quote
+    /// of it).
+    pub fn quiet(&self) -> String {
+        match self {
+            InvalidVerdict::BadJson { field, .. } => format!("{field} is not valid JSON"),
+            InvalidVerdict::BadMessage(_) => {
+                "a message, content block or scratchpad entry of the verdict is invalid".into()
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
 impl From<EventKind> for pb::EventKind {
     fn from(k: EventKind) -> Self {
         match k {
