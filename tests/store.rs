@@ -254,9 +254,9 @@ async fn a_claimed_run_fences_out_its_old_holder(engine: &str) {
         s.end_run(&old, &[], &end(RunOutcome::Completed)).await,
         Err(StoreError::LeaseLost(_))
     ));
-    // The claimer closes the staged turn; every call gets a result.
-    let closing = store::close_pending_turn(c.pending_turn.clone());
-    s.end_run(&c.lease, &closing, &end(RunOutcome::Interrupted))
+    // The claimer's interrupted end closes the staged turn; every call
+    // gets a result.
+    s.end_run(&c.lease, &[], &end(RunOutcome::Interrupted))
         .await
         .unwrap();
     let t = s.transcript("s").await.unwrap();
@@ -419,6 +419,60 @@ async fn the_same_end_twice_is_one_end(engine: &str) {
         "another end of an ended run"
     );
     assert_eq!(s.get_session("s").await.unwrap().active_run, None);
+    s.close().await;
+}
+
+/// A run ended `interrupted` by its own replica while a tool batch is
+/// staged (stuck in a tool at shutdown, stopped for want of a renewal, a
+/// late end before any claim) closes the batch as a reaper's end would:
+/// its turn and an error result for each call, whose outcome is unknown.
+/// It used to drop the turn, so the model never learnt that the calls may
+/// have run. Any other end drops it: a failed batch commits nothing.
+async fn an_interrupted_end_closes_the_staged_batch(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    for id in ["s1", "s2"] {
+        s.create_session(&new_session(id, "a", "o")).await.unwrap();
+    }
+    let l1 = s.begin_run("s1", "r1", "A").await.unwrap();
+    s.append(&l1, &[Message::user("go")]).await.unwrap();
+    s.stage_turn(&l1, Some(&call_turn(&["c1", "c2"])))
+        .await
+        .unwrap();
+    let interrupted = RunEnd {
+        reason: "the replica shut down before the run ended".into(),
+        ..end(RunOutcome::Interrupted)
+    };
+    s.end_run(&l1, &[], &interrupted).await.unwrap();
+    s.end_run(&l1, &[], &interrupted)
+        .await
+        .expect("the same end again");
+    let t = s.transcript("s1").await.unwrap();
+    assert_eq!(t.len(), 3, "closed once: {t:?}");
+    assert_eq!(t[1], call_turn(&["c1", "c2"]));
+    let results: Vec<_> = t[2].tool_results_iter().collect();
+    assert_eq!(
+        results
+            .iter()
+            .map(|r| r.call_id.as_str())
+            .collect::<Vec<_>>(),
+        ["c1", "c2"]
+    );
+    assert!(results
+        .iter()
+        .all(|r| r.is_error && r.content == store::LOST_REPLICA_RESULT));
+    assert_eq!(s.get_session("s1").await.unwrap().active_run, None);
+
+    let l2 = s.begin_run("s2", "r2", "A").await.unwrap();
+    s.append(&l2, &[Message::user("go")]).await.unwrap();
+    s.stage_turn(&l2, Some(&call_turn(&["c1"]))).await.unwrap();
+    s.end_run(&l2, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    assert_eq!(
+        texts(&s.transcript("s2").await.unwrap()),
+        ["go"],
+        "a cancelled batch commits nothing"
+    );
     s.close().await;
 }
 
@@ -1752,6 +1806,7 @@ contract!(
     a_claimed_run_fences_out_its_old_holder,
     the_same_end_twice_is_one_end,
     a_settled_batch_is_no_longer_staged,
+    an_interrupted_end_closes_the_staged_batch,
     approvals_first_answer_wins_and_cancel_denies,
     transcript_size_is_limited,
     idle_sessions_expire_but_busy_ones_do_not,

@@ -22,8 +22,9 @@ use super::sqlite_conn::SqliteConn;
 use super::waits::Waits;
 
 use super::{
-    migrations, page_token, parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease,
-    SessionFilter, SessionPage, SessionStore, Signal, StoreError, StoreOptions,
+    close_pending_turn, closes_staged_turn, migrations, page_token, parse_page_token, ClaimedRun,
+    NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore, Signal,
+    StoreError, StoreOptions,
 };
 use crate::agent::approvals::Decision;
 use crate::auth::quota;
@@ -930,10 +931,14 @@ impl SessionStore for SqlStore {
         messages: &[Message],
         end: &RunEnd,
     ) -> Result<(), StoreError> {
+        // Returns the staged turn, which an interrupted end closes (see
+        // `closes_staged_turn`). RETURNING gives the row as updated, so the
+        // turn is cleared by a statement of its own, run only when there is
+        // one (a batch in flight as the run ends: rare).
         let finish = self.sql(
             "UPDATE runs SET ended_ms = {now}, outcome = $3, reason = $4, input_tokens = $5,
-                 output_tokens = $6, turns = $7, pending_turn = NULL
-             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
+                 output_tokens = $6, turns = $7
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL RETURNING pending_turn",
         );
         // The run's last commit is never refused for size: the answer it
         // carries was produced and paid for; the limit stops the next run.
@@ -942,17 +947,14 @@ impl SessionStore for SqlStore {
                  next_seq = next_seq + $2, transcript_bytes = transcript_bytes + $3
              WHERE id = $1 AND active_run = $4 RETURNING next_seq",
         );
-        let bodies = messages
+        let mut bodies = messages
             .iter()
             .map(serde_json::to_string)
             .collect::<Result<Vec<_>, _>>()?;
-        let bytes =
-            i64::try_from(bodies.iter().map(String::len).sum::<usize>()).unwrap_or(i64::MAX);
-        let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
-            let n = sqlx::query(&finish)
+            let finished: Option<(Option<String>,)> = sqlx::query_as(&finish)
                 .bind(&lease.run_id)
                 .bind(lease.epoch)
                 .bind(end.outcome.name())
@@ -960,10 +962,9 @@ impl SessionStore for SqlStore {
                 .bind(to_i64(end.usage.input_tokens))
                 .bind(to_i64(end.usage.output_tokens))
                 .bind(i64::from(end.turns))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if n == 0 {
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((staged,)) = finished else {
                 // The same end under the same epoch already recorded is
                 // this end: a retry whose first attempt committed but
                 // whose answer was lost with its connection.
@@ -996,7 +997,22 @@ impl SessionStore for SqlStore {
                     return Ok(());
                 }
                 return Err(StoreError::LeaseLost(lease.run_id.clone()));
+            };
+            if let Some(staged) = staged {
+                sqlx::query("UPDATE runs SET pending_turn = NULL WHERE id = $1")
+                    .bind(&lease.run_id)
+                    .execute(&mut *tx)
+                    .await?;
+                if closes_staged_turn(end.outcome) {
+                    let turn: Message = serde_json::from_str(&staged)?;
+                    for m in close_pending_turn(Some(turn)) {
+                        bodies.push(serde_json::to_string(&m)?);
+                    }
+                }
             }
+            let bytes =
+                i64::try_from(bodies.iter().map(String::len).sum::<usize>()).unwrap_or(i64::MAX);
+            let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
             sqlx::query("UPDATE approvals SET state = 'expired' WHERE run_id = $1 AND state = 'pending'")
                 .bind(&lease.run_id)
                 .execute(&mut *tx)
