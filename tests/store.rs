@@ -1614,6 +1614,64 @@ async fn postgres_a_statement_stuck_behind_a_lock_gives_up_after_a_lease() {
     s.close().await;
 }
 
+/// PostgreSQL: a replica that starts while another one migrates waits for
+/// it, however long the migration takes. The migrations used to run under
+/// the pool's statement timeout (a lease, at least 5 s): the wait for the
+/// migrator's advisory lock was cancelled after 5 s and the store did not
+/// open (and a migration longer than that could never have applied).
+#[tokio::test]
+async fn postgres_a_store_opening_while_another_migrates_waits_for_it() {
+    use sqlx::migrate::Migrate as _;
+    use sqlx::Connection as _;
+    let url = support::postgres::database();
+    // The lock sqlx's migrator takes, held as a replica migrating holds it.
+    let mut migrating = sqlx::PgConnection::connect(&url).await.unwrap();
+    migrating.lock().await.unwrap();
+    let mut watch = sqlx::PgConnection::connect(&url).await.unwrap();
+    let setting = StoreSetting::parse(&url, false).unwrap();
+    let mut opening = Box::pin(store::open(&setting, opts(Duration::from_secs(1), 1 << 20)));
+    // Nothing signals that a limit did not cut a wait short, so this waits
+    // until the open has waited for the lock past the pool's limit, by the
+    // server's clock (the one its timeout uses), with a second's margin.
+    let waited_past_the_limit = async {
+        loop {
+            let past: Option<bool> = sqlx::query_scalar(
+                "SELECT bool_or(clock_timestamp() - query_start > interval '6 seconds')
+                 FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND wait_event = 'advisory'",
+            )
+            .fetch_one(&mut watch)
+            .await
+            .unwrap();
+            if past == Some(true) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::select! {
+            opened = &mut opening => panic!(
+                "the store stopped waiting for the migration: {:?}",
+                opened.map(|_| ())
+            ),
+            () = waited_past_the_limit => {}
+        }
+    })
+    .await
+    .expect("the open waited for the lock");
+    migrating.unlock().await.unwrap();
+    let s = tokio::time::timeout(Duration::from_secs(30), opening)
+        .await
+        .expect("the store opens once the migration is done")
+        .expect("the store opens");
+    s.create_session(&new_session("s1", "a", "o"))
+        .await
+        .unwrap();
+    s.close().await;
+}
+
 /// Deletes session `id` while another connection's open transaction has
 /// run `statements` (what another replica's store call does), committing
 /// that transaction once the delete waits for it.

@@ -398,12 +398,27 @@ impl SqlStore {
                 }
             }
         };
-        migrations::postgres()
+        // Migrated on a connection of its own, without the pool's
+        // statement timeout: the migrator waits in one statement for the
+        // advisory lock of a replica migrating at the same time, and sends
+        // each migration as one statement, so under the pool's limit a
+        // replica starting next to a longer migration failed to start, and
+        // a migration longer than the limit could never apply. The pool
+        // reached the server, so this connection need not be patient.
+        let mut migrating = sqlx::PgConnection::connect_with(
+            &check_postgres(url, password_env)?.options([("statement_timeout", "0")]),
+        )
+        .await?;
+        let migrated = migrations::postgres()
             .await
             .map_err(|e| StoreError::Backend(format!("loading migrations: {e}")))?
-            .run(&pool)
+            .run_direct(&mut migrating)
             .await
-            .map_err(|e| StoreError::Backend(format!("migrating postgres: {e}")))?;
+            .map_err(|e| StoreError::Backend(format!("migrating postgres: {e}")));
+        // Closed either way; a failed close loses nothing (the server ends
+        // the session, and the migrator released its lock already).
+        let _ = migrating.close().await;
+        migrated?;
         let (wake, _) = broadcast::channel(256);
         let (ready_tx, ready) = tokio::sync::oneshot::channel();
         let listener = tokio::spawn(listen(pool.clone(), wake.clone(), ready_tx));
