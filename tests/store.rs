@@ -857,6 +857,29 @@ async fn the_transcript_reads_from_a_position(engine: &str) {
     assert_eq!(texts(&s.transcript_after("s", 3).await.unwrap()), ["four"]);
     assert!(s.transcript_after("s", 4).await.unwrap().is_empty());
     assert!(s.transcript_after("s", 99).await.unwrap().is_empty());
+    s.create_session(&new_session("empty", "a", "o"))
+        .await
+        .unwrap();
+    assert!(s.transcript("empty").await.unwrap().is_empty());
+    // An unknown session is not an empty one, on every engine: a reader
+    // that checked the session before it was deleted (GetSession, a run's
+    // start) is told it is gone. SQL used to answer an empty transcript.
+    s.delete_session("s").await.unwrap();
+    for from in [0, 2, 99] {
+        assert_eq!(
+            s.transcript_after("s", from).await,
+            Err(StoreError::SessionNotFound("s".into())),
+            "from {from}"
+        );
+    }
+    assert_eq!(
+        s.transcript("s").await,
+        Err(StoreError::SessionNotFound("s".into()))
+    );
+    assert_eq!(
+        s.transcript("never").await,
+        Err(StoreError::SessionNotFound("never".into()))
+    );
     s.close().await;
 }
 

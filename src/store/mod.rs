@@ -212,14 +212,16 @@ pub trait SessionStore: Send + Sync + 'static {
     /// transcript become no-ops, and it goes when it ends); call
     /// [`SessionStore::request_cancel`] for it too, so its replica stops it.
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError>;
-    /// The committed transcript, in order.
+    /// The committed transcript, in order; [`StoreError::SessionNotFound`]
+    /// for an unknown session.
     async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError>;
     /// The committed messages from position `from` on (the first message
     /// is 0), in order: what a reader holding the first `from` lacks.
     /// Committed messages never change and are numbered without gaps, so
     /// those first `from` stay valid whatever is appended (see
-    /// [`TranscriptCache`]). An unknown session reads as empty or
-    /// [`StoreError::SessionNotFound`].
+    /// [`TranscriptCache`]). An unknown session (deleted, perhaps, since
+    /// the caller read it) is [`StoreError::SessionNotFound`], never an
+    /// empty transcript.
     async fn transcript_after(
         &self,
         session_id: &str,

@@ -690,15 +690,7 @@ impl SessionStore for SqlStore {
     }
 
     async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
-        let rows: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(
-            "SELECT body FROM messages WHERE session_id = $1 ORDER BY seq",
-        )
-        .bind(session_id)
-        .fetch_all(p)
-        .await?);
-        rows.iter()
-            .map(|(b,)| serde_json::from_str(b).map_err(StoreError::from))
-            .collect()
+        self.transcript_after(session_id, 0).await
     }
 
     async fn transcript_after(
@@ -707,17 +699,26 @@ impl SessionStore for SqlStore {
         from: u64,
     ) -> Result<Vec<Message>, StoreError> {
         let from = i64::try_from(from).unwrap_or(i64::MAX);
-        // The primary key (session_id, seq) serves this: a replica that is
-        // up to date reads no row at all.
-        let rows: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(
-            "SELECT body FROM messages WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
+        // The session's row joined to its messages, in one statement: no
+        // row at all when the session is unknown (SessionNotFound, as the
+        // other engines answer, rather than an empty transcript), one row
+        // without a message when it has none from `from` on. The primary
+        // keys serve both: a replica that is up to date reads no message.
+        let rows: Vec<(Option<String>,)> = with_pool!(self, p => sqlx::query_as(
+            "SELECT m.body FROM sessions s
+             LEFT JOIN messages m ON m.session_id = s.id AND m.seq >= $2
+             WHERE s.id = $1 ORDER BY m.seq",
         )
         .bind(session_id)
         .bind(from)
         .fetch_all(p)
         .await?);
+        if rows.is_empty() {
+            return Err(StoreError::SessionNotFound(session_id.to_string()));
+        }
         rows.iter()
-            .map(|(b,)| serde_json::from_str(b).map_err(StoreError::from))
+            .filter_map(|(b,)| b.as_deref())
+            .map(|b| serde_json::from_str(b).map_err(StoreError::from))
             .collect()
     }
 
