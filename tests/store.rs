@@ -254,9 +254,9 @@ async fn a_claimed_run_fences_out_its_old_holder(engine: &str) {
         s.end_run(&old, &[], &end(RunOutcome::Completed)).await,
         Err(StoreError::LeaseLost(_))
     ));
-    // The claimer closes the staged turn; every call gets a result.
-    let closing = store::close_pending_turn(c.pending_turn.clone());
-    s.end_run(&c.lease, &closing, &end(RunOutcome::Interrupted))
+    // The claimer's interrupted end closes the staged turn; every call
+    // gets a result.
+    s.end_run(&c.lease, &[], &end(RunOutcome::Interrupted))
         .await
         .unwrap();
     let t = s.transcript("s").await.unwrap();
@@ -419,6 +419,60 @@ async fn the_same_end_twice_is_one_end(engine: &str) {
         "another end of an ended run"
     );
     assert_eq!(s.get_session("s").await.unwrap().active_run, None);
+    s.close().await;
+}
+
+/// A run ended `interrupted` by its own replica while a tool batch is
+/// staged (stuck in a tool at shutdown, stopped for want of a renewal, a
+/// late end before any claim) closes the batch as a reaper's end would:
+/// its turn and an error result for each call, whose outcome is unknown.
+/// It used to drop the turn, so the model never learnt that the calls may
+/// have run. Any other end drops it: a failed batch commits nothing.
+async fn an_interrupted_end_closes_the_staged_batch(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    for id in ["s1", "s2"] {
+        s.create_session(&new_session(id, "a", "o")).await.unwrap();
+    }
+    let l1 = s.begin_run("s1", "r1", "A").await.unwrap();
+    s.append(&l1, &[Message::user("go")]).await.unwrap();
+    s.stage_turn(&l1, Some(&call_turn(&["c1", "c2"])))
+        .await
+        .unwrap();
+    let interrupted = RunEnd {
+        reason: "the replica shut down before the run ended".into(),
+        ..end(RunOutcome::Interrupted)
+    };
+    s.end_run(&l1, &[], &interrupted).await.unwrap();
+    s.end_run(&l1, &[], &interrupted)
+        .await
+        .expect("the same end again");
+    let t = s.transcript("s1").await.unwrap();
+    assert_eq!(t.len(), 3, "closed once: {t:?}");
+    assert_eq!(t[1], call_turn(&["c1", "c2"]));
+    let results: Vec<_> = t[2].tool_results_iter().collect();
+    assert_eq!(
+        results
+            .iter()
+            .map(|r| r.call_id.as_str())
+            .collect::<Vec<_>>(),
+        ["c1", "c2"]
+    );
+    assert!(results
+        .iter()
+        .all(|r| r.is_error && r.content == store::LOST_REPLICA_RESULT));
+    assert_eq!(s.get_session("s1").await.unwrap().active_run, None);
+
+    let l2 = s.begin_run("s2", "r2", "A").await.unwrap();
+    s.append(&l2, &[Message::user("go")]).await.unwrap();
+    s.stage_turn(&l2, Some(&call_turn(&["c1"]))).await.unwrap();
+    s.end_run(&l2, &[], &end(RunOutcome::Cancelled))
+        .await
+        .unwrap();
+    assert_eq!(
+        texts(&s.transcript("s2").await.unwrap()),
+        ["go"],
+        "a cancelled batch commits nothing"
+    );
     s.close().await;
 }
 
@@ -803,6 +857,29 @@ async fn the_transcript_reads_from_a_position(engine: &str) {
     assert_eq!(texts(&s.transcript_after("s", 3).await.unwrap()), ["four"]);
     assert!(s.transcript_after("s", 4).await.unwrap().is_empty());
     assert!(s.transcript_after("s", 99).await.unwrap().is_empty());
+    s.create_session(&new_session("empty", "a", "o"))
+        .await
+        .unwrap();
+    assert!(s.transcript("empty").await.unwrap().is_empty());
+    // An unknown session is not an empty one, on every engine: a reader
+    // that checked the session before it was deleted (GetSession, a run's
+    // start) is told it is gone. SQL used to answer an empty transcript.
+    s.delete_session("s").await.unwrap();
+    for from in [0, 2, 99] {
+        assert_eq!(
+            s.transcript_after("s", from).await,
+            Err(StoreError::SessionNotFound("s".into())),
+            "from {from}"
+        );
+    }
+    assert_eq!(
+        s.transcript("s").await,
+        Err(StoreError::SessionNotFound("s".into()))
+    );
+    assert_eq!(
+        s.transcript("never").await,
+        Err(StoreError::SessionNotFound("never".into()))
+    );
     s.close().await;
 }
 
@@ -1560,6 +1637,64 @@ async fn postgres_a_statement_stuck_behind_a_lock_gives_up_after_a_lease() {
     s.close().await;
 }
 
+/// PostgreSQL: a replica that starts while another one migrates waits for
+/// it, however long the migration takes. The migrations used to run under
+/// the pool's statement timeout (a lease, at least 5 s): the wait for the
+/// migrator's advisory lock was cancelled after 5 s and the store did not
+/// open (and a migration longer than that could never have applied).
+#[tokio::test]
+async fn postgres_a_store_opening_while_another_migrates_waits_for_it() {
+    use sqlx::migrate::Migrate as _;
+    use sqlx::Connection as _;
+    let url = support::postgres::database();
+    // The lock sqlx's migrator takes, held as a replica migrating holds it.
+    let mut migrating = sqlx::PgConnection::connect(&url).await.unwrap();
+    migrating.lock().await.unwrap();
+    let mut watch = sqlx::PgConnection::connect(&url).await.unwrap();
+    let setting = StoreSetting::parse(&url, false).unwrap();
+    let mut opening = Box::pin(store::open(&setting, opts(Duration::from_secs(1), 1 << 20)));
+    // Nothing signals that a limit did not cut a wait short, so this waits
+    // until the open has waited for the lock past the pool's limit, by the
+    // server's clock (the one its timeout uses), with a second's margin.
+    let waited_past_the_limit = async {
+        loop {
+            let past: Option<bool> = sqlx::query_scalar(
+                "SELECT bool_or(clock_timestamp() - query_start > interval '6 seconds')
+                 FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND wait_event = 'advisory'",
+            )
+            .fetch_one(&mut watch)
+            .await
+            .unwrap();
+            if past == Some(true) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::select! {
+            opened = &mut opening => panic!(
+                "the store stopped waiting for the migration: {:?}",
+                opened.map(|_| ())
+            ),
+            () = waited_past_the_limit => {}
+        }
+    })
+    .await
+    .expect("the open waited for the lock");
+    migrating.unlock().await.unwrap();
+    let s = tokio::time::timeout(Duration::from_secs(30), opening)
+        .await
+        .expect("the store opens once the migration is done")
+        .expect("the store opens");
+    s.create_session(&new_session("s1", "a", "o"))
+        .await
+        .unwrap();
+    s.close().await;
+}
+
 /// Deletes session `id` while another connection's open transaction has
 /// run `statements` (what another replica's store call does), committing
 /// that transaction once the delete waits for it.
@@ -1752,6 +1887,7 @@ contract!(
     a_claimed_run_fences_out_its_old_holder,
     the_same_end_twice_is_one_end,
     a_settled_batch_is_no_longer_staged,
+    an_interrupted_end_closes_the_staged_batch,
     approvals_first_answer_wins_and_cancel_denies,
     transcript_size_is_limited,
     idle_sessions_expire_but_busy_ones_do_not,

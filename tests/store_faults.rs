@@ -399,6 +399,27 @@ async fn a_replica_that_cannot_renew_its_leases_stops_its_runs_before_they_expir
     assert!(store.renewals.load(Ordering::SeqCst) > 0);
     // Its end went through (only renewals fail): the session is free.
     assert_eq!(store.get_session(&session).await.unwrap().active_run, None);
+    // The batch it gave up is closed as a reaper would have closed it: the
+    // model learns that both calls may have run (it used to find no trace
+    // of them, so it could call them again).
+    let t = store.transcript(&session).await.unwrap();
+    assert_eq!(t.len(), 3, "input, the batch's turn, its results: {t:?}");
+    let calls: Vec<&str> = t[1].tool_calls().map(|c| c.id.as_str()).collect();
+    assert_eq!(calls.len(), 2, "{t:?}");
+    let results: Vec<_> = t[2].tool_results_iter().collect();
+    assert_eq!(
+        results
+            .iter()
+            .map(|r| r.call_id.as_str())
+            .collect::<Vec<_>>(),
+        calls
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| r.is_error && r.content == store::LOST_REPLICA_RESULT),
+        "{results:?}"
+    );
     engine.stop_background().await;
 }
 

@@ -27,7 +27,7 @@ use crate::agent::outcome::RunOutcome;
 use crate::event::EventKind;
 use crate::hooks::dispatch::RunHooks;
 use crate::hooks::payload::{EventContext, Payload};
-use crate::store::{close_pending_turn, ClaimedRun, RunEnd, Signal};
+use crate::store::{ClaimedRun, RunEnd, Signal};
 
 /// Fallback polling for signals recorded by other replicas.
 pub const POLL: Duration = Duration::from_millis(500);
@@ -299,14 +299,16 @@ impl Engine {
             "the replica running it ({}) was lost; its lease expired",
             c.lost_replica
         );
-        let messages = close_pending_turn(c.pending_turn);
         let end = RunEnd {
             outcome: RunOutcome::Interrupted,
             reason: reason.clone(),
             usage: Default::default(),
             turns: 0,
         };
-        if let Err(e) = self.store.end_run(&c.lease, &messages, &end).await {
+        // Ended `interrupted`, the run's staged tool batch is closed by the
+        // store (a synthetic result for each call), as on every other path
+        // that ends a run its replica could not finish.
+        if let Err(e) = self.store.end_run(&c.lease, &[], &end).await {
             self.store_warnings
                 .warn("cannot end a lost replica's run", &c.lease.run_id, &e);
             return None;

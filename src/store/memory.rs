@@ -10,8 +10,9 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{
-    page_token, parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease,
-    SessionFilter, SessionPage, SessionStore, Signal, StoreError, StoreOptions,
+    close_pending_turn, closes_staged_turn, page_token, parse_page_token, ClaimedRun, NewSession,
+    OwnerUsage, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore, Signal, StoreError,
+    StoreOptions,
 };
 use crate::agent::approvals::Decision;
 use crate::agent::outcome::RunOutcome;
@@ -496,7 +497,13 @@ impl SessionStore for MemoryStore {
             // with it, below) already.
             return Ok(());
         }
-        g.fenced(lease)?;
+        let staged = &g.fenced(lease)?.pending_turn;
+        let closing = if closes_staged_turn(end.outcome) {
+            close_pending_turn(staged.clone())
+        } else {
+            Vec::new()
+        };
+        let adding = adding + size(&closing)?;
         let Inner {
             runs, live, owners, ..
         } = &mut *g;
@@ -525,6 +532,7 @@ impl SessionStore for MemoryStore {
                     s.session.active_run = None;
                     s.bytes += adding;
                     s.transcript.extend_from_slice(messages);
+                    s.transcript.extend(closing);
                     s.session.last_active_unix_ms = now_ms();
                     s.last_active = Instant::now();
                 }

@@ -161,8 +161,9 @@ pub struct ClaimedRun {
     /// The session's agent and extra hooks (for run_end), when the session
     /// still exists.
     pub session: Option<Session>,
-    /// The model turn whose tool batch had not settled: its calls get
-    /// synthetic results.
+    /// The model turn whose tool batch had not settled: ending the run
+    /// `interrupted` gives its calls synthetic results (the store does,
+    /// see [`SessionStore::end_run`]).
     pub pending_turn: Option<Message>,
 }
 
@@ -223,14 +224,16 @@ pub trait SessionStore: Send + Sync + 'static {
     /// transcript become no-ops, and it goes when it ends); call
     /// [`SessionStore::request_cancel`] for it too, so its replica stops it.
     async fn delete_session(&self, id: &str) -> Result<Session, StoreError>;
-    /// The committed transcript, in order.
+    /// The committed transcript, in order; [`StoreError::SessionNotFound`]
+    /// for an unknown session.
     async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError>;
     /// The committed messages from position `from` on (the first message
     /// is 0), in order: what a reader holding the first `from` lacks.
     /// Committed messages never change and are numbered without gaps, so
     /// those first `from` stay valid whatever is appended (see
-    /// [`TranscriptCache`]). An unknown session reads as empty or
-    /// [`StoreError::SessionNotFound`].
+    /// [`TranscriptCache`]). An unknown session (deleted, perhaps, since
+    /// the caller read it) is [`StoreError::SessionNotFound`], never an
+    /// empty transcript.
     async fn transcript_after(
         &self,
         session_id: &str,
@@ -288,6 +291,12 @@ pub trait SessionStore: Send + Sync + 'static {
     /// A run whose session was deleted meanwhile is deleted as it ends
     /// (with its approvals); after that, any end of it is `Ok`: nothing is
     /// left to record or to refuse.
+    ///
+    /// A tool batch still staged (see [`SessionStore::stage_turn`]) is
+    /// closed by an `interrupted` end, after `messages`: its turn and a
+    /// synthetic error result for each call ([`close_pending_turn`]),
+    /// whichever replica records the end (see [`closes_staged_turn`]). Any
+    /// other end drops it: a batch that failed commits nothing.
     async fn end_run(
         &self,
         lease: &RunLease,
@@ -388,9 +397,27 @@ pub async fn open(
 pub const LOST_REPLICA_RESULT: &str =
     "outcome unknown: the replica running this call was lost before its result was recorded (it may have run; it is not retried)";
 
-/// The messages that close a claimed run: its staged turn and a synthetic
-/// error result for each of its calls, so every call has a result.
-pub fn close_pending_turn(pending: Option<Message>) -> Vec<Message> {
+/// Whether an end with `outcome` closes the run's staged tool batch
+/// (records its turn with [`close_pending_turn`]) rather than dropping it.
+///
+/// `interrupted` is the end of a run its replica could not finish: lost
+/// (the reaper ends it), cut off from the store (it stops itself before
+/// its lease can expire), or shutting down with a call still executing.
+/// The calls in flight were given up, so whether they ran is unknown, and
+/// the transcript must say so whichever replica records the end: a turn
+/// that vanished would let the model call the tool again, and an end that
+/// lands on one path but not another would leave different transcripts
+/// for the same loss. Every other outcome ends a batch the run itself
+/// failed (a hook's terminate, a cancel, a timeout), and a failed batch
+/// commits nothing.
+pub(crate) fn closes_staged_turn(outcome: RunOutcome) -> bool {
+    outcome == RunOutcome::Interrupted
+}
+
+/// The messages that close an interrupted run's staged tool batch: its
+/// turn and a synthetic error result for each of its calls, so every call
+/// has a result.
+pub(crate) fn close_pending_turn(pending: Option<Message>) -> Vec<Message> {
     let Some(turn) = pending else {
         return Vec::new();
     };

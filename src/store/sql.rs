@@ -22,8 +22,9 @@ use super::sqlite_conn::SqliteConn;
 use super::waits::Waits;
 
 use super::{
-    migrations, page_token, parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease,
-    SessionFilter, SessionPage, SessionStore, Signal, StoreError, StoreOptions,
+    close_pending_turn, closes_staged_turn, migrations, page_token, parse_page_token, ClaimedRun,
+    NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore, Signal,
+    StoreError, StoreOptions,
 };
 use crate::agent::approvals::Decision;
 use crate::auth::quota;
@@ -398,12 +399,27 @@ impl SqlStore {
                 }
             }
         };
-        migrations::postgres()
+        // Migrated on a connection of its own, without the pool's
+        // statement timeout: the migrator waits in one statement for the
+        // advisory lock of a replica migrating at the same time, and sends
+        // each migration as one statement, so under the pool's limit a
+        // replica starting next to a longer migration failed to start, and
+        // a migration longer than the limit could never apply. The pool
+        // reached the server, so this connection need not be patient.
+        let mut migrating = sqlx::PgConnection::connect_with(
+            &check_postgres(url, password_env)?.options([("statement_timeout", "0")]),
+        )
+        .await?;
+        let migrated = migrations::postgres()
             .await
             .map_err(|e| StoreError::Backend(format!("loading migrations: {e}")))?
-            .run(&pool)
+            .run_direct(&mut migrating)
             .await
-            .map_err(|e| StoreError::Backend(format!("migrating postgres: {e}")))?;
+            .map_err(|e| StoreError::Backend(format!("migrating postgres: {e}")));
+        // Closed either way; a failed close loses nothing (the server ends
+        // the session, and the migrator released its lock already).
+        let _ = migrating.close().await;
+        migrated?;
         let (wake, _) = broadcast::channel(256);
         let (ready_tx, ready) = tokio::sync::oneshot::channel();
         let listener = tokio::spawn(listen(pool.clone(), wake.clone(), ready_tx));
@@ -675,15 +691,7 @@ impl SessionStore for SqlStore {
     }
 
     async fn transcript(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
-        let rows: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(
-            "SELECT body FROM messages WHERE session_id = $1 ORDER BY seq",
-        )
-        .bind(session_id)
-        .fetch_all(p)
-        .await?);
-        rows.iter()
-            .map(|(b,)| serde_json::from_str(b).map_err(StoreError::from))
-            .collect()
+        self.transcript_after(session_id, 0).await
     }
 
     async fn transcript_after(
@@ -692,17 +700,26 @@ impl SessionStore for SqlStore {
         from: u64,
     ) -> Result<Vec<Message>, StoreError> {
         let from = i64::try_from(from).unwrap_or(i64::MAX);
-        // The primary key (session_id, seq) serves this: a replica that is
-        // up to date reads no row at all.
-        let rows: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(
-            "SELECT body FROM messages WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
+        // The session's row joined to its messages, in one statement: no
+        // row at all when the session is unknown (SessionNotFound, as the
+        // other engines answer, rather than an empty transcript), one row
+        // without a message when it has none from `from` on. The primary
+        // keys serve both: a replica that is up to date reads no message.
+        let rows: Vec<(Option<String>,)> = with_pool!(self, p => sqlx::query_as(
+            "SELECT m.body FROM sessions s
+             LEFT JOIN messages m ON m.session_id = s.id AND m.seq >= $2
+             WHERE s.id = $1 ORDER BY m.seq",
         )
         .bind(session_id)
         .bind(from)
         .fetch_all(p)
         .await?);
+        if rows.is_empty() {
+            return Err(StoreError::SessionNotFound(session_id.to_string()));
+        }
         rows.iter()
-            .map(|(b,)| serde_json::from_str(b).map_err(StoreError::from))
+            .filter_map(|(b,)| b.as_deref())
+            .map(|b| serde_json::from_str(b).map_err(StoreError::from))
             .collect()
     }
 
@@ -931,10 +948,14 @@ impl SessionStore for SqlStore {
         messages: &[Message],
         end: &RunEnd,
     ) -> Result<(), StoreError> {
+        // Returns the staged turn, which an interrupted end closes (see
+        // `closes_staged_turn`). RETURNING gives the row as updated, so the
+        // turn is cleared by a statement of its own, run only when there is
+        // one (a batch in flight as the run ends: rare).
         let finish = self.sql(
             "UPDATE runs SET ended_ms = {now}, outcome = $3, reason = $4, input_tokens = $5,
-                 output_tokens = $6, turns = $7, pending_turn = NULL
-             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL",
+                 output_tokens = $6, turns = $7
+             WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL RETURNING pending_turn",
         );
         // The run's last commit is never refused for size: the answer it
         // carries was produced and paid for; the limit stops the next run.
@@ -943,17 +964,14 @@ impl SessionStore for SqlStore {
                  next_seq = next_seq + $2, transcript_bytes = transcript_bytes + $3
              WHERE id = $1 AND active_run = $4 RETURNING next_seq",
         );
-        let bodies = messages
+        let mut bodies = messages
             .iter()
             .map(serde_json::to_string)
             .collect::<Result<Vec<_>, _>>()?;
-        let bytes =
-            i64::try_from(bodies.iter().map(String::len).sum::<usize>()).unwrap_or(i64::MAX);
-        let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
-            let n = sqlx::query(&finish)
+            let finished: Option<(Option<String>,)> = sqlx::query_as(&finish)
                 .bind(&lease.run_id)
                 .bind(lease.epoch)
                 .bind(end.outcome.name())
@@ -961,10 +979,9 @@ impl SessionStore for SqlStore {
                 .bind(to_i64(end.usage.input_tokens))
                 .bind(to_i64(end.usage.output_tokens))
                 .bind(i64::from(end.turns))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if n == 0 {
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((staged,)) = finished else {
                 // The same end under the same epoch already recorded is
                 // this end: a retry whose first attempt committed but
                 // whose answer was lost with its connection.
@@ -997,7 +1014,22 @@ impl SessionStore for SqlStore {
                     return Ok(());
                 }
                 return Err(StoreError::LeaseLost(lease.run_id.clone()));
+            };
+            if let Some(staged) = staged {
+                sqlx::query("UPDATE runs SET pending_turn = NULL WHERE id = $1")
+                    .bind(&lease.run_id)
+                    .execute(&mut *tx)
+                    .await?;
+                if closes_staged_turn(end.outcome) {
+                    let turn: Message = serde_json::from_str(&staged)?;
+                    for m in close_pending_turn(Some(turn)) {
+                        bodies.push(serde_json::to_string(&m)?);
+                    }
+                }
             }
+            let bytes =
+                i64::try_from(bodies.iter().map(String::len).sum::<usize>()).unwrap_or(i64::MAX);
+            let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
             sqlx::query("UPDATE approvals SET state = 'expired' WHERE run_id = $1 AND state = 'pending'")
                 .bind(&lease.run_id)
                 .execute(&mut *tx)
