@@ -278,3 +278,36 @@ async fn json_lines_use_the_canonical_protobuf_json_mapping() {
     );
     server.stop().await;
 }
+
+/// `hookwire sessions list | head -1`: the reader leaves before the list is
+/// written. println! panicked on the closed pipe (exit 101, a panic
+/// message); the command ends quietly, as `run --json | head` does.
+#[tokio::test]
+async fn a_listing_whose_reader_left_ends_quietly() {
+    let server = TestServer::start(&config(&[], "")).await;
+    let mut c = server.client().await;
+    session(&mut c, "a").await;
+    for args in [
+        vec!["sessions", "list", "--addr", &server.addr],
+        vec!["hooks", "list", "--addr", &server.addr],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        // The reader is gone before the command has connected.
+        drop(reader);
+        // spawn, not output(): output() would capture stdout itself.
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"))
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("hookwire runs")
+            .wait_with_output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}\n{stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    server.stop().await;
+}

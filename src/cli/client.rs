@@ -253,16 +253,22 @@ fn ask_approval(a: &pb::ApprovalRequested, json: bool) -> anyhow::Result<Option<
         return Ok(None);
     }
     if !std::io::stdin().is_terminal() {
-        println!(
+        outln!(
             "  ? hook {} asks: {} — {}({}) denied: no terminal to ask at",
-            a.hook, a.question, call.name, call.arguments_json
-        );
+            a.hook,
+            a.question,
+            call.name,
+            call.arguments_json
+        )?;
         return Ok(Some((false, "denied: hookwire run had no terminal".into())));
     }
-    print!(
+    out!(
         "  ? hook {} asks: {} — allow {}({})? [y/N] ",
-        a.hook, a.question, call.name, call.arguments_json
-    );
+        a.hook,
+        a.question,
+        call.name,
+        call.arguments_json
+    )?;
     std::io::stdout().flush()?;
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
@@ -301,10 +307,10 @@ pub async fn sessions(addr: &str, opts: &ServerOpts, action: SessionsAction) -> 
                 page_token = r.next_page_token;
             }
             if sessions.is_empty() {
-                println!("no sessions");
+                outln!("no sessions")?;
             }
             for s in sessions {
-                println!(
+                outln!(
                     "{}  agent={}  owner={}  runs={}{}",
                     s.id,
                     s.agent,
@@ -315,7 +321,7 @@ pub async fn sessions(addr: &str, opts: &ServerOpts, action: SessionsAction) -> 
                     } else {
                         format!("  active_run={}", s.active_run_id)
                     }
-                );
+                )?;
             }
         }
         SessionsAction::Show { id } => {
@@ -324,10 +330,12 @@ pub async fn sessions(addr: &str, opts: &ServerOpts, action: SessionsAction) -> 
                 .await
                 .map_err(status_err)?
                 .into_inner();
-            println!(
+            outln!(
                 "session {} · agent {} · {} run(s)",
-                s.id, s.agent, s.run_count
-            );
+                s.id,
+                s.agent,
+                s.run_count
+            )?;
             for m in s.transcript {
                 let role = pb::Role::try_from(m.role)
                     .map(|r| r.as_str_name().trim_start_matches("ROLE_").to_lowercase())
@@ -335,17 +343,17 @@ pub async fn sessions(addr: &str, opts: &ServerOpts, action: SessionsAction) -> 
                 for b in m.blocks {
                     use pb::block::Kind;
                     match b.kind {
-                        Some(Kind::Text(t)) => println!("{role:>9}: {}", t.text),
-                        Some(Kind::Reasoning(t)) => println!("{role:>9}: (reasoning) {}", t.text),
+                        Some(Kind::Text(t)) => outln!("{role:>9}: {}", t.text)?,
+                        Some(Kind::Reasoning(t)) => outln!("{role:>9}: (reasoning) {}", t.text)?,
                         Some(Kind::ToolCall(c)) => {
-                            println!("{role:>9}: → {}({}) [{}]", c.name, c.arguments_json, c.id)
+                            outln!("{role:>9}: → {}({}) [{}]", c.name, c.arguments_json, c.id)?
                         }
-                        Some(Kind::ToolResult(r)) => println!(
+                        Some(Kind::ToolResult(r)) => outln!(
                             "{role:>9}: ← {}{} [{}]",
                             if r.is_error { "error: " } else { "" },
                             r.content,
                             r.call_id
-                        ),
+                        )?,
                         None => {}
                     }
                 }
@@ -358,7 +366,7 @@ pub async fn sessions(addr: &str, opts: &ServerOpts, action: SessionsAction) -> 
                 })
                 .await
                 .map_err(status_err)?;
-            println!("deleted {id}");
+            outln!("deleted {id}")?;
         }
     }
     Ok(())
@@ -372,33 +380,38 @@ pub async fn hooks(addr: &str, opts: &ServerOpts) -> anyhow::Result<()> {
         .map_err(status_err)?
         .into_inner();
     if r.hooks.is_empty() {
-        println!("no hooks configured");
+        outln!("no hooks configured")?;
     }
     for h in r.hooks {
-        println!(
+        outln!(
             "{}  {}  state={} priority={} failure={} mode={}",
-            h.name, h.endpoint, h.state, h.priority, h.failure, h.mode
-        );
-        println!(
+            h.name,
+            h.endpoint,
+            h.state,
+            h.priority,
+            h.failure,
+            h.mode
+        )?;
+        outln!(
             "    events: {}",
             h.events
                 .iter()
                 .map(|e| event_name(*e))
                 .collect::<Vec<_>>()
                 .join(", ")
-        );
+        )?;
         if !h.tools.is_empty() {
-            println!(
+            outln!(
                 "    tools: {}",
                 h.tools
                     .iter()
                     .map(|t| t.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
-            );
+            )?;
         }
         if !h.unsubscribed_events.is_empty() {
-            println!(
+            outln!(
                 "    unsubscribed: {} (configured, but not in the server's Describe: {})",
                 h.unsubscribed_events
                     .iter()
@@ -410,10 +423,10 @@ pub async fn hooks(addr: &str, opts: &ServerOpts) -> anyhow::Result<()> {
                 } else {
                     format!("each fails under failure: {}", h.failure)
                 }
-            );
+            )?;
         }
         if !h.last_error.is_empty() {
-            println!("    last error: {}", h.last_error);
+            outln!("    last error: {}", h.last_error)?;
         }
     }
     Ok(())

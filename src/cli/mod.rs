@@ -1,6 +1,24 @@
 //! The `hookwire` command line: the server, a run client, session, hook
 //! (list and conformance check) and config tools.
 
+/// `println!` that hands back the write's error instead of panicking:
+/// `hookwire sessions list | head -1` closes the pipe, which `println!`
+/// turned into a panic (exit 101); main treats a broken pipe as done.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!`, as [`outln`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod client;
 pub mod connection;
 mod fd_limit;
@@ -451,9 +469,9 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             }
             let report = crate::conformance::check(&opts).await?;
             if json {
-                println!("{}", report.to_json());
+                outln!("{}", report.to_json())?;
             } else {
-                print!("{}", report.table());
+                out!("{}", report.table())?;
             }
             if !report.passed() {
                 anyhow::bail!(
@@ -487,9 +505,9 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             })
             .await?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                outln!("{}", serde_json::to_string(&report)?)?;
             } else {
-                print!("{}", report.text());
+                out!("{}", report.text())?;
             }
             if !report.all_completed() {
                 anyhow::bail!("not every run completed (see outcomes and errors above)");
@@ -591,17 +609,17 @@ async fn check_config(
         crate::server::preflight::StoreUse::CheckOnly,
     )
     .await?;
-    println!(
+    outln!(
         "{}: ok ({} models, {} hooks, {} agents)",
         file.display(),
         cfg.models.len(),
         cfg.hooks.len(),
         cfg.agents.len()
-    );
-    println!(
+    )?;
+    outln!(
         "  store {}: setting checked, not opened (config check never connects to a database)",
         crate::server::preflight::store_setting(&cfg)
-    );
+    )?;
     for h in engine.hooks() {
         let line = match (&h.description, offline) {
             (_, true) => "not contacted (--offline): its tools are not checked".to_string(),
@@ -624,7 +642,7 @@ async fn check_config(
                 h.last_error.as_deref().unwrap_or("no answer within 3s")
             ),
         };
-        println!("  hook {} at {}: {line}", h.config.name, h.config.endpoint);
+        outln!("  hook {} at {}: {line}", h.config.name, h.config.endpoint)?;
     }
     engine.registry().stop();
     Ok(())
