@@ -380,6 +380,16 @@ async fn respond(socket: &mut TcpStream, status: &str, extra_headers: &str, body
     let _ = socket.shutdown().await;
 }
 
+/// Like [`respond`], with another content type.
+async fn respond_as(socket: &mut TcpStream, status: &str, content_type: &str, body: &str) {
+    let msg = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(msg.as_bytes()).await.unwrap();
+    let _ = socket.shutdown().await;
+}
+
 async fn sse_start(socket: &mut TcpStream) {
     socket
         .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
@@ -809,6 +819,42 @@ async fn a_json_answer_to_a_stream_request_is_reported() {
         "expected an event stream (text/event-stream) but got application/json: streaming is disabled"
     );
     assert_eq!(server.count(), 1);
+}
+
+/// A body that is not an error object is never quoted in the message (the
+/// run's reason, which clients, the store and `run_end` hooks see): a
+/// whole completion answering a stream request carries the model's answer,
+/// a proxy's page or a validation error may echo the request.
+#[tokio::test]
+async fn bodies_that_are_not_error_objects_stay_out_of_the_message() {
+    let server = FaultServer::start(|n, mut s| async move {
+        match n {
+            0 => {
+                let completion = json!({"id": "c1", "object": "chat.completion",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "the SECRET answer"}}]});
+                respond(&mut s, "200 OK", "", &completion.to_string()).await;
+            }
+            1 => respond_as(&mut s, "400 Bad Request", "text/html", "<p>SECRET</p>").await,
+            _ => {
+                let echo = json!({"detail": [{"msg": "bad", "input": "SECRET"}]});
+                respond(&mut s, "422 Unprocessable Entity", "", &echo.to_string()).await;
+            }
+        }
+    })
+    .await;
+    let model = fast_model(&server, "");
+    let messages = [
+        "expected an event stream (text/event-stream) but got application/json",
+        "HTTP 400 Bad Request (text/html body not shown: not an error object)",
+        "HTTP 422 Unprocessable Entity (application/json body not shown: not an error object)",
+    ];
+    for want in messages {
+        let err = complete(&model, &hi()).await.0.unwrap_err();
+        assert_eq!(err.message, want);
+        assert!(!err.to_string().contains("SECRET"), "{err}");
+    }
+    assert_eq!(server.count(), 3);
 }
 
 // ------------------------------------------------ whole agent runs (gRPC)

@@ -89,9 +89,12 @@ impl Assembler {
     /// Folds one `data:` payload in; returns the text to pass on, if any.
     pub fn push(&mut self, data: &str) -> Result<Option<String>, (FailureKind, String)> {
         let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
+            // serde's text quotes the offending value, which may be part of
+            // the answer: the message gives the kind of fault and where.
+            tracing::debug!(error = %e, "malformed chunk");
             (
                 FailureKind::Malformed,
-                format!("malformed chunk in the response stream: {e}"),
+                format!("malformed chunk in the response stream: {}", json_fault(&e)),
             )
         })?;
         if let Some(err) = &chunk.error {
@@ -231,6 +234,17 @@ impl Assembler {
     }
 }
 
+/// What is wrong with a JSON text, without quoting it.
+fn json_fault(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let what = match e.classify() {
+        Category::Syntax | Category::Eof => "not valid JSON",
+        Category::Data => "JSON of the wrong shape",
+        Category::Io => "unreadable",
+    };
+    format!("{what} (line {}, column {})", e.line(), e.column())
+}
+
 /// A whole, non-streamed chat completion (`stream: false`), assembled the
 /// same way as a stream; also returns its text, to pass on as one delta.
 pub(super) fn whole(body: &[u8]) -> Result<(Assembled, Option<String>), (FailureKind, String)> {
@@ -327,10 +341,11 @@ where
                     emitted,
                 ))
             }
-            Some(Err(e)) => {
+            // Not `{e}`: a parse error quotes the rest of the stream.
+            Some(Err(_)) => {
                 return Err(fail(
                     FailureKind::Malformed,
-                    format!("the response is not a valid event stream: {e}"),
+                    "the response is not a valid event stream".into(),
                     emitted,
                 ))
             }
@@ -611,6 +626,31 @@ mod tests {
         assert!(f.emitted);
         let (r, _) = run("data: [1, 2]\n\n", 1000, limits());
         assert_eq!(r.unwrap_err().kind, FailureKind::Malformed);
+    }
+
+    /// serde quotes a string where another type belongs; that string may
+    /// be the answer, and the message becomes the run's reason.
+    #[test]
+    fn a_malformed_chunk_is_described_without_its_text() {
+        let body = sse(&[json!({"choices": [{"index": 0,
+            "delta": {"content": "fine", "tool_calls": "the SECRET answer"}}]})
+        .to_string()]);
+        let f = run(&body, 1000, limits()).0.unwrap_err();
+        assert_eq!(f.kind, FailureKind::Malformed);
+        assert!(
+            f.message.starts_with(
+                "malformed chunk in the response stream: JSON of the wrong shape (line 1, column"
+            ),
+            "{}",
+            f.message
+        );
+        assert!(!f.message.contains("SECRET"), "{}", f.message);
+        let (_, message) = whole(br#"{"choices": [{"index": "SECRET"}]}"#).unwrap_err();
+        assert!(
+            message.starts_with("malformed response body: JSON of the wrong shape"),
+            "{message}"
+        );
+        assert!(!message.contains("SECRET"), "{message}");
     }
 
     #[test]

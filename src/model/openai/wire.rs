@@ -283,35 +283,44 @@ const MAX_ERROR_TEXT: usize = 512;
 
 /// The provider's message from an error body: `{"error":{"message":..}}`
 /// (OpenAI, vLLM, LiteLLM), `{"error":".."}` (Ollama, llama.cpp),
-/// `{"message":..}` or `{"detail":..}`; otherwise the body text itself,
-/// trimmed and truncated. `None` for an empty body.
+/// `{"message":..}` or `{"detail":..}`, trimmed and truncated. `None` for
+/// any other body, which is never quoted: it may be a completion (a server
+/// ignoring `stream: true`), a proxy's page, or a validation error echoing
+/// the request, and the message becomes the run's reason, which clients,
+/// the store and `run_end` hooks see.
 pub(super) fn error_message(body: &[u8]) -> Option<String> {
-    if let Ok(v) = serde_json::from_slice::<Value>(body) {
-        if let Some(m) = error_value_message(&v) {
-            return Some(truncate(m.trim()));
-        }
+    let v = serde_json::from_slice::<Value>(body).ok()?;
+    match v.as_object()?.get("error") {
+        Some(err) => error_value_message(err),
+        None => object_message(v.as_object()?),
     }
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    (!text.is_empty()).then(|| truncate(text))
 }
 
-/// The message inside an error JSON value (a whole body or a stream chunk).
-pub(super) fn error_value_message(v: &Value) -> Option<String> {
-    let err = v.get("error").unwrap_or(v);
+/// The text of an `error` value (of a body, or of a stream chunk): a
+/// string, or an object's `message` / `detail` / `msg` string (with its
+/// `code`), trimmed and truncated; `None` for anything else.
+pub(super) fn error_value_message(err: &Value) -> Option<String> {
     match err {
-        Value::String(s) => Some(s.clone()),
-        Value::Object(o) => {
-            let message = ["message", "detail", "msg"]
-                .iter()
-                .find_map(|k| o.get(*k).and_then(Value::as_str))?;
-            match o.get("code").and_then(Value::as_str) {
-                Some(code) if !code.is_empty() => Some(format!("{message} (code: {code})")),
-                _ => Some(message.to_string()),
-            }
-        }
+        Value::String(s) => nonempty(s),
+        Value::Object(o) => object_message(o),
         _ => None,
     }
+}
+
+fn object_message(o: &Map<String, Value>) -> Option<String> {
+    let message = ["message", "detail", "msg"]
+        .iter()
+        .find_map(|k| o.get(*k).and_then(Value::as_str))
+        .and_then(nonempty)?;
+    match o.get("code").and_then(Value::as_str) {
+        Some(code) if !code.is_empty() => Some(truncate(&format!("{message} (code: {code})"))),
+        _ => Some(message),
+    }
+}
+
+fn nonempty(s: &str) -> Option<String> {
+    let s = s.trim();
+    (!s.is_empty()).then(|| truncate(s))
 }
 
 fn truncate(s: &str) -> String {
@@ -652,13 +661,31 @@ mod tests {
         );
         assert_eq!(m(r#"{"detail":"Not Found"}"#), Some("Not Found".into()));
         assert_eq!(
-            m("  upstream timed out \n"),
+            m(r#"{"message":"  upstream timed out \n"}"#),
             Some("upstream timed out".into())
         );
         assert_eq!(m(""), None);
-        let long = "é".repeat(600);
+        let long = json!({ "error": "é".repeat(600) }).to_string();
         let t = m(&long).unwrap();
         assert!(t.ends_with('…') && t.len() <= MAX_ERROR_TEXT + '…'.len_utf8());
+    }
+
+    /// Only an error-shaped value is quoted: other bodies may carry the
+    /// model's answer or echo the request.
+    #[test]
+    fn bodies_that_are_not_error_objects_are_never_quoted() {
+        let m = |s: &str| error_message(s.as_bytes());
+        for body in [
+            "upstream SECRET timed out",
+            r#""SECRET""#,
+            r#"{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"SECRET"}}]}"#,
+            r#"{"detail":[{"loc":["body","messages"],"msg":"bad","input":"SECRET"}]}"#,
+            r#"{"error":{"type":"SECRET"}}"#,
+            r#"{"error":{"message":"  "}}"#,
+            "<html>SECRET</html>",
+        ] {
+            assert_eq!(m(body), None, "{body}");
+        }
     }
 
     #[test]
