@@ -821,6 +821,28 @@ async fn a_json_answer_to_a_stream_request_is_reported() {
     assert_eq!(server.count(), 1);
 }
 
+/// A final usage chunk with a count of the wrong type (`null`) once failed
+/// the chunk, and so the turn, as malformed: the answer stands, its usage
+/// estimated.
+#[tokio::test]
+async fn a_null_usage_count_gives_an_estimate_not_a_failure() {
+    let server = FaultServer::start(|_, mut s| async move {
+        sse_start(&mut s).await;
+        sse_data(&mut s, &text_chunk("Hello there")).await;
+        let usage = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": null}});
+        sse_data(&mut s, &usage.to_string()).await;
+        sse_data(&mut s, "[DONE]").await;
+        sse_end(&mut s).await;
+    })
+    .await;
+    let model = fast_model(&server, "");
+    let r = complete(&model, &hi()).await.0.unwrap();
+    assert_eq!(r.message().text(), "Hello there");
+    assert!(r.usage.estimated, "{:?}", r.usage);
+    assert_eq!(r.usage.output_tokens, 3, "11 characters, 4 per token");
+}
+
 /// A body that is not an error object is never quoted in the message (the
 /// run's reason, which clients, the store and `run_end` hooks see): a
 /// whole completion answering a stream request carries the model's answer,

@@ -113,7 +113,9 @@ impl Assembler {
                 .id
                 .filter(|id| !id.is_empty() && id.len() <= MAX_RESPONSE_ID_BYTES);
         }
-        if let Some(u) = chunk.usage {
+        // Usage a server got wrong is left out (the caller estimates it); it
+        // does not replace counts an earlier chunk gave.
+        if let Some(u) = chunk.usage.as_ref().and_then(wire::usage) {
             self.usage = Some(u);
         }
         let mut out = String::new();
@@ -489,6 +491,39 @@ mod tests {
             })
         );
         assert_eq!(a.model.as_deref(), Some("gpt-test-2024"));
+    }
+
+    /// A usage chunk a server got wrong (`null`, `5.0`) used to fail the
+    /// whole chunk as malformed, and so the turn; now the answer stands and
+    /// the caller estimates usage.
+    #[test]
+    fn odd_usage_counts_leave_usage_to_the_estimate() {
+        for usage in [
+            json!({"prompt_tokens": 11, "completion_tokens": null}),
+            json!({"prompt_tokens": 11, "completion_tokens": 5.0}),
+            json!({}),
+        ] {
+            let mut body = sse(&[
+                chunk(json!({"content": "Hello"}), Some("stop")),
+                json!({"choices": [], "usage": usage}).to_string(),
+            ]);
+            body.push_str("data: [DONE]\n\n");
+            let a = run(&body, 1000, limits()).0.unwrap();
+            assert_eq!(a.message.text(), "Hello");
+            assert_eq!(a.usage, None, "{usage}");
+        }
+        let a = run(
+            &sse(&[
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": u64::MAX, "completion_tokens": 2}})
+                .to_string(),
+            ]),
+            1000,
+            limits(),
+        )
+        .0
+        .unwrap();
+        assert_eq!(a.usage.map(|u| u.input_tokens), Some(wire::MAX_TOKEN_COUNT));
     }
 
     #[test]

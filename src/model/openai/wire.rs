@@ -215,8 +215,9 @@ pub(super) struct Chunk {
     /// Empty or null in the usage chunk and some servers' first chunk.
     #[serde(default)]
     pub choices: Option<Vec<ChunkChoice>>,
+    /// Read with [`usage`]: a count of an odd type must not fail the chunk.
     #[serde(default)]
-    pub usage: Option<WireUsage>,
+    pub usage: Option<Value>,
     #[serde(default)]
     pub model: Option<String>,
     /// Some servers report a failure inside the stream.
@@ -270,12 +271,26 @@ pub(super) struct FunctionDelta {
     pub arguments: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct WireUsage {
-    #[serde(default)]
     pub prompt_tokens: u64,
-    #[serde(default)]
     pub completion_tokens: u64,
+}
+
+/// Most tokens one count may claim: beyond any context window, and far
+/// from overflowing the sums and the metrics counters they feed.
+pub(super) const MAX_TOKEN_COUNT: u64 = 1_000_000_000;
+
+/// The token counts of a `usage` value, when both are non-negative
+/// integers (larger ones are clamped to [`MAX_TOKEN_COUNT`]). Anything else
+/// (`null`, `5.0`, a string, a missing count, `{}`) is no usage at all, so
+/// the caller estimates it instead of failing the turn or reporting zeros.
+pub(super) fn usage(v: &Value) -> Option<WireUsage> {
+    let count = |key| v.get(key)?.as_u64().map(|n| n.min(MAX_TOKEN_COUNT));
+    Some(WireUsage {
+        prompt_tokens: count("prompt_tokens")?,
+        completion_tokens: count("completion_tokens")?,
+    })
 }
 
 /// Longest provider error text carried into a [`crate::model::ModelError`].
@@ -685,6 +700,37 @@ mod tests {
             "<html>SECRET</html>",
         ] {
             assert_eq!(m(body), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn usage_counts_are_read_leniently() {
+        let u = |v: Value| usage(&v);
+        assert_eq!(
+            u(json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})),
+            Some(WireUsage {
+                prompt_tokens: 3,
+                completion_tokens: 2
+            })
+        );
+        assert_eq!(
+            u(json!({"prompt_tokens": u64::MAX, "completion_tokens": 0})),
+            Some(WireUsage {
+                prompt_tokens: MAX_TOKEN_COUNT,
+                completion_tokens: 0
+            })
+        );
+        for odd in [
+            json!({"prompt_tokens": 3, "completion_tokens": null}),
+            json!({"prompt_tokens": 3, "completion_tokens": 5.0}),
+            json!({"prompt_tokens": -1, "completion_tokens": 2}),
+            json!({"prompt_tokens": "3", "completion_tokens": 2}),
+            json!({"prompt_tokens": 1e30, "completion_tokens": 2}),
+            json!({"prompt_tokens": 3}),
+            json!({}),
+            json!(7),
+        ] {
+            assert_eq!(u(odd.clone()), None, "{odd}");
         }
     }
 
