@@ -76,14 +76,21 @@ pub(super) struct Assembler {
     reasoning: String,
     calls: BTreeMap<u32, PartialCall>,
     finish_reason: Option<String>,
+    /// A finish reason was sent (kept in `finish_reason` only when short).
+    finished: bool,
     usage: Option<wire::WireUsage>,
     model: Option<String>,
     id: Option<String>,
 }
 
-/// Longer "ids" are not ids: they are not kept (they would be exported as a
-/// span attribute).
-const MAX_RESPONSE_ID_BYTES: usize = 256;
+/// Longer ids, model names and finish reasons are not what they claim to
+/// be: they are not kept (they reach clients, the store, hooks and span
+/// attributes, and nothing else bounds them but the response's size).
+const MAX_NAME_BYTES: usize = 256;
+
+fn plausible(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_BYTES
+}
 
 impl Assembler {
     /// Folds one `data:` payload in; returns the text to pass on, if any.
@@ -105,13 +112,11 @@ impl Assembler {
                 format!("error in the response stream: {message}"),
             ));
         }
-        if let Some(m) = chunk.model.filter(|m| !m.is_empty()) {
+        if let Some(m) = chunk.model.filter(|m| plausible(m)) {
             self.model = Some(m);
         }
         if self.id.is_none() {
-            self.id = chunk
-                .id
-                .filter(|id| !id.is_empty() && id.len() <= MAX_RESPONSE_ID_BYTES);
+            self.id = chunk.id.filter(|id| plausible(id));
         }
         // Usage a server got wrong is left out (the caller estimates it); it
         // does not replace counts an earlier chunk gave.
@@ -163,7 +168,12 @@ impl Assembler {
                 }
             }
             if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
-                self.finish_reason = Some(reason);
+                // Even an overlong reason says the model finished; it is
+                // then inferred, as when none is sent.
+                self.finished = true;
+                if plausible(&reason) {
+                    self.finish_reason = Some(reason);
+                }
             }
         }
         self.text.push_str(&out);
@@ -173,7 +183,7 @@ impl Assembler {
     /// The complete turn. `done` says whether `[DONE]` arrived; a stream
     /// without it is still complete once a finish reason was sent.
     pub fn finish(self, done: bool) -> Result<Assembled, (FailureKind, String)> {
-        if !done && self.finish_reason.is_none() {
+        if !done && !self.finished {
             return Err((
                 FailureKind::Incomplete,
                 "the response stream ended before the model finished".into(),
@@ -261,7 +271,7 @@ pub(super) fn whole(body: &[u8]) -> Result<(Assembled, Option<String>), (Failure
         let message = message.replace("chunk in the response stream", "response body");
         (kind, message)
     })?;
-    if asm.finish_reason.is_none() && asm.text.is_empty() && asm.calls.is_empty() {
+    if !asm.finished && asm.text.is_empty() && asm.calls.is_empty() {
         return Err((
             FailureKind::Malformed,
             "the response has no choices[0].message".into(),
@@ -746,6 +756,42 @@ mod tests {
         assert_eq!(deltas, vec!["hi"]);
     }
 
+    /// A model name or finish reason of a megabyte was kept whole (only ids
+    /// were bounded); they reach clients, the store, hooks and spans.
+    #[test]
+    fn overlong_model_names_and_finish_reasons_are_not_kept() {
+        let huge = "m".repeat(1 << 20);
+        let body = sse(&[
+            json!({"model": "served", "choices": [{"index": 0, "delta": {"content": "hi"}}]})
+                .to_string(),
+            json!({"model": huge, "choices": [{"index": 0, "delta": {}, "finish_reason": huge}]})
+                .to_string(),
+        ]);
+        // No [DONE]: the overlong reason still ends the turn.
+        let a = run(
+            &body,
+            1 << 16,
+            Limits {
+                max_bytes: 4 << 20,
+                ..limits()
+            },
+        )
+        .0
+        .unwrap();
+        assert_eq!(a.model.as_deref(), Some("served"), "the last plausible one");
+        assert_eq!(a.finish_reason, "stop", "inferred, as when none is sent");
+        assert_eq!(a.message.text(), "hi");
+
+        let mut only_huge = Assembler::default();
+        only_huge
+            .push(
+                &json!({"model": huge, "choices": [{"index": 0, "delta": {"content": "x"}}]})
+                    .to_string(),
+            )
+            .unwrap();
+        assert_eq!(only_huge.finish(true).unwrap().model, None);
+    }
+
     #[test]
     fn the_first_plausible_response_id_is_kept() {
         let mut a = Assembler::default();
@@ -753,7 +799,7 @@ mod tests {
             json!({"id": id, "choices": [{"index": 0, "delta": {"content": "x"}}]}).to_string()
         };
         a.push(&with_id(json!(""))).unwrap();
-        a.push(&with_id(json!("x".repeat(MAX_RESPONSE_ID_BYTES + 1))))
+        a.push(&with_id(json!("x".repeat(MAX_NAME_BYTES + 1))))
             .unwrap();
         a.push(&with_id(json!("resp-7"))).unwrap();
         a.push(&with_id(json!("resp-8"))).unwrap();
