@@ -1,5 +1,6 @@
-//! Reading a streamed chat completion: SSE events (parsed by
-//! `eventsource-stream`) are decoded into chunks and assembled into one
+//! Reading a streamed chat completion: the body is split into whole,
+//! UTF-8-checked lines ([`Lines`]), SSE events are parsed from them (by
+//! `eventsource-stream`), decoded into chunks and assembled into one
 //! complete turn. Text deltas are passed on as they arrive; tool calls are
 //! assembled by index (id and name first, argument fragments after).
 
@@ -301,19 +302,12 @@ where
     B: AsRef<[u8]>,
     E: Display,
 {
-    let mut total = 0usize;
-    let bounded = body.map(move |piece| match piece {
-        Ok(bytes) => {
-            total = total.saturating_add(bytes.as_ref().len());
-            if total > limits.max_bytes {
-                Err(BodyError::TooLarge(limits.max_bytes))
-            } else {
-                Ok(bytes)
-            }
-        }
-        Err(e) => Err(BodyError::Transport(e.to_string())),
+    let lines = futures::stream::unfold(Lines::new(body, limits), |mut lines| async move {
+        let item = lines.next().await?;
+        Some((item, lines))
     });
-    let mut events = EventStream::new(bounded);
+    let events = EventStream::new(lines);
+    let mut events = std::pin::pin!(events);
     let mut asm = Assembler::default();
     let mut emitted = false;
     let fail = |kind, message, emitted| StreamFailure {
@@ -353,6 +347,13 @@ where
                     emitted,
                 ))
             }
+            Some(Err(EventStreamError::Transport(BodyError::NotUtf8))) => {
+                return Err(fail(
+                    FailureKind::Malformed,
+                    "the response stream is not UTF-8".into(),
+                    emitted,
+                ))
+            }
             // Not `{e}`: a parse error quotes the rest of the stream.
             Some(Err(_)) => {
                 return Err(fail(
@@ -383,18 +384,157 @@ where
         .map_err(|(kind, message)| fail(kind, message, emitted))
 }
 
-#[derive(Debug)]
+/// Why the body could not be handed on to the SSE parser.
+#[derive(Debug, thiserror::Error)]
 enum BodyError {
+    #[error("{0}")]
     Transport(String),
+    #[error("more than {0} bytes")]
     TooLarge(usize),
+    #[error("not UTF-8")]
+    NotUtf8,
 }
 
-impl Display for BodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BodyError::Transport(e) => f.write_str(e),
-            BodyError::TooLarge(max) => write!(f, "more than {max} bytes"),
+/// The response body as the SSE parser gets it: one line per item, each
+/// whole, with its line end (LF, CRLF or CR).
+///
+/// `EventStream` given the body's pieces as they come re-parses all it
+/// holds on every piece until a line ends (quadratic in the length of a
+/// line that arrives in many pieces), copies the rest of its buffer after
+/// each line it takes (quadratic in the lines of one piece), and its UTF-8
+/// decoder keeps and re-checks every byte after an invalid one until the
+/// body ends. Here each byte is checked for UTF-8 once as it arrives (an
+/// invalid sequence fails the stream at once), only new bytes are searched
+/// for line ends, and each line is handed on once, so the parser reads it
+/// once.
+///
+/// A line may be as long as the response bound (`max_bytes`, which also
+/// bounds it): read once, its length costs memory that bound already
+/// caps, not repeated work.
+struct Lines<S> {
+    body: S,
+    limits: Limits,
+    /// Bytes received so far.
+    received: usize,
+    buf: Vec<u8>,
+    /// `buf[..start]` has been handed on.
+    start: usize,
+    /// `buf[start..searched]` has no line end.
+    searched: usize,
+    /// `buf[..valid]` is UTF-8; after it come at most 3 bytes of a
+    /// sequence the next piece completes.
+    valid: usize,
+    /// Bytes looked at for line ends and UTF-8: a bounded multiple of the
+    /// bytes received (tests check it).
+    scanned: usize,
+    ended: bool,
+}
+
+impl<S, B, E> Lines<S>
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: Display,
+{
+    fn new(body: S, limits: Limits) -> Self {
+        Lines {
+            body,
+            limits,
+            received: 0,
+            buf: Vec::new(),
+            start: 0,
+            searched: 0,
+            valid: 0,
+            scanned: 0,
+            ended: false,
         }
+    }
+
+    /// The next line; `None` at the end of the body, where a line without
+    /// its end is dropped (the parser would drop it too). After an error,
+    /// nothing more.
+    async fn next(&mut self) -> Option<Result<Vec<u8>, BodyError>> {
+        loop {
+            if let Some(end) = self.line_end() {
+                let line = self.buf[self.start..end].to_vec();
+                self.start = end;
+                return Some(Ok(line));
+            }
+            if self.ended {
+                return None;
+            }
+            match self.fill().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.ended = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.ended = true;
+                    self.buf = Vec::new();
+                    self.start = 0;
+                    self.searched = 0;
+                    self.valid = 0;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+
+    /// Where the next complete line ends, searching only bytes not
+    /// searched before.
+    fn line_end(&mut self) -> Option<usize> {
+        let from = self.searched;
+        let Some(i) = self.buf[from..self.valid]
+            .iter()
+            .position(|&b| b == b'\n' || b == b'\r')
+        else {
+            self.scanned += self.valid - from;
+            self.searched = self.valid;
+            return None;
+        };
+        self.scanned += i + 1;
+        let mut end = from + i + 1;
+        // CRLF ends one line. A CR last in what arrived goes on alone: the
+        // parser waits for the next byte to tell CRLF from CR.
+        if self.buf[end - 1] == b'\r' && self.buf.get(end) == Some(&b'\n') {
+            end += 1;
+        }
+        self.searched = end;
+        Some(end)
+    }
+
+    /// Reads the next piece of the body into `buf`; `false` at its end.
+    async fn fill(&mut self) -> Result<bool, BodyError> {
+        let piece = match self.body.next().await {
+            None => return Ok(false),
+            Some(Err(e)) => return Err(BodyError::Transport(e.to_string())),
+            Some(Ok(piece)) => piece,
+        };
+        let piece = piece.as_ref();
+        self.received = self.received.saturating_add(piece.len());
+        if self.received > self.limits.max_bytes {
+            return Err(BodyError::TooLarge(self.limits.max_bytes));
+        }
+        // Drop the lines handed on; what is left is the line still coming.
+        // Each byte is moved at most once: the next drop follows a line
+        // handed on, which takes these bytes with it.
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.searched -= self.start;
+            self.valid -= self.start;
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(piece);
+        let unchecked = &self.buf[self.valid..];
+        self.scanned += unchecked.len();
+        match std::str::from_utf8(unchecked) {
+            Ok(_) => self.valid = self.buf.len(),
+            // A sequence cut at the end of the piece: the next one ends it.
+            Err(e) if e.error_len().is_none() => self.valid += e.valid_up_to(),
+            Err(_) => return Err(BodyError::NotUtf8),
+        }
+        Ok(true)
     }
 }
 
@@ -727,6 +867,103 @@ mod tests {
         let f = r.unwrap_err();
         assert_eq!(f.kind, FailureKind::TooLarge);
         assert!(f.message.contains("1000 bytes"));
+    }
+
+    /// Runs [`Lines`] over `pieces`: what it handed on, the bytes it
+    /// scanned and the bytes it received.
+    fn lines_of(
+        pieces: Vec<Vec<u8>>,
+        limits: Limits,
+    ) -> (Vec<Result<Vec<u8>, String>>, usize, usize) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let body = futures::stream::iter(pieces.into_iter().map(Ok::<_, String>));
+            let mut lines = Lines::new(body, limits);
+            let mut out = Vec::new();
+            while let Some(item) = lines.next().await {
+                out.push(item.map_err(|e| e.to_string()));
+            }
+            (out, lines.scanned, lines.received)
+        })
+    }
+
+    /// The SSE parser given the body's pieces as they came re-parsed a
+    /// line arriving in many pieces on each of them, and copied the rest of
+    /// a piece after each of its lines: work quadratic in a line's length
+    /// or a piece's size. Now each line reaches it once, whole, and each
+    /// byte is looked at a bounded number of times.
+    #[test]
+    fn lines_reach_the_parser_once_and_whole() {
+        let long = format!("data: {}\n", "x".repeat(64 * 1024));
+        // The long line one byte per piece, then many lines in one piece.
+        let mut pieces: Vec<Vec<u8>> = long.bytes().map(|b| vec![b]).collect();
+        pieces.push(b"\n".to_vec());
+        pieces.push(": keep-alive\n".repeat(10_000).into_bytes());
+        // CR and CRLF line ends, a CRLF split between pieces.
+        pieces.push(b"data: a\r".to_vec());
+        pieces.push(b"\ndata: b\rdata: c\r\n".to_vec());
+        let (items, scanned, received) = lines_of(pieces, limits());
+        let items: Vec<Vec<u8>> = items.into_iter().map(Result::unwrap).collect();
+        assert_eq!(items.len(), 2 + 10_000 + 4);
+        assert_eq!(items[0], long.as_bytes());
+        assert_eq!(items[1], b"\n");
+        assert!(items[2..10_002].iter().all(|l| l == b": keep-alive\n"));
+        let tail: Vec<&[u8]> = items[10_002..].iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            tail,
+            [&b"data: a\r"[..], b"\n", b"data: b\r", b"data: c\r\n"]
+        );
+        assert!(
+            scanned <= 2 * received,
+            "scanned {scanned} of {received} bytes"
+        );
+    }
+
+    #[test]
+    fn a_line_is_bounded_by_the_response_bound() {
+        let pieces = vec![b"data: ".to_vec(); 100];
+        let small = Limits {
+            max_bytes: 300,
+            ..limits()
+        };
+        let (items, _, received) = lines_of(pieces, small);
+        assert_eq!(items, vec![Err("more than 300 bytes".to_string())]);
+        assert_eq!(received, 306, "stopped at the first piece past the bound");
+    }
+
+    /// An invalid byte sat in the parser's UTF-8 decoder, which re-checked
+    /// it and everything after it on every piece until the body ended; now
+    /// the stream fails at once.
+    #[test]
+    fn invalid_utf8_fails_the_stream_at_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let pulled = AtomicUsize::new(0);
+        let mut pieces = vec![
+            sse(&[chunk(json!({"content": "a"}), None)]).into_bytes(),
+            b"data: \xff".to_vec(),
+        ];
+        pieces.extend(std::iter::repeat_n(b"x".to_vec(), 1000));
+        let body = futures::stream::iter(pieces)
+            .inspect(|_| {
+                pulled.fetch_add(1, Ordering::Relaxed);
+            })
+            .map(Ok::<_, String>);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let sink = |_: &str| {};
+        let f = rt.block_on(read(body, limits(), &sink)).unwrap_err();
+        assert_eq!(f.kind, FailureKind::Malformed);
+        assert_eq!(f.message, "the response stream is not UTF-8");
+        assert_eq!(
+            pulled.load(Ordering::Relaxed),
+            2,
+            "no piece after the bad one"
+        );
     }
 
     #[test]
