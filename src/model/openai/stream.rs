@@ -286,7 +286,7 @@ pub(super) fn whole(body: &[u8]) -> Result<(Assembled, Option<String>), (Failure
 pub(super) struct Limits {
     /// Total bytes of SSE data accepted.
     pub max_bytes: usize,
-    /// Longest wait for the next piece of the stream.
+    /// Longest wait for the next piece of the stream (any bytes).
     pub idle_timeout: Duration,
 }
 
@@ -317,19 +317,8 @@ where
     };
     let mut done = false;
     loop {
-        let next = match tokio::time::timeout(limits.idle_timeout, events.next()).await {
-            Ok(next) => next,
-            Err(_) => {
-                return Err(fail(
-                    FailureKind::Stalled,
-                    format!(
-                        "the response stream stalled: nothing received for {:?}",
-                        limits.idle_timeout
-                    ),
-                    emitted,
-                ))
-            }
-        };
+        // Lines bounds each wait for the body, so this wait is bounded too.
+        let next = events.next().await;
         let event = match next {
             None => break,
             Some(Ok(event)) => event,
@@ -344,6 +333,13 @@ where
                 return Err(fail(
                     FailureKind::Transport,
                     format!("the response stream broke: {e}"),
+                    emitted,
+                ))
+            }
+            Some(Err(EventStreamError::Transport(BodyError::Stalled(idle)))) => {
+                return Err(fail(
+                    FailureKind::Stalled,
+                    format!("the response stream stalled: nothing received for {idle:?}"),
                     emitted,
                 ))
             }
@@ -393,6 +389,8 @@ enum BodyError {
     TooLarge(usize),
     #[error("not UTF-8")]
     NotUtf8,
+    #[error("nothing received for {0:?}")]
+    Stalled(Duration),
 }
 
 /// The response body as the SSE parser gets it: one line per item, each
@@ -411,6 +409,11 @@ enum BodyError {
 /// A line may be as long as the response bound (`max_bytes`, which also
 /// bounds it): read once, its length costs memory that bound already
 /// caps, not repeated work.
+///
+/// Each wait for a piece of the body is bounded by `idle_timeout`: any
+/// bytes show the server is alive, keep-alive comments included, which
+/// never make an event (a bound on waiting for events cut off a slow
+/// answer behind `: PROCESSING` comments).
 struct Lines<S> {
     body: S,
     limits: Limits,
@@ -506,7 +509,11 @@ where
 
     /// Reads the next piece of the body into `buf`; `false` at its end.
     async fn fill(&mut self) -> Result<bool, BodyError> {
-        let piece = match self.body.next().await {
+        let piece = match tokio::time::timeout(self.limits.idle_timeout, self.body.next()).await {
+            Err(_) => return Err(BodyError::Stalled(self.limits.idle_timeout)),
+            Ok(piece) => piece,
+        };
+        let piece = match piece {
             None => return Ok(false),
             Some(Err(e)) => return Err(BodyError::Transport(e.to_string())),
             Some(Ok(piece)) => piece,
@@ -980,6 +987,35 @@ mod tests {
         let f = rt.block_on(read(body, limits(), &sink)).unwrap_err();
         assert_eq!(f.kind, FailureKind::Stalled);
         assert!(f.message.contains("5s") && f.emitted, "{}", f.message);
+    }
+
+    /// A server that sends `: PROCESSING` every few seconds while a slow
+    /// answer is prepared: the comments never make an event, so a bound on
+    /// waiting for events cut the answer off. The bound is on bytes now.
+    #[test]
+    fn keep_alive_comments_keep_a_slow_stream_alive() {
+        let answer = sse(&[chunk(json!({"content": "late"}), Some("stop"))]);
+        let body = futures::stream::unfold(0u32, move |n| {
+            let answer = answer.clone();
+            async move {
+                // A comment a second for 30 s (idle bound: 5 s), then the answer.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                match n {
+                    0..30 => Some((Ok::<_, String>(b": PROCESSING\n\n".to_vec()), n + 1)),
+                    30 => Some((Ok(answer.into_bytes()), n + 1)),
+                    _ => None,
+                }
+            }
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let sink = |_: &str| {};
+        let body = std::pin::pin!(body);
+        let a = rt.block_on(read(body, limits(), &sink)).unwrap();
+        assert_eq!(a.message.text(), "late");
     }
 
     #[test]
