@@ -678,6 +678,30 @@ async fn a_disconnect_after_a_delta_is_an_error_without_retry() {
     assert_eq!(server.count(), 1);
 }
 
+/// A connection dropped after the finish reason, before the usage chunk,
+/// `[DONE]` and the body's terminating chunk: the answer was complete and
+/// is kept, with usage estimated (the call failed, and could not be retried
+/// as its text had been passed on).
+#[tokio::test]
+async fn a_disconnect_after_the_finish_reason_keeps_the_answer() {
+    let server = FaultServer::start(|_, mut s| async move {
+        sse_start(&mut s).await;
+        sse_data(&mut s, &text_chunk("complete answer")).await;
+        let finish = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+        sse_data(&mut s, &finish.to_string()).await;
+        // Dropped without the terminating chunk.
+    })
+    .await;
+    let model = fast_model(&server, "");
+    let (r, deltas) = complete(&model, &hi()).await;
+    let r = r.unwrap();
+    assert_eq!(r.message().text(), "complete answer");
+    assert_eq!(r.finish_reason, "stop");
+    assert!(r.usage.estimated, "{:?}", r.usage);
+    assert_eq!(deltas, vec!["complete answer"]);
+    assert_eq!(server.count(), 1);
+}
+
 #[tokio::test]
 async fn malformed_sse_json_is_an_error() {
     let server = FaultServer::start(|_, mut s| async move {

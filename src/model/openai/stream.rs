@@ -329,6 +329,15 @@ where
                     emitted,
                 ))
             }
+            // After a finish reason the answer is complete: what broke or
+            // stalled was only the usage chunk or `[DONE]`, and usage is
+            // estimated without them.
+            Some(Err(EventStreamError::Transport(
+                e @ (BodyError::Transport(_) | BodyError::Stalled(_)),
+            ))) if asm.finished => {
+                tracing::debug!(error = %e, "response stream ended early after the model finished");
+                break;
+            }
             Some(Err(EventStreamError::Transport(BodyError::Transport(e)))) => {
                 return Err(fail(
                     FailureKind::Transport,
@@ -970,6 +979,47 @@ mod tests {
             pulled.load(Ordering::Relaxed),
             2,
             "no piece after the bad one"
+        );
+    }
+
+    /// A connection that broke or stalled after the finish reason lost a
+    /// complete answer (only the usage chunk or `[DONE]` was missing).
+    #[test]
+    fn a_stream_that_breaks_or_stalls_after_the_finish_keeps_its_answer() {
+        let answer = sse(&[
+            chunk(json!({"content": "all of it"}), None),
+            chunk(json!({}), Some("stop")),
+        ])
+        .into_bytes();
+        let broken = vec![Ok(answer.clone()), Err("connection reset".to_string())];
+        let (r, deltas) = run_pieces(broken, limits());
+        let a = r.unwrap();
+        assert_eq!(
+            (a.message.text(), a.finish_reason.as_str()),
+            ("all of it".to_string(), "stop")
+        );
+        assert_eq!(a.usage, None, "estimated by the caller");
+        assert_eq!(deltas, vec!["all of it"]);
+
+        let stalled =
+            futures::stream::iter(vec![Ok::<_, String>(answer)]).chain(futures::stream::pending());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let sink = |_: &str| {};
+        let a = rt.block_on(read(stalled, limits(), &sink)).unwrap();
+        assert_eq!(a.message.text(), "all of it");
+
+        // Without a finish reason, a break is still a failure.
+        let cut = vec![
+            Ok(sse(&[chunk(json!({"content": "half"}), None)]).into_bytes()),
+            Err("connection reset".to_string()),
+        ];
+        assert_eq!(
+            run_pieces(cut, limits()).0.unwrap_err().kind,
+            FailureKind::Transport
         );
     }
 
