@@ -617,6 +617,22 @@ async fn a_400_is_not_retried_and_carries_status_and_message() {
     assert_eq!(server.count(), 1);
 }
 
+/// A timeout too large for an Instant (a config's is bounded at load; a
+/// ModelConfig built in code is not) panicked the call on `Instant +
+/// timeout` while reading an error body.
+#[tokio::test]
+async fn a_huge_timeout_does_not_panic_on_an_error_body() {
+    let server = FaultServer::start(|_, mut s| async move {
+        respond(&mut s, "400 Bad Request", "", r#"{"error":"no"}"#).await;
+    })
+    .await;
+    let mut cfg = model_config(&server.base_url(), "");
+    cfg.timeout = Some(Duration::MAX);
+    let model = OpenAiModel::from_config(&cfg).unwrap();
+    let err = complete(&model, &hi()).await.0.unwrap_err();
+    assert_eq!((err.status, err.message.as_str()), (Some(400), "no"));
+}
+
 #[tokio::test]
 async fn gives_up_after_max_retries() {
     let server = FaultServer::start(|_, mut s| async move {

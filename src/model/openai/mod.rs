@@ -43,6 +43,10 @@ use crate::message::Usage;
 pub const PROVIDER_NAME: &str = "openai";
 /// Default for `timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest `timeout` a config may set: an hour without a byte is a dead
+/// server (a long answer that keeps streaming is bounded by the agent's
+/// `run_timeout`, not this).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Default for `max_retries`.
 pub const DEFAULT_MAX_RETRIES: u32 = 2;
 /// Most SSE data read from one response.
@@ -612,9 +616,15 @@ fn error_chain(e: &reqwest::Error) -> String {
 /// read by then (an error body is best effort).
 async fn read_bounded(mut response: Response, limit: usize, timeout: Duration) -> Vec<u8> {
     let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + timeout;
+    // `+` panics past what an Instant holds; a config's timeout is bounded
+    // at load, but a ModelConfig may be built in code. Beyond it: no bound.
+    let deadline = tokio::time::Instant::now().checked_add(timeout);
     while out.len() < limit {
-        match tokio::time::timeout_at(deadline, response.chunk()).await {
+        let piece = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, response.chunk()).await,
+            None => Ok(response.chunk().await),
+        };
+        match piece {
             Ok(Ok(Some(piece))) => {
                 let room = limit - out.len();
                 out.extend_from_slice(&piece[..piece.len().min(room)]);
