@@ -380,6 +380,16 @@ async fn respond(socket: &mut TcpStream, status: &str, extra_headers: &str, body
     let _ = socket.shutdown().await;
 }
 
+/// Like [`respond`], with another content type.
+async fn respond_as(socket: &mut TcpStream, status: &str, content_type: &str, body: &str) {
+    let msg = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(msg.as_bytes()).await.unwrap();
+    let _ = socket.shutdown().await;
+}
+
 async fn sse_start(socket: &mut TcpStream) {
     socket
         .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
@@ -607,6 +617,22 @@ async fn a_400_is_not_retried_and_carries_status_and_message() {
     assert_eq!(server.count(), 1);
 }
 
+/// A timeout too large for an Instant (a config's is bounded at load; a
+/// ModelConfig built in code is not) panicked the call on `Instant +
+/// timeout` while reading an error body.
+#[tokio::test]
+async fn a_huge_timeout_does_not_panic_on_an_error_body() {
+    let server = FaultServer::start(|_, mut s| async move {
+        respond(&mut s, "400 Bad Request", "", r#"{"error":"no"}"#).await;
+    })
+    .await;
+    let mut cfg = model_config(&server.base_url(), "");
+    cfg.timeout = Some(Duration::MAX);
+    let model = OpenAiModel::from_config(&cfg).unwrap();
+    let err = complete(&model, &hi()).await.0.unwrap_err();
+    assert_eq!((err.status, err.message.as_str()), (Some(400), "no"));
+}
+
 #[tokio::test]
 async fn gives_up_after_max_retries() {
     let server = FaultServer::start(|_, mut s| async move {
@@ -665,6 +691,30 @@ async fn a_disconnect_after_a_delta_is_an_error_without_retry() {
     assert_eq!(err.status, None);
     assert!(err.message.contains("broke"), "{err}");
     assert!(err.message.contains("not retried"), "{err}");
+    assert_eq!(server.count(), 1);
+}
+
+/// A connection dropped after the finish reason, before the usage chunk,
+/// `[DONE]` and the body's terminating chunk: the answer was complete and
+/// is kept, with usage estimated (the call failed, and could not be retried
+/// as its text had been passed on).
+#[tokio::test]
+async fn a_disconnect_after_the_finish_reason_keeps_the_answer() {
+    let server = FaultServer::start(|_, mut s| async move {
+        sse_start(&mut s).await;
+        sse_data(&mut s, &text_chunk("complete answer")).await;
+        let finish = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+        sse_data(&mut s, &finish.to_string()).await;
+        // Dropped without the terminating chunk.
+    })
+    .await;
+    let model = fast_model(&server, "");
+    let (r, deltas) = complete(&model, &hi()).await;
+    let r = r.unwrap();
+    assert_eq!(r.message().text(), "complete answer");
+    assert_eq!(r.finish_reason, "stop");
+    assert!(r.usage.estimated, "{:?}", r.usage);
+    assert_eq!(deltas, vec!["complete answer"]);
     assert_eq!(server.count(), 1);
 }
 
@@ -809,6 +859,64 @@ async fn a_json_answer_to_a_stream_request_is_reported() {
         "expected an event stream (text/event-stream) but got application/json: streaming is disabled"
     );
     assert_eq!(server.count(), 1);
+}
+
+/// A final usage chunk with a count of the wrong type (`null`) once failed
+/// the chunk, and so the turn, as malformed: the answer stands, its usage
+/// estimated.
+#[tokio::test]
+async fn a_null_usage_count_gives_an_estimate_not_a_failure() {
+    let server = FaultServer::start(|_, mut s| async move {
+        sse_start(&mut s).await;
+        sse_data(&mut s, &text_chunk("Hello there")).await;
+        let usage = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": null}});
+        sse_data(&mut s, &usage.to_string()).await;
+        sse_data(&mut s, "[DONE]").await;
+        sse_end(&mut s).await;
+    })
+    .await;
+    let model = fast_model(&server, "");
+    let r = complete(&model, &hi()).await.0.unwrap();
+    assert_eq!(r.message().text(), "Hello there");
+    assert!(r.usage.estimated, "{:?}", r.usage);
+    assert_eq!(r.usage.output_tokens, 3, "11 characters, 4 per token");
+}
+
+/// A body that is not an error object is never quoted in the message (the
+/// run's reason, which clients, the store and `run_end` hooks see): a
+/// whole completion answering a stream request carries the model's answer,
+/// a proxy's page or a validation error may echo the request.
+#[tokio::test]
+async fn bodies_that_are_not_error_objects_stay_out_of_the_message() {
+    let server = FaultServer::start(|n, mut s| async move {
+        match n {
+            0 => {
+                let completion = json!({"id": "c1", "object": "chat.completion",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "the SECRET answer"}}]});
+                respond(&mut s, "200 OK", "", &completion.to_string()).await;
+            }
+            1 => respond_as(&mut s, "400 Bad Request", "text/html", "<p>SECRET</p>").await,
+            _ => {
+                let echo = json!({"detail": [{"msg": "bad", "input": "SECRET"}]});
+                respond(&mut s, "422 Unprocessable Entity", "", &echo.to_string()).await;
+            }
+        }
+    })
+    .await;
+    let model = fast_model(&server, "");
+    let messages = [
+        "expected an event stream (text/event-stream) but got application/json",
+        "HTTP 400 Bad Request (text/html body not shown: not an error object)",
+        "HTTP 422 Unprocessable Entity (application/json body not shown: not an error object)",
+    ];
+    for want in messages {
+        let err = complete(&model, &hi()).await.0.unwrap_err();
+        assert_eq!(err.message, want);
+        assert!(!err.to_string().contains("SECRET"), "{err}");
+    }
+    assert_eq!(server.count(), 3);
 }
 
 // ------------------------------------------------ whole agent runs (gRPC)

@@ -200,6 +200,21 @@ impl Config {
                             "required for provider: openai (the provider's model id)".into(),
                         ));
                     }
+                    let max = crate::model::openai::MAX_TIMEOUT;
+                    match m.timeout {
+                        Some(t) if t.is_zero() => errs.push((
+                            format!("{p}.timeout"),
+                            "must be greater than zero".into(),
+                        )),
+                        Some(t) if t > max => errs.push((
+                            format!("{p}.timeout"),
+                            format!(
+                                "must be at most {} (it bounds each wait for the server; the agent's run_timeout bounds a long answer)",
+                                humantime_serde::re::humantime::format_duration(max)
+                            ),
+                        )),
+                        _ => {}
+                    }
                     if let Some(why) = m
                         .api_key_env
                         .as_deref()
@@ -634,6 +649,28 @@ mod tests {
             "models: [{name: m, provider: scripted, delay: soon}]\nagents: [{name: a, model: m}]\n",
         );
         assert_eq!(e.path(), Some("models[0].delay"));
+    }
+
+    /// A model timeout of 0 failed every call; a huge one panicked on
+    /// `Instant + timeout` when an error body was read.
+    #[test]
+    fn an_openai_timeout_is_within_bounds() {
+        let yaml = |t: &str| {
+            format!("models: [{{name: s, provider: scripted}}, {{name: m, provider: openai, base_url: 'http://x:1/v1', model: x, timeout: {t}}}]\nagents: [{{name: a, model: m}}]\n")
+        };
+        for ok in ["1ms", "60s", "1h"] {
+            let c = Config::parse(&yaml(ok), "t").unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert!(c.model("m").unwrap().timeout.is_some());
+        }
+        for (bad, why) in [
+            ("0s", "must be greater than zero"),
+            ("61m", "must be at most 1h"),
+            ("500000000y", "must be at most 1h"),
+        ] {
+            let e = err(&yaml(bad));
+            assert_eq!(e.path(), Some("models[1].timeout"), "{bad}: {e}");
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -43,6 +43,10 @@ use crate::message::Usage;
 pub const PROVIDER_NAME: &str = "openai";
 /// Default for `timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest `timeout` a config may set: an hour without a byte is a dead
+/// server (a long answer that keeps streaming is bounded by the agent's
+/// `run_timeout`, not this).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Default for `max_retries`.
 pub const DEFAULT_MAX_RETRIES: u32 = 2;
 /// Most SSE data read from one response.
@@ -322,21 +326,10 @@ impl OpenAiModel {
         if !status.is_success() {
             return Err(self.status_failure(response).await);
         }
-        let content_type = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_ascii_lowercase();
         // Clearly not a stream (a server ignoring `stream: true`, a proxy's
         // HTML page): say so instead of failing to parse it. Other types are
         // tried as SSE, as some servers mislabel their streams.
-        let mime = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string();
+        let mime = mime(response.headers());
         if !self.stream && mime != "text/event-stream" {
             return self.whole(response, status, &mime, on_delta).await;
         }
@@ -434,15 +427,23 @@ impl OpenAiModel {
     async fn status_failure(&self, response: Response) -> AttemptFailure {
         let status = response.status();
         let after = retry::retry_after(response.headers());
+        let mime = mime(response.headers());
         let body = read_bounded(response, MAX_ERROR_BODY_BYTES, self.timeout).await;
         let message = wire::error_message(&body).unwrap_or_else(|| {
-            format!(
+            let line = format!(
                 "HTTP {} {}",
                 status.as_u16(),
                 status.canonical_reason().unwrap_or("")
             )
             .trim_end()
-            .to_string()
+            .to_string();
+            // A body that is not an error object is not quoted (it may echo
+            // the request); its type says what the server sent.
+            match (body.is_empty(), mime.is_empty()) {
+                (true, _) => line,
+                (false, true) => format!("{line} (untyped body not shown: not an error object)"),
+                (false, false) => format!("{line} ({mime} body not shown: not an error object)"),
+            }
         });
         let retryable = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
         AttemptFailure {
@@ -512,6 +513,24 @@ impl AttemptFailure {
             retry: Retry::After(None),
         }
     }
+}
+
+/// The media type of a response (`text/event-stream`), lower-cased,
+/// without parameters; empty when there is none or when it is too long to
+/// be a media type (it ends up in error messages).
+fn mime(headers: &HeaderMap) -> String {
+    let mime = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim();
+    if mime.len() > 128 {
+        return String::new();
+    }
+    mime.to_ascii_lowercase()
 }
 
 /// `Bearer <key>` from the environment variable `var`, marked sensitive so
@@ -597,9 +616,15 @@ fn error_chain(e: &reqwest::Error) -> String {
 /// read by then (an error body is best effort).
 async fn read_bounded(mut response: Response, limit: usize, timeout: Duration) -> Vec<u8> {
     let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + timeout;
+    // `+` panics past what an Instant holds; a config's timeout is bounded
+    // at load, but a ModelConfig may be built in code. Beyond it: no bound.
+    let deadline = tokio::time::Instant::now().checked_add(timeout);
     while out.len() < limit {
-        match tokio::time::timeout_at(deadline, response.chunk()).await {
+        let piece = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, response.chunk()).await,
+            None => Ok(response.chunk().await),
+        };
+        match piece {
             Ok(Ok(Some(piece))) => {
                 let room = limit - out.len();
                 out.extend_from_slice(&piece[..piece.len().min(room)]);

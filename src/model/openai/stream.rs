@@ -1,5 +1,6 @@
-//! Reading a streamed chat completion: SSE events (parsed by
-//! `eventsource-stream`) are decoded into chunks and assembled into one
+//! Reading a streamed chat completion: the body is split into whole,
+//! UTF-8-checked lines ([`Lines`]), SSE events are parsed from them (by
+//! `eventsource-stream`), decoded into chunks and assembled into one
 //! complete turn. Text deltas are passed on as they arrive; tool calls are
 //! assembled by index (id and name first, argument fragments after).
 
@@ -76,22 +77,32 @@ pub(super) struct Assembler {
     reasoning: String,
     calls: BTreeMap<u32, PartialCall>,
     finish_reason: Option<String>,
+    /// A finish reason was sent (kept in `finish_reason` only when short).
+    finished: bool,
     usage: Option<wire::WireUsage>,
     model: Option<String>,
     id: Option<String>,
 }
 
-/// Longer "ids" are not ids: they are not kept (they would be exported as a
-/// span attribute).
-const MAX_RESPONSE_ID_BYTES: usize = 256;
+/// Longer ids, model names and finish reasons are not what they claim to
+/// be: they are not kept (they reach clients, the store, hooks and span
+/// attributes, and nothing else bounds them but the response's size).
+const MAX_NAME_BYTES: usize = 256;
+
+fn plausible(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_BYTES
+}
 
 impl Assembler {
     /// Folds one `data:` payload in; returns the text to pass on, if any.
     pub fn push(&mut self, data: &str) -> Result<Option<String>, (FailureKind, String)> {
         let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
+            // serde's text quotes the offending value, which may be part of
+            // the answer: the message gives the kind of fault and where.
+            tracing::debug!(error = %e, "malformed chunk");
             (
                 FailureKind::Malformed,
-                format!("malformed chunk in the response stream: {e}"),
+                format!("malformed chunk in the response stream: {}", json_fault(&e)),
             )
         })?;
         if let Some(err) = &chunk.error {
@@ -102,15 +113,15 @@ impl Assembler {
                 format!("error in the response stream: {message}"),
             ));
         }
-        if let Some(m) = chunk.model.filter(|m| !m.is_empty()) {
+        if let Some(m) = chunk.model.filter(|m| plausible(m)) {
             self.model = Some(m);
         }
         if self.id.is_none() {
-            self.id = chunk
-                .id
-                .filter(|id| !id.is_empty() && id.len() <= MAX_RESPONSE_ID_BYTES);
+            self.id = chunk.id.filter(|id| plausible(id));
         }
-        if let Some(u) = chunk.usage {
+        // Usage a server got wrong is left out (the caller estimates it); it
+        // does not replace counts an earlier chunk gave.
+        if let Some(u) = chunk.usage.as_ref().and_then(wire::usage) {
             self.usage = Some(u);
         }
         let mut out = String::new();
@@ -158,7 +169,12 @@ impl Assembler {
                 }
             }
             if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
-                self.finish_reason = Some(reason);
+                // Even an overlong reason says the model finished; it is
+                // then inferred, as when none is sent.
+                self.finished = true;
+                if plausible(&reason) {
+                    self.finish_reason = Some(reason);
+                }
             }
         }
         self.text.push_str(&out);
@@ -168,7 +184,7 @@ impl Assembler {
     /// The complete turn. `done` says whether `[DONE]` arrived; a stream
     /// without it is still complete once a finish reason was sent.
     pub fn finish(self, done: bool) -> Result<Assembled, (FailureKind, String)> {
-        if !done && self.finish_reason.is_none() {
+        if !done && !self.finished {
             return Err((
                 FailureKind::Incomplete,
                 "the response stream ended before the model finished".into(),
@@ -231,6 +247,17 @@ impl Assembler {
     }
 }
 
+/// What is wrong with a JSON text, without quoting it.
+fn json_fault(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let what = match e.classify() {
+        Category::Syntax | Category::Eof => "not valid JSON",
+        Category::Data => "JSON of the wrong shape",
+        Category::Io => "unreadable",
+    };
+    format!("{what} (line {}, column {})", e.line(), e.column())
+}
+
 /// A whole, non-streamed chat completion (`stream: false`), assembled the
 /// same way as a stream; also returns its text, to pass on as one delta.
 pub(super) fn whole(body: &[u8]) -> Result<(Assembled, Option<String>), (FailureKind, String)> {
@@ -245,7 +272,7 @@ pub(super) fn whole(body: &[u8]) -> Result<(Assembled, Option<String>), (Failure
         let message = message.replace("chunk in the response stream", "response body");
         (kind, message)
     })?;
-    if asm.finish_reason.is_none() && asm.text.is_empty() && asm.calls.is_empty() {
+    if !asm.finished && asm.text.is_empty() && asm.calls.is_empty() {
         return Err((
             FailureKind::Malformed,
             "the response has no choices[0].message".into(),
@@ -259,7 +286,7 @@ pub(super) fn whole(body: &[u8]) -> Result<(Assembled, Option<String>), (Failure
 pub(super) struct Limits {
     /// Total bytes of SSE data accepted.
     pub max_bytes: usize,
-    /// Longest wait for the next piece of the stream.
+    /// Longest wait for the next piece of the stream (any bytes).
     pub idle_timeout: Duration,
 }
 
@@ -275,19 +302,12 @@ where
     B: AsRef<[u8]>,
     E: Display,
 {
-    let mut total = 0usize;
-    let bounded = body.map(move |piece| match piece {
-        Ok(bytes) => {
-            total = total.saturating_add(bytes.as_ref().len());
-            if total > limits.max_bytes {
-                Err(BodyError::TooLarge(limits.max_bytes))
-            } else {
-                Ok(bytes)
-            }
-        }
-        Err(e) => Err(BodyError::Transport(e.to_string())),
+    let lines = futures::stream::unfold(Lines::new(body, limits), |mut lines| async move {
+        let item = lines.next().await?;
+        Some((item, lines))
     });
-    let mut events = EventStream::new(bounded);
+    let events = EventStream::new(lines);
+    let mut events = std::pin::pin!(events);
     let mut asm = Assembler::default();
     let mut emitted = false;
     let fail = |kind, message, emitted| StreamFailure {
@@ -297,19 +317,8 @@ where
     };
     let mut done = false;
     loop {
-        let next = match tokio::time::timeout(limits.idle_timeout, events.next()).await {
-            Ok(next) => next,
-            Err(_) => {
-                return Err(fail(
-                    FailureKind::Stalled,
-                    format!(
-                        "the response stream stalled: nothing received for {:?}",
-                        limits.idle_timeout
-                    ),
-                    emitted,
-                ))
-            }
-        };
+        // Lines bounds each wait for the body, so this wait is bounded too.
+        let next = events.next().await;
         let event = match next {
             None => break,
             Some(Ok(event)) => event,
@@ -320,6 +329,15 @@ where
                     emitted,
                 ))
             }
+            // After a finish reason the answer is complete: what broke or
+            // stalled was only the usage chunk or `[DONE]`, and usage is
+            // estimated without them.
+            Some(Err(EventStreamError::Transport(
+                e @ (BodyError::Transport(_) | BodyError::Stalled(_)),
+            ))) if asm.finished => {
+                tracing::debug!(error = %e, "response stream ended early after the model finished");
+                break;
+            }
             Some(Err(EventStreamError::Transport(BodyError::Transport(e)))) => {
                 return Err(fail(
                     FailureKind::Transport,
@@ -327,10 +345,25 @@ where
                     emitted,
                 ))
             }
-            Some(Err(e)) => {
+            Some(Err(EventStreamError::Transport(BodyError::Stalled(idle)))) => {
+                return Err(fail(
+                    FailureKind::Stalled,
+                    format!("the response stream stalled: nothing received for {idle:?}"),
+                    emitted,
+                ))
+            }
+            Some(Err(EventStreamError::Transport(BodyError::NotUtf8))) => {
                 return Err(fail(
                     FailureKind::Malformed,
-                    format!("the response is not a valid event stream: {e}"),
+                    "the response stream is not UTF-8".into(),
+                    emitted,
+                ))
+            }
+            // Not `{e}`: a parse error quotes the rest of the stream.
+            Some(Err(_)) => {
+                return Err(fail(
+                    FailureKind::Malformed,
+                    "the response is not a valid event stream".into(),
                     emitted,
                 ))
             }
@@ -356,18 +389,168 @@ where
         .map_err(|(kind, message)| fail(kind, message, emitted))
 }
 
-#[derive(Debug)]
+/// Why the body could not be handed on to the SSE parser.
+#[derive(Debug, thiserror::Error)]
 enum BodyError {
+    #[error("{0}")]
     Transport(String),
+    #[error("more than {0} bytes")]
     TooLarge(usize),
+    #[error("not UTF-8")]
+    NotUtf8,
+    #[error("nothing received for {0:?}")]
+    Stalled(Duration),
 }
 
-impl Display for BodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BodyError::Transport(e) => f.write_str(e),
-            BodyError::TooLarge(max) => write!(f, "more than {max} bytes"),
+/// The response body as the SSE parser gets it: one line per item, each
+/// whole, with its line end (LF, CRLF or CR).
+///
+/// `EventStream` given the body's pieces as they come re-parses all it
+/// holds on every piece until a line ends (quadratic in the length of a
+/// line that arrives in many pieces), copies the rest of its buffer after
+/// each line it takes (quadratic in the lines of one piece), and its UTF-8
+/// decoder keeps and re-checks every byte after an invalid one until the
+/// body ends. Here each byte is checked for UTF-8 once as it arrives (an
+/// invalid sequence fails the stream at once), only new bytes are searched
+/// for line ends, and each line is handed on once, so the parser reads it
+/// once.
+///
+/// A line may be as long as the response bound (`max_bytes`, which also
+/// bounds it): read once, its length costs memory that bound already
+/// caps, not repeated work.
+///
+/// Each wait for a piece of the body is bounded by `idle_timeout`: any
+/// bytes show the server is alive, keep-alive comments included, which
+/// never make an event (a bound on waiting for events cut off a slow
+/// answer behind `: PROCESSING` comments).
+struct Lines<S> {
+    body: S,
+    limits: Limits,
+    /// Bytes received so far.
+    received: usize,
+    buf: Vec<u8>,
+    /// `buf[..start]` has been handed on.
+    start: usize,
+    /// `buf[start..searched]` has no line end.
+    searched: usize,
+    /// `buf[..valid]` is UTF-8; after it come at most 3 bytes of a
+    /// sequence the next piece completes.
+    valid: usize,
+    /// Bytes looked at for line ends and UTF-8: a bounded multiple of the
+    /// bytes received (tests check it).
+    scanned: usize,
+    ended: bool,
+}
+
+impl<S, B, E> Lines<S>
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: Display,
+{
+    fn new(body: S, limits: Limits) -> Self {
+        Lines {
+            body,
+            limits,
+            received: 0,
+            buf: Vec::new(),
+            start: 0,
+            searched: 0,
+            valid: 0,
+            scanned: 0,
+            ended: false,
         }
+    }
+
+    /// The next line; `None` at the end of the body, where a line without
+    /// its end is dropped (the parser would drop it too). After an error,
+    /// nothing more.
+    async fn next(&mut self) -> Option<Result<Vec<u8>, BodyError>> {
+        loop {
+            if let Some(end) = self.line_end() {
+                let line = self.buf[self.start..end].to_vec();
+                self.start = end;
+                return Some(Ok(line));
+            }
+            if self.ended {
+                return None;
+            }
+            match self.fill().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.ended = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.ended = true;
+                    self.buf = Vec::new();
+                    self.start = 0;
+                    self.searched = 0;
+                    self.valid = 0;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+
+    /// Where the next complete line ends, searching only bytes not
+    /// searched before.
+    fn line_end(&mut self) -> Option<usize> {
+        let from = self.searched;
+        let Some(i) = self.buf[from..self.valid]
+            .iter()
+            .position(|&b| b == b'\n' || b == b'\r')
+        else {
+            self.scanned += self.valid - from;
+            self.searched = self.valid;
+            return None;
+        };
+        self.scanned += i + 1;
+        let mut end = from + i + 1;
+        // CRLF ends one line. A CR last in what arrived goes on alone: the
+        // parser waits for the next byte to tell CRLF from CR.
+        if self.buf[end - 1] == b'\r' && self.buf.get(end) == Some(&b'\n') {
+            end += 1;
+        }
+        self.searched = end;
+        Some(end)
+    }
+
+    /// Reads the next piece of the body into `buf`; `false` at its end.
+    async fn fill(&mut self) -> Result<bool, BodyError> {
+        let piece = match tokio::time::timeout(self.limits.idle_timeout, self.body.next()).await {
+            Err(_) => return Err(BodyError::Stalled(self.limits.idle_timeout)),
+            Ok(piece) => piece,
+        };
+        let piece = match piece {
+            None => return Ok(false),
+            Some(Err(e)) => return Err(BodyError::Transport(e.to_string())),
+            Some(Ok(piece)) => piece,
+        };
+        let piece = piece.as_ref();
+        self.received = self.received.saturating_add(piece.len());
+        if self.received > self.limits.max_bytes {
+            return Err(BodyError::TooLarge(self.limits.max_bytes));
+        }
+        // Drop the lines handed on; what is left is the line still coming.
+        // Each byte is moved at most once: the next drop follows a line
+        // handed on, which takes these bytes with it.
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.searched -= self.start;
+            self.valid -= self.start;
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(piece);
+        let unchecked = &self.buf[self.valid..];
+        self.scanned += unchecked.len();
+        match std::str::from_utf8(unchecked) {
+            Ok(_) => self.valid = self.buf.len(),
+            // A sequence cut at the end of the piece: the next one ends it.
+            Err(e) if e.error_len().is_none() => self.valid += e.valid_up_to(),
+            Err(_) => return Err(BodyError::NotUtf8),
+        }
+        Ok(true)
     }
 }
 
@@ -474,6 +657,39 @@ mod tests {
             })
         );
         assert_eq!(a.model.as_deref(), Some("gpt-test-2024"));
+    }
+
+    /// A usage chunk a server got wrong (`null`, `5.0`) used to fail the
+    /// whole chunk as malformed, and so the turn; now the answer stands and
+    /// the caller estimates usage.
+    #[test]
+    fn odd_usage_counts_leave_usage_to_the_estimate() {
+        for usage in [
+            json!({"prompt_tokens": 11, "completion_tokens": null}),
+            json!({"prompt_tokens": 11, "completion_tokens": 5.0}),
+            json!({}),
+        ] {
+            let mut body = sse(&[
+                chunk(json!({"content": "Hello"}), Some("stop")),
+                json!({"choices": [], "usage": usage}).to_string(),
+            ]);
+            body.push_str("data: [DONE]\n\n");
+            let a = run(&body, 1000, limits()).0.unwrap();
+            assert_eq!(a.message.text(), "Hello");
+            assert_eq!(a.usage, None, "{usage}");
+        }
+        let a = run(
+            &sse(&[
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": u64::MAX, "completion_tokens": 2}})
+                .to_string(),
+            ]),
+            1000,
+            limits(),
+        )
+        .0
+        .unwrap();
+        assert_eq!(a.usage.map(|u| u.input_tokens), Some(wire::MAX_TOKEN_COUNT));
     }
 
     #[test]
@@ -613,6 +829,31 @@ mod tests {
         assert_eq!(r.unwrap_err().kind, FailureKind::Malformed);
     }
 
+    /// serde quotes a string where another type belongs; that string may
+    /// be the answer, and the message becomes the run's reason.
+    #[test]
+    fn a_malformed_chunk_is_described_without_its_text() {
+        let body = sse(&[json!({"choices": [{"index": 0,
+            "delta": {"content": "fine", "tool_calls": "the SECRET answer"}}]})
+        .to_string()]);
+        let f = run(&body, 1000, limits()).0.unwrap_err();
+        assert_eq!(f.kind, FailureKind::Malformed);
+        assert!(
+            f.message.starts_with(
+                "malformed chunk in the response stream: JSON of the wrong shape (line 1, column"
+            ),
+            "{}",
+            f.message
+        );
+        assert!(!f.message.contains("SECRET"), "{}", f.message);
+        let (_, message) = whole(br#"{"choices": [{"index": "SECRET"}]}"#).unwrap_err();
+        assert!(
+            message.starts_with("malformed response body: JSON of the wrong shape"),
+            "{message}"
+        );
+        assert!(!message.contains("SECRET"), "{message}");
+    }
+
     #[test]
     fn an_error_inside_the_stream_carries_the_provider_message() {
         let body =
@@ -644,6 +885,144 @@ mod tests {
         assert!(f.message.contains("1000 bytes"));
     }
 
+    /// Runs [`Lines`] over `pieces`: what it handed on, the bytes it
+    /// scanned and the bytes it received.
+    fn lines_of(
+        pieces: Vec<Vec<u8>>,
+        limits: Limits,
+    ) -> (Vec<Result<Vec<u8>, String>>, usize, usize) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let body = futures::stream::iter(pieces.into_iter().map(Ok::<_, String>));
+            let mut lines = Lines::new(body, limits);
+            let mut out = Vec::new();
+            while let Some(item) = lines.next().await {
+                out.push(item.map_err(|e| e.to_string()));
+            }
+            (out, lines.scanned, lines.received)
+        })
+    }
+
+    /// The SSE parser given the body's pieces as they came re-parsed a
+    /// line arriving in many pieces on each of them, and copied the rest of
+    /// a piece after each of its lines: work quadratic in a line's length
+    /// or a piece's size. Now each line reaches it once, whole, and each
+    /// byte is looked at a bounded number of times.
+    #[test]
+    fn lines_reach_the_parser_once_and_whole() {
+        let long = format!("data: {}\n", "x".repeat(64 * 1024));
+        // The long line one byte per piece, then many lines in one piece.
+        let mut pieces: Vec<Vec<u8>> = long.bytes().map(|b| vec![b]).collect();
+        pieces.push(b"\n".to_vec());
+        pieces.push(": keep-alive\n".repeat(10_000).into_bytes());
+        // CR and CRLF line ends, a CRLF split between pieces.
+        pieces.push(b"data: a\r".to_vec());
+        pieces.push(b"\ndata: b\rdata: c\r\n".to_vec());
+        let (items, scanned, received) = lines_of(pieces, limits());
+        let items: Vec<Vec<u8>> = items.into_iter().map(Result::unwrap).collect();
+        assert_eq!(items.len(), 2 + 10_000 + 4);
+        assert_eq!(items[0], long.as_bytes());
+        assert_eq!(items[1], b"\n");
+        assert!(items[2..10_002].iter().all(|l| l == b": keep-alive\n"));
+        let tail: Vec<&[u8]> = items[10_002..].iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            tail,
+            [&b"data: a\r"[..], b"\n", b"data: b\r", b"data: c\r\n"]
+        );
+        assert!(
+            scanned <= 2 * received,
+            "scanned {scanned} of {received} bytes"
+        );
+    }
+
+    #[test]
+    fn a_line_is_bounded_by_the_response_bound() {
+        let pieces = vec![b"data: ".to_vec(); 100];
+        let small = Limits {
+            max_bytes: 300,
+            ..limits()
+        };
+        let (items, _, received) = lines_of(pieces, small);
+        assert_eq!(items, vec![Err("more than 300 bytes".to_string())]);
+        assert_eq!(received, 306, "stopped at the first piece past the bound");
+    }
+
+    /// An invalid byte sat in the parser's UTF-8 decoder, which re-checked
+    /// it and everything after it on every piece until the body ended; now
+    /// the stream fails at once.
+    #[test]
+    fn invalid_utf8_fails_the_stream_at_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let pulled = AtomicUsize::new(0);
+        let mut pieces = vec![
+            sse(&[chunk(json!({"content": "a"}), None)]).into_bytes(),
+            b"data: \xff".to_vec(),
+        ];
+        pieces.extend(std::iter::repeat_n(b"x".to_vec(), 1000));
+        let body = futures::stream::iter(pieces)
+            .inspect(|_| {
+                pulled.fetch_add(1, Ordering::Relaxed);
+            })
+            .map(Ok::<_, String>);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let sink = |_: &str| {};
+        let f = rt.block_on(read(body, limits(), &sink)).unwrap_err();
+        assert_eq!(f.kind, FailureKind::Malformed);
+        assert_eq!(f.message, "the response stream is not UTF-8");
+        assert_eq!(
+            pulled.load(Ordering::Relaxed),
+            2,
+            "no piece after the bad one"
+        );
+    }
+
+    /// A connection that broke or stalled after the finish reason lost a
+    /// complete answer (only the usage chunk or `[DONE]` was missing).
+    #[test]
+    fn a_stream_that_breaks_or_stalls_after_the_finish_keeps_its_answer() {
+        let answer = sse(&[
+            chunk(json!({"content": "all of it"}), None),
+            chunk(json!({}), Some("stop")),
+        ])
+        .into_bytes();
+        let broken = vec![Ok(answer.clone()), Err("connection reset".to_string())];
+        let (r, deltas) = run_pieces(broken, limits());
+        let a = r.unwrap();
+        assert_eq!(
+            (a.message.text(), a.finish_reason.as_str()),
+            ("all of it".to_string(), "stop")
+        );
+        assert_eq!(a.usage, None, "estimated by the caller");
+        assert_eq!(deltas, vec!["all of it"]);
+
+        let stalled =
+            futures::stream::iter(vec![Ok::<_, String>(answer)]).chain(futures::stream::pending());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let sink = |_: &str| {};
+        let a = rt.block_on(read(stalled, limits(), &sink)).unwrap();
+        assert_eq!(a.message.text(), "all of it");
+
+        // Without a finish reason, a break is still a failure.
+        let cut = vec![
+            Ok(sse(&[chunk(json!({"content": "half"}), None)]).into_bytes()),
+            Err("connection reset".to_string()),
+        ];
+        assert_eq!(
+            run_pieces(cut, limits()).0.unwrap_err().kind,
+            FailureKind::Transport
+        );
+    }
+
     #[test]
     fn a_stalled_stream_times_out() {
         let first = sse(&[chunk(json!({"content": "a"}), None)]).into_bytes();
@@ -660,6 +1039,35 @@ mod tests {
         assert!(f.message.contains("5s") && f.emitted, "{}", f.message);
     }
 
+    /// A server that sends `: PROCESSING` every few seconds while a slow
+    /// answer is prepared: the comments never make an event, so a bound on
+    /// waiting for events cut the answer off. The bound is on bytes now.
+    #[test]
+    fn keep_alive_comments_keep_a_slow_stream_alive() {
+        let answer = sse(&[chunk(json!({"content": "late"}), Some("stop"))]);
+        let body = futures::stream::unfold(0u32, move |n| {
+            let answer = answer.clone();
+            async move {
+                // A comment a second for 30 s (idle bound: 5 s), then the answer.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                match n {
+                    0..30 => Some((Ok::<_, String>(b": PROCESSING\n\n".to_vec()), n + 1)),
+                    30 => Some((Ok(answer.into_bytes()), n + 1)),
+                    _ => None,
+                }
+            }
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let sink = |_: &str| {};
+        let body = std::pin::pin!(body);
+        let a = rt.block_on(read(body, limits(), &sink)).unwrap();
+        assert_eq!(a.message.text(), "late");
+    }
+
     #[test]
     fn comments_event_names_and_crlf_are_tolerated() {
         let body = format!(
@@ -671,6 +1079,42 @@ mod tests {
         assert_eq!(deltas, vec!["hi"]);
     }
 
+    /// A model name or finish reason of a megabyte was kept whole (only ids
+    /// were bounded); they reach clients, the store, hooks and spans.
+    #[test]
+    fn overlong_model_names_and_finish_reasons_are_not_kept() {
+        let huge = "m".repeat(1 << 20);
+        let body = sse(&[
+            json!({"model": "served", "choices": [{"index": 0, "delta": {"content": "hi"}}]})
+                .to_string(),
+            json!({"model": huge, "choices": [{"index": 0, "delta": {}, "finish_reason": huge}]})
+                .to_string(),
+        ]);
+        // No [DONE]: the overlong reason still ends the turn.
+        let a = run(
+            &body,
+            1 << 16,
+            Limits {
+                max_bytes: 4 << 20,
+                ..limits()
+            },
+        )
+        .0
+        .unwrap();
+        assert_eq!(a.model.as_deref(), Some("served"), "the last plausible one");
+        assert_eq!(a.finish_reason, "stop", "inferred, as when none is sent");
+        assert_eq!(a.message.text(), "hi");
+
+        let mut only_huge = Assembler::default();
+        only_huge
+            .push(
+                &json!({"model": huge, "choices": [{"index": 0, "delta": {"content": "x"}}]})
+                    .to_string(),
+            )
+            .unwrap();
+        assert_eq!(only_huge.finish(true).unwrap().model, None);
+    }
+
     #[test]
     fn the_first_plausible_response_id_is_kept() {
         let mut a = Assembler::default();
@@ -678,7 +1122,7 @@ mod tests {
             json!({"id": id, "choices": [{"index": 0, "delta": {"content": "x"}}]}).to_string()
         };
         a.push(&with_id(json!(""))).unwrap();
-        a.push(&with_id(json!("x".repeat(MAX_RESPONSE_ID_BYTES + 1))))
+        a.push(&with_id(json!("x".repeat(MAX_NAME_BYTES + 1))))
             .unwrap();
         a.push(&with_id(json!("resp-7"))).unwrap();
         a.push(&with_id(json!("resp-8"))).unwrap();

@@ -215,8 +215,9 @@ pub(super) struct Chunk {
     /// Empty or null in the usage chunk and some servers' first chunk.
     #[serde(default)]
     pub choices: Option<Vec<ChunkChoice>>,
+    /// Read with [`usage`]: a count of an odd type must not fail the chunk.
     #[serde(default)]
-    pub usage: Option<WireUsage>,
+    pub usage: Option<Value>,
     #[serde(default)]
     pub model: Option<String>,
     /// Some servers report a failure inside the stream.
@@ -270,12 +271,26 @@ pub(super) struct FunctionDelta {
     pub arguments: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct WireUsage {
-    #[serde(default)]
     pub prompt_tokens: u64,
-    #[serde(default)]
     pub completion_tokens: u64,
+}
+
+/// Most tokens one count may claim: beyond any context window, and far
+/// from overflowing the sums and the metrics counters they feed.
+pub(super) const MAX_TOKEN_COUNT: u64 = 1_000_000_000;
+
+/// The token counts of a `usage` value, when both are non-negative
+/// integers (larger ones are clamped to [`MAX_TOKEN_COUNT`]). Anything else
+/// (`null`, `5.0`, a string, a missing count, `{}`) is no usage at all, so
+/// the caller estimates it instead of failing the turn or reporting zeros.
+pub(super) fn usage(v: &Value) -> Option<WireUsage> {
+    let count = |key| v.get(key)?.as_u64().map(|n| n.min(MAX_TOKEN_COUNT));
+    Some(WireUsage {
+        prompt_tokens: count("prompt_tokens")?,
+        completion_tokens: count("completion_tokens")?,
+    })
 }
 
 /// Longest provider error text carried into a [`crate::model::ModelError`].
@@ -283,35 +298,44 @@ const MAX_ERROR_TEXT: usize = 512;
 
 /// The provider's message from an error body: `{"error":{"message":..}}`
 /// (OpenAI, vLLM, LiteLLM), `{"error":".."}` (Ollama, llama.cpp),
-/// `{"message":..}` or `{"detail":..}`; otherwise the body text itself,
-/// trimmed and truncated. `None` for an empty body.
+/// `{"message":..}` or `{"detail":..}`, trimmed and truncated. `None` for
+/// any other body, which is never quoted: it may be a completion (a server
+/// ignoring `stream: true`), a proxy's page, or a validation error echoing
+/// the request, and the message becomes the run's reason, which clients,
+/// the store and `run_end` hooks see.
 pub(super) fn error_message(body: &[u8]) -> Option<String> {
-    if let Ok(v) = serde_json::from_slice::<Value>(body) {
-        if let Some(m) = error_value_message(&v) {
-            return Some(truncate(m.trim()));
-        }
+    let v = serde_json::from_slice::<Value>(body).ok()?;
+    match v.as_object()?.get("error") {
+        Some(err) => error_value_message(err),
+        None => object_message(v.as_object()?),
     }
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    (!text.is_empty()).then(|| truncate(text))
 }
 
-/// The message inside an error JSON value (a whole body or a stream chunk).
-pub(super) fn error_value_message(v: &Value) -> Option<String> {
-    let err = v.get("error").unwrap_or(v);
+/// The text of an `error` value (of a body, or of a stream chunk): a
+/// string, or an object's `message` / `detail` / `msg` string (with its
+/// `code`), trimmed and truncated; `None` for anything else.
+pub(super) fn error_value_message(err: &Value) -> Option<String> {
     match err {
-        Value::String(s) => Some(s.clone()),
-        Value::Object(o) => {
-            let message = ["message", "detail", "msg"]
-                .iter()
-                .find_map(|k| o.get(*k).and_then(Value::as_str))?;
-            match o.get("code").and_then(Value::as_str) {
-                Some(code) if !code.is_empty() => Some(format!("{message} (code: {code})")),
-                _ => Some(message.to_string()),
-            }
-        }
+        Value::String(s) => nonempty(s),
+        Value::Object(o) => object_message(o),
         _ => None,
     }
+}
+
+fn object_message(o: &Map<String, Value>) -> Option<String> {
+    let message = ["message", "detail", "msg"]
+        .iter()
+        .find_map(|k| o.get(*k).and_then(Value::as_str))
+        .and_then(nonempty)?;
+    match o.get("code").and_then(Value::as_str) {
+        Some(code) if !code.is_empty() => Some(truncate(&format!("{message} (code: {code})"))),
+        _ => Some(message),
+    }
+}
+
+fn nonempty(s: &str) -> Option<String> {
+    let s = s.trim();
+    (!s.is_empty()).then(|| truncate(s))
 }
 
 fn truncate(s: &str) -> String {
@@ -652,13 +676,62 @@ mod tests {
         );
         assert_eq!(m(r#"{"detail":"Not Found"}"#), Some("Not Found".into()));
         assert_eq!(
-            m("  upstream timed out \n"),
+            m(r#"{"message":"  upstream timed out \n"}"#),
             Some("upstream timed out".into())
         );
         assert_eq!(m(""), None);
-        let long = "é".repeat(600);
+        let long = json!({ "error": "é".repeat(600) }).to_string();
         let t = m(&long).unwrap();
         assert!(t.ends_with('…') && t.len() <= MAX_ERROR_TEXT + '…'.len_utf8());
+    }
+
+    /// Only an error-shaped value is quoted: other bodies may carry the
+    /// model's answer or echo the request.
+    #[test]
+    fn bodies_that_are_not_error_objects_are_never_quoted() {
+        let m = |s: &str| error_message(s.as_bytes());
+        for body in [
+            "upstream SECRET timed out",
+            r#""SECRET""#,
+            r#"{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"SECRET"}}]}"#,
+            r#"{"detail":[{"loc":["body","messages"],"msg":"bad","input":"SECRET"}]}"#,
+            r#"{"error":{"type":"SECRET"}}"#,
+            r#"{"error":{"message":"  "}}"#,
+            "<html>SECRET</html>",
+        ] {
+            assert_eq!(m(body), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn usage_counts_are_read_leniently() {
+        let u = |v: Value| usage(&v);
+        assert_eq!(
+            u(json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})),
+            Some(WireUsage {
+                prompt_tokens: 3,
+                completion_tokens: 2
+            })
+        );
+        assert_eq!(
+            u(json!({"prompt_tokens": u64::MAX, "completion_tokens": 0})),
+            Some(WireUsage {
+                prompt_tokens: MAX_TOKEN_COUNT,
+                completion_tokens: 0
+            })
+        );
+        for odd in [
+            json!({"prompt_tokens": 3, "completion_tokens": null}),
+            json!({"prompt_tokens": 3, "completion_tokens": 5.0}),
+            json!({"prompt_tokens": -1, "completion_tokens": 2}),
+            json!({"prompt_tokens": "3", "completion_tokens": 2}),
+            json!({"prompt_tokens": 1e30, "completion_tokens": 2}),
+            json!({"prompt_tokens": 3}),
+            json!({}),
+            json!(7),
+        ] {
+            assert_eq!(u(odd.clone()), None, "{odd}");
+        }
     }
 
     #[test]
