@@ -292,6 +292,31 @@ async fn new_session(engine: &Engine) -> String {
         .id
 }
 
+/// Starts a run of `session` (not streaming), as an anonymous caller.
+async fn start(
+    engine: &Arc<Engine>,
+    session: &str,
+    input: &str,
+) -> Result<hookwire::engine::RunHandle, EngineError> {
+    engine
+        .start_run(
+            &Principal::anonymous(),
+            session,
+            input.into(),
+            false,
+            Default::default(),
+        )
+        .await
+}
+
+/// The report of `run`, once it ended.
+async fn finished(run: hookwire::engine::RunHandle) -> hookwire::agent::events::RunReport {
+    tokio::time::timeout(PATIENCE, run.task)
+        .await
+        .expect("the run ended")
+        .unwrap()
+}
+
 fn message_texts(m: &[Message]) -> Vec<String> {
     m.iter().map(|m| m.text()).collect()
 }
@@ -363,16 +388,7 @@ async fn a_replica_that_cannot_renew_its_leases_stops_its_runs_before_they_expir
     // Taken before the run's lease: it expires no earlier than LEASE after.
     let leased = tokio::time::Instant::now();
     // Two calls, one at a time: the second is queued behind the stuck first.
-    let run = engine
-        .start_run(
-            &Principal::anonymous(),
-            &session,
-            "two tools".into(),
-            false,
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let run = start(&engine, &session, "two tools").await.unwrap();
     tokio::time::timeout(PATIENCE, tool.started.notified())
         .await
         .expect("the first tool call started");
@@ -503,10 +519,7 @@ async fn a_run_that_starts_after_the_grace_ran_out_is_cancelled_at_once() {
     .unwrap_or_else(|_| panic!("the grace ran out:\n{}", logs.contents()));
     gate.open.notify_one();
     let run = starting.await.unwrap().expect("the run started");
-    let report = tokio::time::timeout(PATIENCE, run.task)
-        .await
-        .expect("the run ended")
-        .unwrap();
+    let report = finished(run).await;
     assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
     assert!(
         report.reason.contains("server shutting down"),
@@ -582,10 +595,7 @@ async fn a_cancel_recorded_by_another_replica_stops_the_next_tool_batch() {
         .await
         .expect("B records the cancel");
     release.notify_one();
-    let report = tokio::time::timeout(PATIENCE, run.task)
-        .await
-        .expect("the run ended")
-        .unwrap();
+    let report = finished(run).await;
     assert!(
         owner.hook.tool_calls.lock().unwrap().is_empty(),
         "no tool started after the cancel was answered"
@@ -634,10 +644,7 @@ async fn a_cancel_answered_while_the_run_was_starting_stops_it_before_any_hook()
         .expect("the cancel is recorded");
     gate.open.notify_one();
     let run = starting.await.unwrap().expect("the run started");
-    let report = tokio::time::timeout(PATIENCE, run.task)
-        .await
-        .expect("the run ended")
-        .unwrap();
+    let report = finished(run).await;
     assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
     assert_eq!(report.reason, "cancelled by client");
     tokio::time::timeout(PATIENCE, watch.hook.wait_for("run_end"))
@@ -688,20 +695,10 @@ async fn a_run_whose_caller_left_while_it_was_starting_frees_its_session() {
         store.ends.lock().unwrap().as_slice(),
         [(RunOutcome::Cancelled, "client disconnected".to_string())]
     );
-    let next = engine
-        .start_run(
-            &Principal::anonymous(),
-            &session,
-            "hello again".into(),
-            false,
-            Default::default(),
-        )
+    let next = start(&engine, &session, "hello again")
         .await
         .expect("the session is free");
-    let report = tokio::time::timeout(PATIENCE, next.task)
-        .await
-        .expect("the run ended")
-        .unwrap();
+    let report = finished(next).await;
     assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
 }
 
@@ -727,16 +724,7 @@ async fn a_delete_whose_caller_left_still_stops_the_run_and_ends_the_session() {
     );
     let engine = engine_on(&yaml, store.clone()).await;
     let session = new_session(&engine).await;
-    let run = engine
-        .start_run(
-            &Principal::anonymous(),
-            &session,
-            "hello".into(),
-            false,
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let run = start(&engine, &session, "hello").await.unwrap();
     let deleting = {
         let (engine, session) = (engine.clone(), session.clone());
         tokio::spawn(async move {
@@ -751,10 +739,7 @@ async fn a_delete_whose_caller_left_still_stops_the_run_and_ends_the_session() {
     deleting.abort();
     assert!(matches!(deleting.await, Err(e) if e.is_cancelled()));
     gate.open.notify_one();
-    let report = tokio::time::timeout(PATIENCE, run.task)
-        .await
-        .expect("the run was stopped")
-        .unwrap();
+    let report = finished(run).await;
     assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
     assert_eq!(report.reason, "session deleted");
     tokio::time::timeout(PATIENCE, watch.hook.wait_for("session_end"))
@@ -794,16 +779,7 @@ async fn a_cancel_whose_caller_left_while_it_was_recorded_still_stops_the_run() 
     );
     let engine = engine_on(&yaml, store.clone()).await;
     let session = new_session(&engine).await;
-    let run = engine
-        .start_run(
-            &Principal::anonymous(),
-            &session,
-            "hello".into(),
-            false,
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let run = start(&engine, &session, "hello").await.unwrap();
     let cancelling = {
         let (engine, run_id) = (engine.clone(), run.run_id.clone());
         tokio::spawn(async move { engine.cancel_run(&Principal::anonymous(), &run_id).await })
@@ -814,10 +790,7 @@ async fn a_cancel_whose_caller_left_while_it_was_recorded_still_stops_the_run() 
     cancelling.abort();
     assert!(matches!(cancelling.await, Err(e) if e.is_cancelled()));
     gate.open.notify_one();
-    let report = tokio::time::timeout(PATIENCE, run.task)
-        .await
-        .expect("the run was stopped")
-        .unwrap();
+    let report = finished(run).await;
     assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
     assert_eq!(report.reason, "cancelled by client");
 }
@@ -880,15 +853,7 @@ async fn a_second_start_on_a_session_being_started_is_busy_not_over_quota() {
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the first start reaches the store");
-    let second = engine
-        .start_run(
-            &Principal::anonymous(),
-            &session,
-            "hello too".into(),
-            false,
-            Default::default(),
-        )
-        .await;
+    let second = start(&engine, &session, "hello too").await;
     let Err(e) = second else {
         panic!("two runs started in one session")
     };
@@ -898,10 +863,7 @@ async fn a_second_start_on_a_session_being_started_is_busy_not_over_quota() {
     );
     gate.open.notify_one();
     let run = first.await.unwrap().expect("the first start goes on");
-    let report = tokio::time::timeout(PATIENCE, run.task)
-        .await
-        .expect("the run ended")
-        .unwrap();
+    let report = finished(run).await;
     assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
 }
 
@@ -935,14 +897,7 @@ async fn a_run_begun_in_the_store_whose_answer_was_lost_frees_its_session() {
         .is_none());
     // The answer is lost with the connection.
     store.begin_answer_lost.store(true, Ordering::SeqCst);
-    let e = engine
-        .start_run(
-            &Principal::anonymous(),
-            &session,
-            "hello again".into(),
-            false,
-            Default::default(),
-        )
+    let e = start(&engine, &session, "hello again")
         .await
         .err()
         .expect("the start saw the store unavailable");

@@ -622,6 +622,17 @@ mod tests {
         (result, deltas.into_inner().unwrap())
     }
 
+    /// Runs `f` on a current-thread runtime whose clock only moves when
+    /// every task waits, so idle bounds pass at once and exactly.
+    fn on_paused_clock<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
     fn limits() -> Limits {
         Limits {
             max_bytes: 1 << 20,
@@ -967,12 +978,7 @@ mod tests {
                 pulled.fetch_add(1, Ordering::Relaxed);
             })
             .map(Ok::<_, String>);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let sink = |_: &str| {};
-        let f = rt.block_on(read(body, limits(), &sink)).unwrap_err();
+        let f = on_paused_clock(read(body, limits(), &|_| {})).unwrap_err();
         assert_eq!(f.kind, FailureKind::Malformed);
         assert_eq!(f.message, "the response stream is not UTF-8");
         assert_eq!(
@@ -1003,13 +1009,7 @@ mod tests {
 
         let stalled =
             futures::stream::iter(vec![Ok::<_, String>(answer)]).chain(futures::stream::pending());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let sink = |_: &str| {};
-        let a = rt.block_on(read(stalled, limits(), &sink)).unwrap();
+        let a = on_paused_clock(read(stalled, limits(), &|_| {})).unwrap();
         assert_eq!(a.message.text(), "all of it");
 
         // Without a finish reason, a break is still a failure.
@@ -1028,13 +1028,7 @@ mod tests {
         let first = sse(&[chunk(json!({"content": "a"}), None)]).into_bytes();
         let body =
             futures::stream::iter(vec![Ok::<_, String>(first)]).chain(futures::stream::pending());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let sink = |_: &str| {};
-        let f = rt.block_on(read(body, limits(), &sink)).unwrap_err();
+        let f = on_paused_clock(read(body, limits(), &|_| {})).unwrap_err();
         assert_eq!(f.kind, FailureKind::Stalled);
         assert!(f.message.contains("5s") && f.emitted, "{}", f.message);
     }
@@ -1057,14 +1051,8 @@ mod tests {
                 }
             }
         });
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let sink = |_: &str| {};
         let body = std::pin::pin!(body);
-        let a = rt.block_on(read(body, limits(), &sink)).unwrap();
+        let a = on_paused_clock(read(body, limits(), &|_| {})).unwrap();
         assert_eq!(a.message.text(), "late");
     }
 
