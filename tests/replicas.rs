@@ -472,6 +472,61 @@ async fn postgres_rolling_restart_under_load_loses_no_committed_message() {
     rolling_restart_under_load_loses_no_committed_message(Store::postgres()).await
 }
 
+/// A replica draining on a shared store tells its clients to move as the
+/// drain begins (HTTP/2 GOAWAY, its listener closed), so a long-lived
+/// channel reconnects to another replica; its run in flight still
+/// finishes on the connection it started on. It used to keep every
+/// connection, answering UNAVAILABLE, until its last run ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_draining_replica_sends_its_clients_elsewhere_at_once() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let (g, e) = (gate.clone(), entered.clone());
+    let hook = FnHook::new("slow", &[pb::EventKind::RunStart])
+        .on_run_start(move |_, _| {
+            let (g, e) = (g.clone(), e.clone());
+            async move {
+                e.notify_one();
+                let _p = g.acquire().await;
+                hookwire::hook_server::Reply::new(pb::RunStartVerdict {
+                    action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
+        .start()
+        .await;
+    let mut cluster = Cluster::start(
+        1,
+        &Store::postgres(),
+        &[("slow", &hook.addr)],
+        "shutdown_grace: 120s",
+    )
+    .await;
+    let mut c = cluster.client(0).await;
+    let s = session(&mut c, "a").await;
+    let run = tokio::spawn(async move { invoke(&mut c, &s, "hello").await });
+    within("the run starts", entered.notified()).await;
+    // An idle connection of its own (its handle kept: dropped, the client
+    // would close the connection itself).
+    let tcp =
+        tokio::net::TcpStream::connect(cluster.replicas[0].addr.trim_start_matches("http://"))
+            .await
+            .unwrap();
+    let (_handle, connection) = h2::client::handshake(tcp).await.unwrap();
+    let closed = tokio::spawn(connection);
+    cluster.replicas[0].sigterm().await;
+    within("the idle connection is told to go", closed)
+        .await
+        .unwrap()
+        .expect("closed by a GOAWAY, not torn down");
+    // Told while the run is still held at its hook: not after the drain.
+    assert!(!run.is_finished(), "the connection went only with the run");
+    gate.add_permits(1);
+    let r = within("the run in flight finishes", run).await.unwrap();
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert!(within("the exit", cluster.replicas.remove(0).exited_cleanly()).await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_two_replicas_starting_at_once_migrate_once() {
     let store = Store::postgres();

@@ -37,6 +37,14 @@ pub enum StoreSetting {
     },
 }
 
+impl StoreSetting {
+    /// Whether other replicas may share this store (and so serve this
+    /// replica's sessions, approvals and cancels).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, StoreSetting::Postgres { .. })
+    }
+}
+
 // Debug and Display never show a password (an environment URL may hold one).
 impl fmt::Debug for StoreSetting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 
 use crate::auth::layer::AuthLayer;
-use crate::config::Config;
+use crate::config::{Config, StoreSetting};
 use crate::cork::Corked;
 use crate::engine::EngineSetupError;
 use crate::hooks::registry::RegistryError;
@@ -145,8 +145,17 @@ pub async fn serve_with_models(
     let grace = config.server.shutdown_grace;
     let drain_engine = engine.clone();
     let drain_ready = ready.clone();
+    // With a shared store, clients are told to move (HTTP/2 GOAWAY, and
+    // the listener closes) as the drain begins: their runs in flight go
+    // on, and everything else (new runs, approvals, cancels) is served by
+    // the other replicas. A client with a long-lived channel otherwise
+    // stayed here, refused UNAVAILABLE until the drain was over. Alone on
+    // its store, a replica keeps its connections to the end of the drain:
+    // an approval for a run it holds can only be answered here.
+    let move_early = config.store.as_ref().is_some_and(StoreSetting::is_shared);
     let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
-    let signal = async move {
+    let (go_away_tx, go_away_rx) = tokio::sync::oneshot::channel::<()>();
+    let draining = tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutdown requested; draining");
         drain_ready.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -157,9 +166,22 @@ pub async fn serve_with_models(
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
         drain_engine.stop_accepting();
+        let mut go_away = Some(go_away_tx);
+        if move_early {
+            if let Some(tx) = go_away.take() {
+                let _ = tx.send(());
+            }
+        }
         drain_engine.drain(grace).await;
         tracing::info!("drained");
         let _ = drained_tx.send(());
+        // Dropped unsent here (alone on the store): the connections are
+        // told to go now.
+        drop(go_away);
+    });
+    // Either sent or dropped.
+    let signal = async move {
+        let _ = go_away_rx.await;
     };
 
     tracing::info!(
@@ -215,6 +237,18 @@ pub async fn serve_with_models(
             Ok(())
         }
     };
+    // With a shared store the connections may all have closed before the
+    // last run ended: the drain (bounded by the grace) finishes first. A
+    // server that failed outright was never asked to shut down: nothing
+    // to wait for.
+    if served.is_err() {
+        draining.abort();
+    }
+    if let Err(e) = draining.await {
+        if e.is_panic() {
+            tracing::warn!("the drain panicked; closing anyway");
+        }
+    }
     let _ = admin_stop_tx.send(());
     if let Some(t) = admin_task {
         let _ = t.await;

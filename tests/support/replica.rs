@@ -93,6 +93,12 @@ impl Replica {
 
     /// SIGTERM and wait for the exit; whether it exited 0.
     pub async fn terminate(mut self) -> bool {
+        self.sigterm().await;
+        self.child.wait().await.unwrap().success()
+    }
+
+    /// SIGTERM, without waiting for the exit.
+    pub async fn sigterm(&mut self) {
         let pid = self.child.id().unwrap().to_string();
         let st = tokio::process::Command::new("kill")
             .args(["-TERM", &pid])
@@ -100,6 +106,10 @@ impl Replica {
             .await
             .unwrap();
         assert!(st.success());
+    }
+
+    /// Waits for the exit; whether it exited 0.
+    pub async fn exited_cleanly(mut self) -> bool {
         self.child.wait().await.unwrap().success()
     }
 
