@@ -28,8 +28,13 @@ fn listening_ports(line: &str) -> Option<(u16, u16)> {
     Some((port("grpc")?, port("admin")?))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
+/// A hook whose run_start waits for a permit of the returned semaphore;
+/// the Notify fires as each run reaches it.
+async fn held_run_start() -> (
+    TestHook,
+    Arc<tokio::sync::Semaphore>,
+    Arc<tokio::sync::Notify>,
+) {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let entered = Arc::new(tokio::sync::Notify::new());
     let (g, e) = (gate.clone(), entered.clone());
@@ -46,46 +51,92 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
         })
         .start()
         .await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("hookwire.yaml");
-    let yaml = config(&[("slow", &hook.addr, "timeout: 30s")], "event_budget: 30s")
-        .replace("hooks:\n", "server:\n  shutdown_grace: 120s\nhooks:\n");
-    std::fs::write(&cfg, yaml).unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"))
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        // Port 0: the ports bound are read back from the log.
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .args(["--log-format", "json"])
-        .env("HOOKWIRE_DATA_DIR", dir.path())
-        .env_remove("HOOKWIRE_STORE")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut logs = String::new();
-    let (grpc, admin) = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .unwrap_or_else(|| panic!("hookwire exited before listening:\n{logs}"));
-        logs.push_str(&line);
-        logs.push('\n');
-        if let Some(ports) = listening_ports(&line) {
-            break ports;
-        }
-    };
-    // Keep reading, so the log pipe never fills; the rest is checked at exit.
-    let rest = tokio::spawn(async move {
-        while let Some(line) = lines.next_line().await.unwrap() {
+    (hook, gate, entered)
+}
+
+/// `hookwire serve` with one held hook (`slow`, 30 s deadline) and a
+/// 120 s grace, on ports read back from its JSON log.
+struct Serving {
+    child: tokio::process::Child,
+    grpc: u16,
+    admin: u16,
+    /// Every log line, once the process exited.
+    logs: tokio::task::JoinHandle<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Serving {
+    async fn start(hook: &str) -> Serving {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("hookwire.yaml");
+        let yaml = config(&[("slow", hook, "timeout: 30s")], "event_budget: 30s")
+            .replace("hooks:\n", "server:\n  shutdown_grace: 120s\nhooks:\n");
+        std::fs::write(&cfg, yaml).unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookwire"))
+            .args(["serve", "--config"])
+            .arg(&cfg)
+            // Port 0: the ports bound are read back from the log.
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(["--log-format", "json"])
+            .env("HOOKWIRE_DATA_DIR", dir.path())
+            .env_remove("HOOKWIRE_STORE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut logs = String::new();
+        let (grpc, admin) = loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("hookwire exited before listening:\n{logs}"));
             logs.push_str(&line);
             logs.push('\n');
+            if let Some(ports) = listening_ports(&line) {
+                break ports;
+            }
+        };
+        // Keep reading, so the log pipe never fills; the rest is checked
+        // at exit.
+        let logs = tokio::spawn(async move {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                logs.push_str(&line);
+                logs.push('\n');
+            }
+            logs
+        });
+        Serving {
+            child,
+            grpc,
+            admin,
+            logs,
+            _dir: dir,
         }
-        logs
-    });
+    }
+
+    fn signal(&self, which: &str) {
+        let pid = self.child.id().unwrap().to_string();
+        assert!(std::process::Command::new("kill")
+            .args([which, &pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
+    let (hook, gate, entered) = held_run_start().await;
+    let Serving {
+        mut child,
+        grpc,
+        admin,
+        logs: rest,
+        _dir,
+    } = Serving::start(&hook.addr).await;
     let server = TestServer::from_parts(
         format!("http://127.0.0.1:{grpc}"),
         tokio::spawn(async { Ok(()) }),
@@ -179,4 +230,38 @@ async fn sigterm_drains_in_flight_runs_and_exits_cleanly() {
         "JSON logs: {logs}"
     );
     assert!(logs.contains("drained"));
+}
+
+/// A second SIGINT or SIGTERM during the drain exits at once (status 130):
+/// the second Ctrl-C was swallowed, and the operator waited out the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_during_the_drain_exits_at_once() {
+    let (hook, _gate, entered) = held_run_start().await;
+    let mut serving = Serving::start(&hook.addr).await;
+    let server = TestServer::from_parts(
+        format!("http://127.0.0.1:{}", serving.grpc),
+        tokio::spawn(async { Ok(()) }),
+    );
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let _run = tokio::spawn(async move { invoke(&mut c, &s, "hello").await });
+    entered.notified().await;
+    serving.signal("-TERM");
+    // The first signal was taken: the drain has begun.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !readyz(serving.admin).await.starts_with("HTTP/1.1 503") {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("readiness fails while draining");
+    serving.signal("-INT");
+    // The held run would keep the drain going for its hook's 30 s deadline.
+    let status = tokio::time::timeout(Duration::from_secs(60), serving.child.wait())
+        .await
+        .expect("exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    let logs = serving.logs.await.unwrap();
+    assert!(logs.contains("second shutdown signal"), "{logs}");
 }

@@ -81,8 +81,9 @@ pub enum Command {
         #[arg(long, env = "HOOKWIRE_LOG_FORMAT", value_enum, default_value = "text")]
         log_format: LogFormat,
         /// Where sessions live: memory, sqlite:///path/to/file.db or
-        /// postgres://user@host:5432/db (password from PGPASSWORD; only this
-        /// variable, not the flag, may carry one in the URL). Overrides
+        /// postgres://user@host:5432/db (password from PGPASSWORD or
+        /// `store.password_env`). Without the flag, the HOOKWIRE_STORE
+        /// variable (the only place a URL may carry a password), then
         /// `store:` in the config.
         #[arg(long, value_name = "URL")]
         store: Option<String>,
@@ -118,6 +119,7 @@ pub enum Command {
     },
     /// List, show or delete sessions on a server.
     Sessions {
+        /// Server address.
         #[arg(
             long,
             global = true,
@@ -191,9 +193,12 @@ pub enum SessionsAction {
     },
     /// Show a session with its transcript.
     Show {
+        /// The session's id.
         id: String,
     },
+    /// Delete a session (its run, if one is going, is cancelled).
     Delete {
+        /// The session's id.
         id: String,
     },
 }
@@ -245,6 +250,7 @@ pub enum HooksAction {
         /// PEM client certificate for servers that require mTLS (with --key-file).
         #[arg(long, requires = "key_file")]
         cert_file: Option<PathBuf>,
+        /// PEM private key of --cert-file, as a hook's `tls.key_file`.
         #[arg(long, requires = "cert_file")]
         key_file: Option<PathBuf>,
         /// Name to verify the certificate against (and send as SNI) instead
@@ -310,9 +316,12 @@ pub enum ConfigAction {
     /// Check a config file as `serve` would before listening; exit 0 when it
     /// would start, 1 with the error otherwise.
     ///
-    /// The same checks, in the same order: the file (with the environment's
-    /// endpoint overrides), the trace exporter, every model (URLs, headers,
-    /// API key variables), every hook endpoint, the store setting (the one
+    /// The same checks (in an order of their own, so with several problems
+    /// the first reported may differ): the file (with the environment's
+    /// endpoint overrides), authentication and TLS (their files, unless
+    /// --skip-files; no authentication off loopback is refused either
+    /// way), the trace exporter, every model (URLs, headers, API key
+    /// variables), every hook endpoint, the store setting (the one
     /// serve would use without --store: HOOKWIRE_STORE, `store:`, else
     /// SQLite in HOOKWIRE_DATA_DIR or the default data directory; checked
     /// without connecting: a Postgres URL the driver accepts, its
@@ -321,6 +330,7 @@ pub enum ConfigAction {
     /// owned twice. An unreachable hook server is reported but, as for
     /// `serve`, not an error.
     Check {
+        /// The YAML config file.
         file: PathBuf,
         /// Do not contact hook servers (so tool ownership is not checked).
         #[arg(long)]
@@ -649,6 +659,20 @@ async fn check_config(
 }
 
 async fn shutdown_signal() {
+    any_signal().await;
+    // The drain may take the whole grace; an operator who asks again
+    // means now (tokio keeps its handler installed, so a second Ctrl-C
+    // was otherwise swallowed). Runs not recorded are ended by the reaper
+    // after their lease.
+    tokio::spawn(async {
+        any_signal().await;
+        tracing::warn!("second shutdown signal: exiting without waiting for the drain");
+        std::process::exit(130);
+    });
+}
+
+/// The next SIGINT (Ctrl-C) or SIGTERM.
+async fn any_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
