@@ -136,13 +136,14 @@ def main() -> int:
         check_store(hookwire, container, config, secrets, hpas, pvcs, service_port, errors)
         grace = seconds(config.get("server", {}).get("shutdown_grace", "25s"))
         pause = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
-        # After the grace, cancelled runs get up to 5s to end; then the
-        # trace flush. Leave 10s in all before the kubelet's SIGKILL.
+        # After the grace, cancelled runs get up to 5s to end, open
+        # connections 2s to flush, the trace export up to 5s: leave 15s in
+        # all before the kubelet's SIGKILL.
         budget = pod.get("terminationGracePeriodSeconds", 30)
-        if budget < pause + grace + 10:
+        if budget < pause + grace + 15:
             errors.append(
                 f"hookwire terminationGracePeriodSeconds {budget} is under"
-                f" preStop {pause}s + shutdown_grace {grace}s + 10s"
+                f" preStop {pause}s + shutdown_grace {grace}s + 15s"
             )
 
     policies = by_kind.get("NetworkPolicy", {}).values()
