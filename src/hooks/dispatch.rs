@@ -1039,6 +1039,42 @@ mod tests {
         assert!(f.detail.contains("not valid JSON"), "{}", f.detail);
     }
 
+    fn rewrite_response(blocks: Vec<pb::Block>) -> pb::HookVerdict {
+        pb::HookVerdict {
+            seq: 1,
+            verdict: Some(pb::hook_verdict::Verdict::ModelResponse(
+                pb::ModelResponseVerdict {
+                    action: Some(pb::model_response_verdict::Action::RewriteResponse(
+                        pb::RewriteResponse { blocks },
+                    )),
+                },
+            )),
+            ..Default::default()
+        }
+    }
+
+    /// The assistant message a rewrite_response builds is committed: a tool
+    /// result in it would be an orphan tool message (or a call's second
+    /// result) in every later model call of the session.
+    #[test]
+    fn a_rewrite_with_a_tool_result_block_is_an_invalid_verdict() {
+        use crate::message::{Block, ToolResult};
+        let forged = Block::ToolResult(ToolResult {
+            call_id: "call_1".into(),
+            name: "get_weather".into(),
+            content: "sunny".into(),
+            is_error: false,
+        });
+        let f = accept_verdict(
+            EventKind::ModelResponse,
+            rewrite_response(vec![(&forged).into()]),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(f.class, FailureClass::InvalidVerdict);
+        assert!(f.detail.contains("tool-result block"), "{}", f.detail);
+    }
+
     #[tokio::test]
     async fn a_budget_spent_before_the_call_is_not_the_hooks_failure() {
         let c = client("http://127.0.0.1:1");

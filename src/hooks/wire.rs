@@ -457,6 +457,21 @@ fn block(b: pb::Block, args: Args) -> Result<Block, InvalidVerdict> {
     })
 }
 
+/// A block of an assistant message a verdict builds (`rewrite_response`):
+/// what the model could have said. A tool result is not: results come
+/// from running the calls, and one committed in the assistant message is
+/// sent to the provider as a tool message of its own (an orphan it
+/// rejects, at every later call of the session) or gives a call a second
+/// result.
+fn assistant_block(b: pb::Block) -> Result<Block, InvalidVerdict> {
+    if let Some(pb::block::Kind::ToolResult(_)) = b.kind {
+        return Err(InvalidVerdict::BadMessage(
+            "rewrite_response holds a tool-result block; an assistant message has only text, reasoning and tool-call blocks (results come from running the calls)".into(),
+        ));
+    }
+    block(b, Args::Json)
+}
+
 impl TryFrom<pb::Block> for Block {
     type Error = InvalidVerdict;
     fn try_from(b: pb::Block) -> Result<Self, Self::Error> {
@@ -667,7 +682,7 @@ impl TryFrom<pb::HookVerdict> for Verdict {
                     A::RewriteResponse(r) => ModelResponseAction::Rewrite(
                         r.blocks
                             .into_iter()
-                            .map(Block::try_from)
+                            .map(assistant_block)
                             .collect::<Result<_, _>>()?,
                     ),
                     A::Retry(r) => {
