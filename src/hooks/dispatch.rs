@@ -1053,6 +1053,33 @@ mod tests {
         }
     }
 
+    /// A rewritten response's tool calls are screened by the run like the
+    /// model's own (bad JSON goes to invalid_tool_call): echoing a call the
+    /// model cut off at max_tokens is no fault of the hook's.
+    #[test]
+    fn a_rewrite_echoing_a_cut_off_call_is_accepted() {
+        use crate::hooks::verdict::ModelResponseAction;
+        use crate::message::{Block, ToolCall};
+        let cut = ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments_json: r#"{"city": "Par"#.into(),
+        };
+        let text = Block::Text {
+            text: "Let me check.".into(),
+        };
+        let echoed = vec![(&text).into(), (&Block::ToolCall(cut.clone())).into()];
+        let v = accept_verdict(EventKind::ModelResponse, rewrite_response(echoed), None)
+            .expect("accepted");
+        assert_eq!(
+            v.action,
+            Action::ModelResponse(ModelResponseAction::Rewrite(vec![
+                text,
+                Block::ToolCall(cut)
+            ]))
+        );
+    }
+
     /// The assistant message a rewrite_response builds is committed: a tool
     /// result in it would be an orphan tool message (or a call's second
     /// result) in every later model call of the session.
