@@ -269,12 +269,11 @@ impl RunHooks {
         deadline: Instant,
         (traceparent, tracestate): (String, String),
     ) -> WireEvent {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        // The rest of the context is the run's, in `wire_ctx`.
+        // The rest of the context is the run's, in `wire_ctx`; the time
+        // left is measured when the event is sent, not now (it may wait).
         let context = pb::EventContext {
             turn,
             scratchpad: wire::scratchpad_to_wire(&self.scratchpad.locked()),
-            deadline_remaining_ms: wire::millis(remaining),
             traceparent,
             tracestate,
             ..Default::default()
@@ -287,7 +286,7 @@ impl RunHooks {
             payload: Some(wire::payload_to_wire(payload)),
         };
         let run = self.wire_ctx.get_or_init(|| RunContext::new(&self.ctx));
-        WireEvent::new(event, run, context)
+        WireEvent::new(event, run, context).with_deadline(deadline)
     }
 
     /// One blocking call under its `hook {hook} {event}` span: send, wait,
