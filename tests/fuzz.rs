@@ -391,8 +391,13 @@ fn compose_action(
                 unreachable!("kind checked")
             };
             let merged = compose::merge(base, vec![("h".into(), a.clone()), ("g".into(), a)]);
-            if let Merged::Request { request, records } = merged {
-                let _ = compose::validate_effective(&request, &records);
+            if let Merged::Request {
+                request,
+                records,
+                removed,
+            } = merged
+            {
+                let _ = compose::validate_effective(&request, &records, &removed);
             }
             Ok(())
         }

@@ -704,6 +704,82 @@ async fn tool_calls_a_hook_puts_in_the_answer_are_executed() {
     }
 }
 
+/// A call the model cut off at max_tokens (arguments that are not JSON)
+/// may travel through rewrite_response hooks: `cutter` stands in for the
+/// model, `echo` sends back what it received, as hooks that edit only the
+/// text do. Neither is a hook failure; the call is screened like the
+/// model's own, goes to invalid_tool_call and never runs.
+#[tokio::test]
+async fn a_cut_off_call_in_a_rewritten_response_goes_to_invalid_tool_call() {
+    const CUT: &str = r#"{"city": "Par"#;
+    let owner = weather_owner().start().await;
+    let cutter = FnHook::new("cutter", &[K::ModelResponse]).on_model_response(|_, ev| async move {
+        let mut blocks = ev.response.unwrap().message.unwrap().blocks;
+        for b in &mut blocks {
+            if let Some(pb::block::Kind::ToolCall(c)) = &mut b.kind {
+                c.arguments_json = CUT.into();
+            }
+        }
+        Reply::new(pb::ModelResponseVerdict {
+            action: Some(pb::model_response_verdict::Action::RewriteResponse(
+                pb::RewriteResponse { blocks },
+            )),
+        })
+    });
+    let echo = FnHook::new("echo", &[K::ModelResponse, K::InvalidToolCall]).on_model_response(
+        |_, ev| async move {
+            Reply::new(pb::ModelResponseVerdict {
+                action: Some(pb::model_response_verdict::Action::RewriteResponse(
+                    pb::RewriteResponse {
+                        blocks: ev.response.unwrap().message.unwrap().blocks,
+                    },
+                )),
+            })
+        },
+    );
+    let (cutter, echo) = (cutter.start().await, echo.start().await);
+    let server = TestServer::start(&config(
+        &[
+            ("owner", &owner.addr, ""),
+            ("cutter", &cutter.addr, "priority: 2"),
+            ("echo", &echo.addr, "priority: 1"),
+        ],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "weather").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert!(
+        owner.hook.tool_calls.lock().unwrap().is_empty(),
+        "the cut-off call ran"
+    );
+    let invalid: Vec<pb::InvalidToolCallEvent> = echo
+        .hook
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(pb::hook_event::Payload::InvalidToolCall(i)) => Some(i.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(invalid.len(), 1, "{invalid:?}");
+    assert_eq!(
+        invalid[0].problem,
+        pb::invalid_tool_call_event::Problem::InvalidArguments as i32
+    );
+    assert_eq!(invalid[0].call.as_ref().unwrap().arguments_json, CUT);
+    assert!(
+        r.final_text.contains("arguments are not valid JSON"),
+        "{}",
+        r.final_text
+    );
+    server.stop().await;
+}
+
 /// With blocking turn_end hooks the client sees a final answer (its held
 /// deltas and its assistant message) only once turn_end accepted it: a
 /// turn_end terminate never follows an answer the client already has, and

@@ -524,10 +524,14 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                     match out.merged {
                         Merged::Terminate { hook, terminate: t } => Err(terminate(hook, t)),
                         Merged::Respond { response, .. } => Ok(RequestDecision::Respond(response)),
-                        Merged::Request { request, records } => {
-                            compose::validate_effective(&request, &records).map_err(|e| {
-                                Stop::Failed(format!("invalid effective model request: {e}"))
-                            })?;
+                        Merged::Request {
+                            request,
+                            records,
+                            removed,
+                        } => {
+                            compose::validate_effective(&request, &records, &removed).map_err(
+                                |e| Stop::Failed(format!("invalid effective model request: {e}")),
+                            )?;
                             Ok(RequestDecision::Call(request))
                         }
                     }

@@ -272,7 +272,19 @@ pub enum Merged {
     Request {
         request: ModelRequest,
         records: Vec<VerdictRecord>,
+        /// Each tool the patches' `active_tools` took out of the request,
+        /// with the hook that took it out (the first in firing order whose
+        /// list left it out), so a `tool_choice` it breaks is blamed on
+        /// that hook ([`validate_effective`]).
+        removed: Vec<Removed>,
     },
+}
+
+/// A tool a hook's `active_tools` took out of the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Removed {
+    pub tool: String,
+    pub hook: String,
 }
 
 /// `additional_params` keys a patch may not set: what a typed patch field
@@ -431,6 +443,7 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
 
     let mut req = baseline.clone();
     let mut records = Vec::new();
+    let mut removed = Vec::new();
     // field -> hook that set it first
     let mut owners: Vec<(&'static str, String)> = Vec::new();
     let mut param_owners: Vec<(String, String)> = Vec::new();
@@ -497,7 +510,16 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
             }
             if let Some(names) = p.active_tools {
                 let before = req.tools.len();
-                req.tools.retain(|t| names.contains(&t.name));
+                req.tools.retain(|t| {
+                    let keep = names.contains(&t.name);
+                    if !keep {
+                        removed.push(Removed {
+                            tool: t.name.clone(),
+                            hook: hook.clone(),
+                        });
+                    }
+                    keep
+                });
                 if req.tools.len() != before {
                     rec.fields_changed.push("active_tools".into());
                 }
@@ -530,33 +552,55 @@ pub fn merge(baseline: &ModelRequest, verdicts: Vec<(String, ModelRequestAction)
     Merged::Request {
         request: req,
         records,
+        removed,
     }
 }
 
 /// Checks the merged request before the provider call. The error names the
-/// hook(s) whose patch caused it.
-pub fn validate_effective(request: &ModelRequest, records: &[VerdictRecord]) -> Result<(), String> {
-    let setter = |field: &str| {
-        records
-            .iter()
-            .find(|r| r.fields_changed.iter().any(|f| f == field))
-            .map(|r| r.hook.clone())
-    };
-    let blame = |field: &str| match setter(field) {
-        Some(h) => format!("hook `{h}`"),
+/// hook(s) whose patch caused it: the one that set `tool_choice`, and the
+/// ones whose `active_tools` took out what it needs (`removed`, from
+/// [`merge`]). Any hook that narrowed is not enough: one may have kept the
+/// named tool that a later one left out.
+pub fn validate_effective(
+    request: &ModelRequest,
+    records: &[VerdictRecord],
+    removed: &[Removed],
+) -> Result<(), String> {
+    let chooser = match records
+        .iter()
+        .find(|r| r.fields_changed.iter().any(|f| f == "tool_choice"))
+    {
+        Some(r) => format!("hook `{}`", r.hook),
         None => "the agent configuration".to_string(),
     };
     match &request.tool_choice {
-        ToolChoice::Required if request.tools.is_empty() => Err(format!(
-            "tool_choice `required` (from {}) but no tool is left in the effective tool set (narrowed by {})",
-            blame("tool_choice"),
-            blame("active_tools")
-        )),
-        ToolChoice::Tool(name) if !request.tools.iter().any(|t| &t.name == name) => Err(format!(
-            "tool_choice names tool `{name}` (from {}) but it is not in the effective tool set (narrowed by {})",
-            blame("tool_choice"),
-            blame("active_tools")
-        )),
+        ToolChoice::Required if request.tools.is_empty() => {
+            // Every hook that took a tool out, in firing order.
+            let mut narrowers: Vec<String> = Vec::new();
+            for r in removed {
+                let h = format!("hook `{}`", r.hook);
+                if !narrowers.contains(&h) {
+                    narrowers.push(h);
+                }
+            }
+            let narrowed = if narrowers.is_empty() {
+                "the agent configuration offers none".to_string()
+            } else {
+                format!("narrowed by {}", narrowers.join(", "))
+            };
+            Err(format!(
+                "tool_choice `required` (from {chooser}) but no tool is left in the effective tool set ({narrowed})"
+            ))
+        }
+        ToolChoice::Tool(name) if !request.tools.iter().any(|t| &t.name == name) => {
+            let why = match removed.iter().find(|r| &r.tool == name) {
+                Some(r) => format!("left out by the active_tools of hook `{}`", r.hook),
+                None => "the agent configuration does not offer it".to_string(),
+            };
+            Err(format!(
+                "tool_choice names tool `{name}` (from {chooser}) but it is not in the effective tool set ({why})"
+            ))
+        }
         _ => Ok(()),
     }
 }
@@ -686,7 +730,10 @@ mod tests {
                 ),
             ],
         );
-        let Merged::Request { request, records } = merged else {
+        let Merged::Request {
+            request, records, ..
+        } = merged
+        else {
             panic!()
         };
         assert!(records[0].fields_changed.is_empty(), "{records:?}");
@@ -816,7 +863,12 @@ mod tests {
                 ),
             ],
         );
-        let Merged::Request { request, records } = merged else {
+        let Merged::Request {
+            request,
+            records,
+            removed,
+        } = merged
+        else {
             panic!("expected a request")
         };
         assert_eq!(
@@ -835,6 +887,11 @@ mod tests {
             ["b"],
             "intersection"
         );
+        let took: Vec<(&str, &str)> = removed
+            .iter()
+            .map(|r| (r.tool.as_str(), r.hook.as_str()))
+            .collect();
+        assert_eq!(took, [("c", "h1"), ("a", "h3")], "who took out which tool");
         assert_eq!(request.additional_params["seed"], json!(1));
         assert_eq!(request.additional_params["top_p"], json!(0.5));
         assert_eq!(request.additional_params["user"], json!("u"));
@@ -959,52 +1016,98 @@ mod tests {
         assert_eq!(validate_patch(&baseline(), &p(1)), Ok(()));
     }
 
-    #[test]
-    fn effective_request_validation_names_the_hook() {
+    /// The effective request after `verdicts`, checked.
+    fn effective(verdicts: Vec<(&str, RequestPatch)>) -> Result<(), String> {
         let merged = merge(
             &baseline(),
-            vec![
-                (
-                    "chooser".into(),
-                    patch(RequestPatch {
-                        tool_choice: Some(ToolChoice::Tool("a".into())),
-                        ..Default::default()
-                    }),
-                ),
-                (
-                    "narrower".into(),
-                    patch(RequestPatch {
-                        active_tools: Some(vec!["b".into()]),
-                        ..Default::default()
-                    }),
-                ),
-            ],
+            verdicts
+                .into_iter()
+                .map(|(h, p)| (h.to_string(), patch(p)))
+                .collect(),
         );
-        let Merged::Request { request, records } = merged else {
-            panic!()
+        let Merged::Request {
+            request,
+            records,
+            removed,
+        } = merged
+        else {
+            panic!("expected a request")
         };
-        let err = validate_effective(&request, &records).unwrap_err();
+        validate_effective(&request, &records, &removed)
+    }
+
+    fn choose(c: ToolChoice) -> RequestPatch {
+        RequestPatch {
+            tool_choice: Some(c),
+            ..Default::default()
+        }
+    }
+
+    fn keep(names: &[&str]) -> RequestPatch {
+        RequestPatch {
+            active_tools: Some(names.iter().map(|n| n.to_string()).collect()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn effective_request_validation_names_the_hook() {
+        let err = effective(vec![
+            ("chooser", choose(ToolChoice::Tool("a".into()))),
+            ("narrower", keep(&["b"])),
+        ])
+        .unwrap_err();
         assert!(
             err.contains("hook `chooser`") && err.contains("hook `narrower`"),
             "{err}"
         );
 
-        let merged = merge(
-            &baseline(),
-            vec![(
-                "req".into(),
-                patch(RequestPatch {
-                    tool_choice: Some(ToolChoice::Required),
-                    active_tools: Some(vec![]),
-                    ..Default::default()
-                }),
-            )],
+        // Tools {a,b,c}: `keeper` (firing first) narrowed to [a,b] and kept
+        // b; `dropper` left b out. The blame is `dropper`'s alone.
+        let err = effective(vec![
+            ("keeper", keep(&["a", "b"])),
+            ("dropper", keep(&["a"])),
+            ("chooser", choose(ToolChoice::Tool("b".into()))),
+        ])
+        .unwrap_err();
+        assert!(
+            err.contains("hook `chooser`") && err.contains("hook `dropper`"),
+            "{err}"
         );
-        let Merged::Request { request, records } = merged else {
-            panic!()
-        };
-        assert!(validate_effective(&request, &records)
-            .unwrap_err()
-            .contains("`req`"));
+        assert!(!err.contains("keeper"), "{err}");
+
+        // A tool nobody offered: no hook took it out.
+        let err = effective(vec![("chooser", choose(ToolChoice::Tool("zz".into())))]).unwrap_err();
+        assert!(
+            err.contains("hook `chooser`") && err.contains("agent configuration does not offer"),
+            "{err}"
+        );
+
+        let err = effective(vec![(
+            "req",
+            RequestPatch {
+                tool_choice: Some(ToolChoice::Required),
+                active_tools: Some(vec![]),
+                ..Default::default()
+            },
+        )])
+        .unwrap_err();
+        assert!(err.contains("`req`"), "{err}");
+
+        // `required` with no tool left: every hook that took one out is
+        // named, in firing order, and none that took out nothing.
+        let err = effective(vec![
+            ("first", keep(&["a", "b"])),
+            ("idle", keep(&["a", "b", "c"])),
+            ("second", keep(&["c"])),
+            ("req", choose(ToolChoice::Required)),
+        ])
+        .unwrap_err();
+        assert!(
+            err.contains("(from hook `req`)")
+                && err.contains("narrowed by hook `first`, hook `second`"),
+            "{err}"
+        );
+        assert!(!err.contains("idle"), "{err}");
     }
 }

@@ -269,12 +269,11 @@ impl RunHooks {
         deadline: Instant,
         (traceparent, tracestate): (String, String),
     ) -> WireEvent {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        // The rest of the context is the run's, in `wire_ctx`.
+        // The rest of the context is the run's, in `wire_ctx`; the time
+        // left is measured when the event is sent, not now (it may wait).
         let context = pb::EventContext {
             turn,
             scratchpad: wire::scratchpad_to_wire(&self.scratchpad.locked()),
-            deadline_remaining_ms: wire::millis(remaining),
             traceparent,
             tracestate,
             ..Default::default()
@@ -287,7 +286,7 @@ impl RunHooks {
             payload: Some(wire::payload_to_wire(payload)),
         };
         let run = self.wire_ctx.get_or_init(|| RunContext::new(&self.ctx));
-        WireEvent::new(event, run, context)
+        WireEvent::new(event, run, context).with_deadline(deadline)
     }
 
     /// One blocking call under its `hook {hook} {event}` span: send, wait,
@@ -1037,6 +1036,69 @@ mod tests {
         .unwrap_err();
         assert_eq!(f.class, FailureClass::InvalidVerdict);
         assert!(f.detail.contains("not valid JSON"), "{}", f.detail);
+    }
+
+    fn rewrite_response(blocks: Vec<pb::Block>) -> pb::HookVerdict {
+        pb::HookVerdict {
+            seq: 1,
+            verdict: Some(pb::hook_verdict::Verdict::ModelResponse(
+                pb::ModelResponseVerdict {
+                    action: Some(pb::model_response_verdict::Action::RewriteResponse(
+                        pb::RewriteResponse { blocks },
+                    )),
+                },
+            )),
+            ..Default::default()
+        }
+    }
+
+    /// A rewritten response's tool calls are screened by the run like the
+    /// model's own (bad JSON goes to invalid_tool_call): echoing a call the
+    /// model cut off at max_tokens is no fault of the hook's.
+    #[test]
+    fn a_rewrite_echoing_a_cut_off_call_is_accepted() {
+        use crate::hooks::verdict::ModelResponseAction;
+        use crate::message::{Block, ToolCall};
+        let cut = ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments_json: r#"{"city": "Par"#.into(),
+        };
+        let text = Block::Text {
+            text: "Let me check.".into(),
+        };
+        let echoed = vec![(&text).into(), (&Block::ToolCall(cut.clone())).into()];
+        let v = accept_verdict(EventKind::ModelResponse, rewrite_response(echoed), None)
+            .expect("accepted");
+        assert_eq!(
+            v.action,
+            Action::ModelResponse(ModelResponseAction::Rewrite(vec![
+                text,
+                Block::ToolCall(cut)
+            ]))
+        );
+    }
+
+    /// The assistant message a rewrite_response builds is committed: a tool
+    /// result in it would be an orphan tool message (or a call's second
+    /// result) in every later model call of the session.
+    #[test]
+    fn a_rewrite_with_a_tool_result_block_is_an_invalid_verdict() {
+        use crate::message::{Block, ToolResult};
+        let forged = Block::ToolResult(ToolResult {
+            call_id: "call_1".into(),
+            name: "get_weather".into(),
+            content: "sunny".into(),
+            is_error: false,
+        });
+        let f = accept_verdict(
+            EventKind::ModelResponse,
+            rewrite_response(vec![(&forged).into()]),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(f.class, FailureClass::InvalidVerdict);
+        assert!(f.detail.contains("tool-result block"), "{}", f.detail);
     }
 
     #[tokio::test]

@@ -390,7 +390,9 @@ fn check_json(field: &'static str, s: &str) -> Result<serde_json::Value, Invalid
 /// defer that check to [`crate::hooks::compose::validate_patch`], which
 /// applies it only to calls the hook changed: hookwire's own history may
 /// hold a model's malformed call (cut off by `max_tokens`), and a hook that
-/// sends it back unchanged did nothing wrong.
+/// sends it back unchanged did nothing wrong. A `rewrite_response` defers
+/// it to the run, which screens every call of the accepted response
+/// ([`assistant_block`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Args {
     Json,
@@ -455,6 +457,23 @@ fn block(b: pb::Block, args: Args) -> Result<Block, InvalidVerdict> {
         }
         None => return Err(InvalidVerdict::BadMessage("block with no content".into())),
     })
+}
+
+/// A block of an assistant message a verdict builds (`rewrite_response`):
+/// what the model could have said. A tool result is not: results come
+/// from running the calls, and one committed in the assistant message is
+/// sent to the provider as a tool message of its own (an orphan it
+/// rejects, at every later call of the session) or gives a call a second
+/// result. Tool-call arguments are left to the run's screening of the
+/// calls (`invalid_tool_call`), as the model's own are: a hook that sends
+/// back a call the model cut off at `max_tokens` did nothing wrong.
+fn assistant_block(b: pb::Block) -> Result<Block, InvalidVerdict> {
+    if let Some(pb::block::Kind::ToolResult(_)) = b.kind {
+        return Err(InvalidVerdict::BadMessage(
+            "rewrite_response holds a tool-result block; an assistant message has only text, reasoning and tool-call blocks (results come from running the calls)".into(),
+        ));
+    }
+    block(b, Args::Deferred)
 }
 
 impl TryFrom<pb::Block> for Block {
@@ -667,7 +686,7 @@ impl TryFrom<pb::HookVerdict> for Verdict {
                     A::RewriteResponse(r) => ModelResponseAction::Rewrite(
                         r.blocks
                             .into_iter()
-                            .map(Block::try_from)
+                            .map(assistant_block)
                             .collect::<Result<_, _>>()?,
                     ),
                     A::Retry(r) => {

@@ -15,17 +15,27 @@
 //!
 //! The event's other fields are written in field-number order, exactly as
 //! prost writes them, so only the context's inner order differs.
+//!
+//! `deadline_remaining_ms` is computed as the event is encoded, from the
+//! absolute deadline the event keeps: the proto promises the time left
+//! when the event was sent, and an event may wait in hookwire first (for a
+//! slow reader, a free stream slot in the pool, a connect, or a resend
+//! after a refused stream). A value fixed when the event was built would
+//! tell the hook it has time hookwire will not wait for.
 
 use std::sync::Arc;
 
 use prost::encoding::{self, WireType};
 use prost::Message;
+use tokio::time::Instant;
 
 use super::payload::EventContext;
 use crate::pb;
 
 /// `HookEvent.context`'s field number.
 const CONTEXT_FIELD: u32 = 3;
+/// `EventContext.deadline_remaining_ms`'s field number.
+const DEADLINE_FIELD: u32 = 7;
 
 /// The fields of a run's `EventContext` that no event changes, encoded.
 #[derive(Clone, Debug, Default)]
@@ -69,6 +79,9 @@ pub struct WireEvent {
     pub event: pb::HookEvent,
     run: RunContext,
     context: pb::EventContext,
+    /// When hookwire stops waiting for the verdict; sent as
+    /// `deadline_remaining_ms`, measured at each encoding.
+    deadline: Option<Instant>,
 }
 
 impl WireEvent {
@@ -81,7 +94,17 @@ impl WireEvent {
             event,
             run: run.clone(),
             context,
+            deadline: None,
         }
+    }
+
+    /// Sends the time left until `deadline` as `deadline_remaining_ms`,
+    /// measured when the event is encoded (0 once it has passed), in place
+    /// of the context's own value.
+    pub fn with_deadline(mut self, deadline: Instant) -> WireEvent {
+        self.context.deadline_remaining_ms = 0;
+        self.deadline = Some(deadline);
+        self
     }
 
     /// Appends the encoded event to `buf`.
@@ -100,10 +123,23 @@ impl WireEvent {
         if *kind != 0 {
             encoding::int32::encode(2, kind, buf);
         }
+        // Zero (passed, or none) is left out, as prost leaves it out.
+        let remaining = self
+            .deadline
+            .map(|d| crate::hooks::wire::millis(d.saturating_duration_since(Instant::now())))
+            .filter(|ms| *ms != 0);
+        let deadline_len =
+            remaining.map_or(0, |ms| encoding::uint64::encoded_len(DEADLINE_FIELD, &ms));
         encoding::encode_key(CONTEXT_FIELD, WireType::LengthDelimited, buf);
-        encoding::encode_varint((self.run.0.len() + self.context.encoded_len()) as u64, buf);
+        encoding::encode_varint(
+            (self.run.0.len() + self.context.encoded_len() + deadline_len) as u64,
+            buf,
+        );
         buf.extend_from_slice(&self.run.0);
         self.context.encode_raw(buf);
+        if let Some(ms) = remaining {
+            encoding::uint64::encode(DEADLINE_FIELD, &ms, buf);
+        }
         if *expects_verdict {
             encoding::bool::encode(4, expects_verdict, buf);
         }
@@ -202,6 +238,40 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(buf, expected.encode_to_vec());
+    }
+
+    /// The time left is measured when the event is encoded, not when it was
+    /// built: an event that waited in hookwire (for a slow reader, a stream
+    /// slot, a resend) tells the hook what is really left, and nothing once
+    /// the deadline passed.
+    #[tokio::test(start_paused = true)]
+    async fn the_time_left_is_measured_at_each_encoding() {
+        use std::time::Duration;
+        let start = Instant::now();
+        let ev = WireEvent::new(
+            pb::HookEvent::default(),
+            &RunContext::new(&run_ctx()),
+            event_ctx(),
+        )
+        .with_deadline(start + Duration::from_millis(5_000));
+        let sent = |ev: &WireEvent| {
+            let mut buf = vec![];
+            ev.encode(&mut buf);
+            let ctx = pb::HookEvent::decode(buf.as_slice())
+                .unwrap()
+                .context
+                .unwrap();
+            // Everything else is the context as given.
+            let mut expected = whole(&pb::HookEvent::default()).context.unwrap();
+            expected.deadline_remaining_ms = ctx.deadline_remaining_ms;
+            assert_eq!(ctx, expected);
+            ctx.deadline_remaining_ms
+        };
+        assert_eq!(sent(&ev), 5_000, "not the context's own 1500");
+        tokio::time::advance(Duration::from_millis(1_750)).await;
+        assert_eq!(sent(&ev), 3_250);
+        tokio::time::advance(Duration::from_millis(4_000)).await;
+        assert_eq!(sent(&ev), 0, "saturates once passed");
     }
 
     #[test]
