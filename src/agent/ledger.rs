@@ -153,47 +153,64 @@ impl Ledger {
         }
     }
 
-    /// Stops waiting: `Some` when an answer was recorded meanwhile.
-    pub async fn expire_approval(&self, call_id: &str) -> Option<Decision> {
-        match self.store.expire_approval(&self.lease, call_id).await {
-            Ok(d) => d,
-            Err(e) => {
-                self.warn("cannot record an approval timeout", &e);
-                None
-            }
-        }
+    /// Records that the run stopped waiting for an approval: `Some` when
+    /// an answer was recorded first (the store decides which came first).
+    /// Retried while the store is unavailable, as the run's end is; when
+    /// it cannot be recorded the run stops (`Err`). Taking it for a denial
+    /// left the request pending in the store, where a later
+    /// ResolveApproval recorded an approval, answered OK, for a call this
+    /// run had denied.
+    pub async fn expire_approval(&self, call_id: &str) -> Result<Option<Decision>, Stop> {
+        self.retrying("an approval timeout", || {
+            self.store.expire_approval(&self.lease, call_id)
+        })
+        .await
+        .map_err(|e| {
+            self.warn("cannot record an approval timeout", &e);
+            stop_for(&e)
+        })
     }
 
-    /// Records the run's end, retrying while the store is unavailable (no
-    /// connection within its wait, a connection lost mid-write) for up to a
-    /// run lease after the first failure. The answer the client is about to
-    /// get is only in the transcript once this succeeds, and the lease is
-    /// about the time the run has before a reaper may end it `interrupted`.
-    /// Counted from the first failure, not the first attempt: one attempt
-    /// may wait as long as a lease for a connection (30 s each), and a
-    /// window from the start would then leave no second one. A retry is
-    /// safe at any time: the store takes the same end twice as one (its
-    /// first attempt may have committed), and refuses it once a reaper
-    /// ended the run.
-    pub async fn end(&self, messages: &[Message], end: &RunEnd) -> Result<(), StoreError> {
-        // Set when the first attempt has answered.
+    /// `write` until it answers other than unavailable (no connection
+    /// within its wait, a connection lost mid-write), for up to
+    /// `end_retry` after its first answer. Counted from the first answer,
+    /// not the first attempt: one attempt may wait as long as a lease for
+    /// a connection (30 s each), and a window from the start would then
+    /// leave no second one. Only for writes the store takes twice as once.
+    async fn retrying<T, F, W>(&self, what: &str, write: W) -> Result<T, StoreError>
+    where
+        W: Fn() -> F,
+        F: std::future::Future<Output = Result<T, StoreError>>,
+    {
         let mut window: Option<Instant> = None;
         let mut pause = END_RETRY_FIRST_PAUSE;
         loop {
-            let answer = self.end_once(messages, end).await;
+            let answer = write().await;
             let give_up = *window.get_or_insert_with(|| Instant::now() + self.end_retry);
             match answer {
                 Err(StoreError::Unavailable(e)) if Instant::now() + pause < give_up => {
                     // Per run, at debug: a store that is down for everyone
                     // is reported by its connection waits and by the
                     // (thinned) warning of the runs that give up.
-                    tracing::debug!(run = %self.lease.run_id, error = %e, retry_in = ?pause, "cannot record the run's end yet; retrying");
+                    tracing::debug!(run = %self.lease.run_id, error = %e, retry_in = ?pause, "cannot record {what} yet; retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(END_RETRY_MAX_PAUSE);
                 }
                 done => return done,
             }
         }
+    }
+
+    /// Records the run's end, retrying while the store is unavailable for
+    /// up to a run lease ([`Ledger::retrying`]). The answer the client is
+    /// about to get is only in the transcript once this succeeds, and the
+    /// lease is about the time the run has before a reaper may end it
+    /// `interrupted`. A retry is safe at any time: the store takes the same
+    /// end twice as one (its first attempt may have committed), and refuses
+    /// it once a reaper ended the run.
+    pub async fn end(&self, messages: &[Message], end: &RunEnd) -> Result<(), StoreError> {
+        self.retrying("the run's end", || self.end_once(messages, end))
+            .await
     }
 
     /// [`Ledger::end`] without retries (at shutdown, where every stuck run

@@ -321,6 +321,7 @@ impl Run {
         // withdrawn (a ResolveApproval for it answers NOT_FOUND).
         if stop.is_stopped() {
             drop(pending);
+            // Withdrawn: the call never runs, whatever the store says.
             let _ = self.ledger.expire_approval(&call.id).await;
             return Some(CallOutcome::Halted);
         }
@@ -351,8 +352,12 @@ impl Run {
             }
             Some(Ok(Ok(d))) => Some(d),
             // Timed out: unless an answer was recorded at the last moment
-            // (the store decides which came first), it is denied.
-            Some(_) => self.ledger.expire_approval(&call.id).await,
+            // (the store decides which came first), it is denied; a
+            // timeout the store cannot record stops the run.
+            Some(_) => match self.ledger.expire_approval(&call.id).await {
+                Ok(d) => d,
+                Err(s) => return Some(CallOutcome::Stop(s)),
+            },
         };
         match decision {
             Some(Decision { approve: true, .. }) => None,
@@ -954,11 +959,26 @@ mod tests {
     use tokio::sync::{broadcast, Notify};
 
     /// A memory store whose `request_approval` says when it started and
-    /// finishes only when let go.
+    /// finishes only when let go (if `held`), and whose first
+    /// `expiry_failures` approval timeouts answer UNAVAILABLE.
     struct HeldApprovals {
         inner: MemoryStore,
+        held: bool,
         entered: Notify,
         release: Notify,
+        expiry_failures: std::sync::atomic::AtomicUsize,
+    }
+
+    impl HeldApprovals {
+        fn new(held: bool, expiry_failures: usize) -> HeldApprovals {
+            HeldApprovals {
+                inner: MemoryStore::default(),
+                held,
+                entered: Notify::new(),
+                release: Notify::new(),
+                expiry_failures: expiry_failures.into(),
+            }
+        }
     }
 
     #[async_trait::async_trait]
@@ -1014,9 +1034,11 @@ mod tests {
             self.inner.end_run(l, m, e).await
         }
         async fn request_approval(&self, l: &RunLease, c: &str) -> Result<(), StoreError> {
-            let release = self.release.notified();
-            self.entered.notify_one();
-            release.await;
+            if self.held {
+                let release = self.release.notified();
+                self.entered.notify_one();
+                release.await;
+            }
             self.inner.request_approval(l, c).await
         }
         async fn resolve_approval(&self, r: &str, c: &str, d: &Decision) -> Result<(), StoreError> {
@@ -1027,6 +1049,14 @@ mod tests {
             l: &RunLease,
             c: &str,
         ) -> Result<Option<Decision>, StoreError> {
+            use std::sync::atomic::Ordering;
+            let fail = self
+                .expiry_failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if fail {
+                return Err(StoreError::Unavailable("cut off (test)".into()));
+            }
             self.inner.expire_approval(l, c).await
         }
         async fn request_cancel(&self, run: &str, reason: &str) -> Result<(), StoreError> {
@@ -1061,15 +1091,10 @@ mod tests {
         }
     }
 
-    /// The batch stops while the approval request is being recorded: the
-    /// client never hears of it, and the store's record is withdrawn.
-    #[tokio::test]
-    async fn no_approval_request_is_sent_once_the_batch_stopped_during_its_store_write() {
-        let store = Arc::new(HeldApprovals {
-            inner: MemoryStore::default(),
-            entered: Notify::new(),
-            release: Notify::new(),
-        });
+    /// A run `r1` of session `s1` on `store`, and its client's events.
+    async fn run_on(
+        store: Arc<HeldApprovals>,
+    ) -> (Arc<Run>, mpsc::Receiver<crate::agent::events::QueuedEvent>) {
         store
             .create_session(&NewSession {
                 id: "s1".into(),
@@ -1099,7 +1124,7 @@ mod tests {
             Duration::from_secs(5),
             inst.clone(),
         );
-        let (tx, mut events) = mpsc::channel(16);
+        let (tx, events) = mpsc::channel(16);
         let run = Arc::new(Run::new(
             "r1".into(),
             "s1".into(),
@@ -1113,21 +1138,38 @@ mod tests {
             inst,
             Ledger::new(store.clone(), lease),
         ));
+        (run, events)
+    }
+
+    /// `run` asks for approval of a call `c1` of tool `t`, as a `tool_call`
+    /// hook's `ask` with `timeout`.
+    async fn ask(
+        run: &Arc<Run>,
+        stop: &BatchStop,
+        timeout: Option<Duration>,
+    ) -> Option<CallOutcome> {
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "t".into(),
+            arguments_json: "{}".into(),
+        };
+        let ask = Ask {
+            question: "run t?".into(),
+            timeout,
+        };
+        run.ask_approval(1, 0, &call, "h", ask, stop).await
+    }
+
+    /// The batch stops while the approval request is being recorded: the
+    /// client never hears of it, and the store's record is withdrawn.
+    #[tokio::test]
+    async fn no_approval_request_is_sent_once_the_batch_stopped_during_its_store_write() {
+        let store = Arc::new(HeldApprovals::new(true, 0));
+        let (run, mut events) = run_on(store.clone()).await;
         let stop = BatchStop::default();
         let asking = tokio::spawn({
             let (run, stop) = (run.clone(), stop.clone());
-            async move {
-                let call = ToolCall {
-                    id: "c1".into(),
-                    name: "t".into(),
-                    arguments_json: "{}".into(),
-                };
-                let ask = Ask {
-                    question: "run t?".into(),
-                    timeout: None,
-                };
-                run.ask_approval(1, 0, &call, "h", ask, &stop).await
-            }
+            async move { ask(&run, &stop, None).await }
         });
         store.entered.notified().await;
         // Another call of the batch terminates while the request is written.
@@ -1151,6 +1193,51 @@ mod tests {
                 Err(StoreError::ApprovalNotPending { .. })
             ),
             "the request is withdrawn in the store"
+        );
+    }
+
+    /// An approval that timed out, where the store could not record the
+    /// timeout: taken for a denial, it left the request pending in the
+    /// store, and a later ResolveApproval recorded an approval (answered
+    /// OK) for a call this run had denied. The run now stops instead.
+    #[tokio::test(start_paused = true)]
+    async fn an_approval_timeout_the_store_cannot_record_stops_the_run() {
+        let store = Arc::new(HeldApprovals::new(false, usize::MAX));
+        let (run, _events) = run_on(store.clone()).await;
+        let outcome = ask(&run, &BatchStop::default(), Some(Duration::from_millis(10))).await;
+        let Some(CallOutcome::Stop(Stop::Failed(why))) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(why.contains("could not be recorded"), "{why}");
+    }
+
+    /// A store that answers again within the retry window records the
+    /// timeout, and the call is denied as usual.
+    #[tokio::test(start_paused = true)]
+    async fn an_approval_timeout_is_recorded_once_the_store_answers_again() {
+        let store = Arc::new(HeldApprovals::new(false, 2));
+        let (run, _events) = run_on(store.clone()).await;
+        let outcome = ask(&run, &BatchStop::default(), Some(Duration::from_millis(10))).await;
+        let Some(CallOutcome::Result(r)) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(r.is_error && r.content.contains("timed out"), "{r:?}");
+        assert_eq!(
+            store
+                .resolve_approval(
+                    "r1",
+                    "c1",
+                    &Decision {
+                        approve: true,
+                        note: String::new()
+                    }
+                )
+                .await,
+            Err(StoreError::ApprovalNotPending {
+                run_id: "r1".into(),
+                call_id: "c1".into()
+            }),
+            "the timeout is recorded: a late answer is refused"
         );
     }
 }
