@@ -529,3 +529,60 @@ async fn a_node_server_loading_the_proto_with_default_options_is_told_why() {
     assert!(reason.contains("keepCase: true"), "{reason}");
     assert!(reason.contains("docs/writing-hooks.md"), "{reason}");
 }
+
+/// A patch hookwire accepts alone, but that leaves a request the model
+/// cannot be called with (the tool it must call is not offered): hookwire
+/// fails every run with it, whatever the hook's `failure:`, so the check
+/// fails it too. It used to pass.
+#[tokio::test]
+async fn a_patch_that_leaves_an_invalid_request_fails() {
+    let hook = FnHook::new("chooser", &[K::ModelRequest])
+        .on_model_request(|_, _| async {
+            hookwire::hook_server::Reply::new(pb::ModelRequestVerdict {
+                action: Some(pb::model_request_verdict::Action::PatchRequest(
+                    pb::RequestPatch {
+                        tool_choice: Some(pb::ToolChoice {
+                            mode: pb::tool_choice::Mode::Tool as i32,
+                            tool_name: "web_search".into(),
+                        }),
+                        ..Default::default()
+                    },
+                )),
+            })
+        })
+        .start()
+        .await;
+    let r = check(&hook.addr, RELAXED).await;
+    let f = failures(&r);
+    assert!(!f.is_empty(), "{}", r.table());
+    for (subject, check, why) in &f {
+        assert!(subject.starts_with("model_request"), "{}", r.table());
+        assert_eq!(check, "verdict", "{}", r.table());
+        assert!(
+            why.contains("the patched request cannot be sent") && why.contains("web_search"),
+            "{}",
+            r.table()
+        );
+    }
+}
+
+/// Rewritten arguments the tool's schema refuses: hookwire takes the
+/// verdict as invalid (the rewritten call would reach CallTool unchecked),
+/// so the check fails it. It used to pass.
+#[tokio::test]
+async fn rewrite_args_the_tools_schema_refuses_fail() {
+    let hook = FnHook::new("rewriter", &[K::ToolCall])
+        .on_tool_call(|_, _| async {
+            hookwire::hook_server::Reply::new(pb::ToolCallVerdict {
+                action: Some(pb::tool_call_verdict::Action::RewriteArgs(
+                    pb::RewriteArgs {
+                        arguments_json: r#"{"file":"x"}"#.into(),
+                    },
+                )),
+            })
+        })
+        .start()
+        .await;
+    let r = check(&hook.addr, RELAXED).await;
+    fails_on_every_tool_call(&r, "verdict", "invalid_verdict: rewrite_args");
+}

@@ -11,7 +11,7 @@ use crate::conformance::transcript::{
     Arrival, Health, SentEvent, StreamEnd, StreamLog, ToolCallLog,
 };
 use crate::event::EventKind;
-use crate::hooks::dispatch::accept_verdict;
+use crate::hooks::dispatch::judge_alone;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::verdict::{Action, ToolCallAction, Verdict};
 use crate::hooks::wire::event_kind_from_wire;
@@ -390,7 +390,7 @@ fn blocking(ev: &SentEvent, answers: &[&Arrival], end: &StreamEnd) -> Vec<Row> {
             ),
         )
     };
-    let judged = match accept_verdict(ev.kind, first.verdict.clone(), ev.baseline.as_ref()) {
+    let judged = match judge_alone(ev.kind, first.verdict.clone(), ev.payload.as_ref()) {
         Ok(v) => Row::pass(&ev.subject, "verdict", verdict_text(&v)),
         Err(f) => Row::fail(&ev.subject, "verdict", fault(&f)),
     };
@@ -523,7 +523,7 @@ mod tests {
             deadline: Duration::from_millis(100),
             sent_at: Instant::now(),
             waited: Duration::from_millis(150),
-            baseline: None,
+            payload: None,
         }
     }
 

@@ -21,7 +21,7 @@ use crate::hooks::compose::{
     ChainEvent, InvalidCallStop, InvalidToolCallChain, ModelResponseChain, RunStartChain, Step,
     ToolCallChain, ToolCallStop, ToolResultChain,
 };
-use crate::hooks::dispatch::accept_verdict;
+use crate::hooks::dispatch::judge_alone;
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::stream::classify_status;
@@ -128,7 +128,7 @@ pub async fn run(
 struct Pending {
     seq: u64,
     kind: EventKind,
-    baseline: Option<crate::model::ModelRequest>,
+    payload: Payload,
 }
 
 struct Driver<'a> {
@@ -176,38 +176,26 @@ impl Driver<'_> {
         if !self.sc.subscribes(kind) {
             return None;
         }
-        let baseline = match &payload {
-            Payload::ModelRequest(r) => Some(r.clone()),
-            _ => None,
-        };
         let seq = stream.send(
             kind,
             subject.to_string(),
             self.wire_context(&ctx),
             wire::payload_to_wire(&payload),
-            baseline.clone(),
+            Some(payload.clone()),
         );
-        Some(Pending {
-            seq,
-            kind,
-            baseline,
-        })
+        Some(Pending { seq, kind, payload })
     }
 
     /// The verdict of a sent event, as [`Driver::blocking`] returns it.
     async fn verdict(&mut self, stream: &mut Recorder, sent: Pending) -> Option<Verdict> {
-        let Pending {
-            seq,
-            kind,
-            baseline,
-        } = sent;
+        let Pending { seq, kind, payload } = sent;
         let patience = self.timing.deadline + self.timing.grace;
         let (arrival, in_time) = stream.wait(seq, patience).await?;
         // hookwire discards a late verdict: the event proceeds without it.
         if !in_time {
             return None;
         }
-        let verdict = accept_verdict(kind, arrival.verdict, baseline.as_ref()).ok()?;
+        let verdict = judge_alone(kind, arrival.verdict, Some(&payload)).ok()?;
         for op in &verdict.meta.scratchpad {
             match op {
                 ScratchOp::Set(k, v) => {

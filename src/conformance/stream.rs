@@ -12,8 +12,8 @@ use crate::hooks::client::HookChannel;
 use crate::conformance::transcript::{Arrival, SentEvent, StreamEnd, StreamLog};
 use crate::event::EventKind;
 use crate::hooks::failure::Fault;
+use crate::hooks::payload::Payload;
 use crate::hooks::stream::classify_status;
-use crate::model::ModelRequest;
 use crate::pb;
 use crate::pb::hook_service_client::HookServiceClient;
 
@@ -77,7 +77,7 @@ impl Recorder {
         subject: String,
         context: pb::EventContext,
         payload: pb::hook_event::Payload,
-        baseline: Option<ModelRequest>,
+        judged_on: Option<Payload>,
     ) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -107,7 +107,7 @@ impl Recorder {
             deadline,
             sent_at: Instant::now(),
             waited: Duration::ZERO,
-            baseline,
+            payload: judged_on,
         });
         seq
     }

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::event::EventKind;
 use crate::hooks::failure::Fault;
-use crate::model::ModelRequest;
+use crate::hooks::payload::Payload;
 use crate::pb;
 
 /// One event sent on a `Process` stream.
@@ -25,8 +25,10 @@ pub struct SentEvent {
     pub sent_at: Instant,
     /// How long the checker waited for its verdict (blocking events).
     pub waited: Duration,
-    /// The request a `model_request` patch is validated against.
-    pub baseline: Option<ModelRequest>,
+    /// The event's payload, for a blocking event: what its verdict is
+    /// judged against (the request a patch patches, the tool a
+    /// `rewrite_args` must fit).
+    pub payload: Option<Payload>,
 }
 
 /// A verdict as it arrived, whatever its seq.

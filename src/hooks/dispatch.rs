@@ -131,36 +131,7 @@ impl RunHooks {
     /// that does not is an invalid verdict, under the hook's policy (open:
     /// the rewrite is ignored, as if the hook said continue).
     fn check_rewrite(&self, payload: &Payload, verdict: &Verdict) -> Result<(), Fault> {
-        let (
-            Payload::ToolCall { call, tool, .. },
-            Action::ToolCall(ToolCallAction::RewriteArgs(args)),
-        ) = (payload, &verdict.action)
-        else {
-            return Ok(());
-        };
-        let rewritten = ToolCall {
-            id: call.id.clone(),
-            name: tool.name.clone(),
-            arguments_json: args.clone(),
-        };
-        let schema = |spec: &ToolSpec| match &self.schemas {
-            Some(registry) => registry.validator(spec),
-            None if spec.parameters_json_schema.trim().is_empty() => None,
-            None => compile_schema(&spec.parameters_json_schema)
-                .ok()
-                .map(Arc::new),
-        };
-        match validate_call(&rewritten, std::slice::from_ref(tool), schema) {
-            None => Ok(()),
-            // The schema's complaint names the hook's keys (and paths into
-            // them): that goes to the run's reason, not to logs above
-            // debug or to spans.
-            Some((_, error)) => Err(Fault::quoting_hook(
-                FailureClass::InvalidVerdict,
-                format!("rewrite_args: {error}"),
-                "rewrite_args do not match the tool's schema",
-            )),
-        }
+        check_rewrite(payload, verdict, self.schemas.as_deref())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -868,6 +839,83 @@ pub fn accept_verdict(
         })?;
     }
     Ok(v)
+}
+
+/// How hookwire judges one hook's verdict on `payload`'s event on its own:
+/// [`accept_verdict`], [`check_rewrite`], and a `model_request` patch must
+/// leave a request the model can be called with (the engine checks that
+/// after merging every hook's patch, and fails the run whatever the hook's
+/// `failure:`). What `hookwire hooks check` holds a server to.
+pub fn judge_alone(
+    kind: EventKind,
+    verdict: pb::HookVerdict,
+    payload: Option<&Payload>,
+) -> Result<Verdict, Fault> {
+    let baseline = match payload {
+        Some(Payload::ModelRequest(r)) => Some(r),
+        _ => None,
+    };
+    let v = accept_verdict(kind, verdict, baseline)?;
+    if let Some(p) = payload {
+        check_rewrite(p, &v, None)?;
+    }
+    if let (Action::ModelRequest(patch @ ModelRequestAction::Patch(_)), Some(base)) =
+        (&v.action, baseline)
+    {
+        if let compose::Merged::Request {
+            request,
+            records,
+            removed,
+        } = compose::merge(base, vec![("this hook".into(), patch.clone())])
+        {
+            compose::validate_effective(&request, &records, &removed).map_err(|e| {
+                Fault::new(
+                    FailureClass::InvalidVerdict,
+                    format!("the patched request cannot be sent: {e}; hookwire fails every run with it, whatever the hook's `failure:`"),
+                )
+            })?;
+        }
+    }
+    Ok(v)
+}
+
+/// A `rewrite_args` verdict must leave arguments the tool accepts (a JSON
+/// object that matches its schema), as the model's own call had to: the
+/// rewritten call goes to `CallTool` with no later check. `schemas`: where
+/// compiled schemas are cached (`None`: compiled here).
+pub fn check_rewrite(
+    payload: &Payload,
+    verdict: &Verdict,
+    schemas: Option<&HookRegistry>,
+) -> Result<(), Fault> {
+    let (Payload::ToolCall { call, tool, .. }, Action::ToolCall(ToolCallAction::RewriteArgs(args))) =
+        (payload, &verdict.action)
+    else {
+        return Ok(());
+    };
+    let rewritten = ToolCall {
+        id: call.id.clone(),
+        name: tool.name.clone(),
+        arguments_json: args.clone(),
+    };
+    let schema = |spec: &ToolSpec| match schemas {
+        Some(registry) => registry.validator(spec),
+        None if spec.parameters_json_schema.trim().is_empty() => None,
+        None => compile_schema(&spec.parameters_json_schema)
+            .ok()
+            .map(Arc::new),
+    };
+    match validate_call(&rewritten, std::slice::from_ref(tool), schema) {
+        None => Ok(()),
+        // The schema's complaint names the hook's keys (and paths into
+        // them): that goes to the run's reason, not to logs above debug or
+        // to spans.
+        Some((_, error)) => Err(Fault::quoting_hook(
+            FailureClass::InvalidVerdict,
+            format!("rewrite_args: {error}"),
+            "rewrite_args do not match the tool's schema",
+        )),
+    }
 }
 
 #[cfg(test)]
