@@ -616,6 +616,18 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                         .await
                     }
                 };
+                match &r {
+                    Ok(BatchDecision::Retry(_)) => retract(
+                        &run,
+                        &mut provisional,
+                        "retried by an invalid_tool_call hook",
+                    ),
+                    // Settled: the turn commits with its results. Failed:
+                    // the run ends, and whether the session keeps the turn
+                    // depends on how (an interrupted run's staged turn is
+                    // closed with error results), so it is not retracted.
+                    _ => provisional = None,
+                }
                 Feed::ToolBatch(r)
             }
             Step::TurnEnd(message) => {
@@ -873,7 +885,8 @@ async fn review_response(
             } else {
                 held
             };
-            let await_turn_end = review_final && !Machine::has_tool_calls(&out.payload.message());
+            let calls = Machine::has_tool_calls(&out.payload.message());
+            let await_turn_end = review_final && !calls;
             if await_turn_end && run.agent.config.stream_deltas == StreamDeltas::Hold {
                 *run.held.locked() = release;
             } else {
@@ -881,7 +894,14 @@ async fn review_response(
                 for text in release {
                     run.emit(RunEvent::TextDelta { turn, text });
                 }
-                if !await_turn_end {
+                if calls && run.events.streams() {
+                    // The client is shown a tool-call turn now (its deltas,
+                    // assistant_message and tool_call events), but it
+                    // commits only with its settled batch: an
+                    // invalid_tool_call retry discards it, and the client
+                    // has to hear so (see the ToolBatch step).
+                    *provisional = Some(turn);
+                } else if !await_turn_end {
                     *provisional = None;
                 } else if sent {
                     *provisional = Some(turn);
