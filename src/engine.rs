@@ -79,8 +79,9 @@ pub enum EngineSetupError {
 /// A started run: its events, and the task that drives it.
 pub struct RunHandle {
     pub run_id: String,
-    /// Bounded by `server.run_event_buffer`. When it was full as the run
-    /// ended, the last event (`Finished`) is missing: the report is then
+    /// Bounded by `server.run_event_buffer`. When it stayed full as the run
+    /// ended (the client stalled), the last event (`Finished`) is missing:
+    /// the report is then
     /// `task`'s result. A run started without `streaming` (`Invoke`) queues
     /// only `Finished`.
     pub events: mpsc::Receiver<QueuedEvent>,

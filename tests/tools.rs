@@ -219,6 +219,80 @@ async fn schema_invalid_arguments_go_to_invalid_tool_call_and_retry_reasks_the_m
     server.stop().await;
 }
 
+/// An invalid_tool_call `retry` discards a turn the client was already
+/// shown (its deltas, assistant message and tool call, all sent once the
+/// model_response hooks accepted it): the client is told with a retraction
+/// of that turn before the model is asked again, in either delta mode.
+#[tokio::test]
+async fn an_invalid_tool_call_retry_retracts_the_turn_the_client_was_shown() {
+    use pb::run_event::Event as E;
+    for mode in ["pass", "hold"] {
+        let owner = weather_owner().start().await;
+        let fixer = FnHook::new("fixer", &[K::InvalidToolCall])
+            .on_invalid_tool_call(|_, _| async move {
+                Reply::new(pb::InvalidToolCallVerdict {
+                    action: Some(pb::invalid_tool_call_verdict::Action::Retry(pb::Retry {
+                        feedback: "use city, not town".into(),
+                    })),
+                })
+            })
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[("owner", &owner.addr, ""), ("fixer", &fixer.addr, "")],
+            &format!("tools: [get_weather]\nstream_deltas: {mode}"),
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let events = run_events(&mut c, &s, "bad args with text").await;
+        let r = result_of(&events);
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::Completed,
+            "{mode}: {}",
+            r.reason
+        );
+        assert_eq!(r.final_text, "Tool said: sunny in Paris");
+        let turn1: Vec<&E> = events
+            .iter()
+            .filter_map(|e| e.event.as_ref())
+            .take_while(|e| !matches!(e, E::TurnStarted(t) if t.turn == 2))
+            .collect();
+        let shown: String = turn1
+            .iter()
+            .filter_map(|e| match e {
+                E::TextDelta(d) if d.turn == 1 => Some(d.text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(shown, "Let me check the weather.", "{mode}");
+        assert!(
+            turn1
+                .iter()
+                .any(|e| matches!(e, E::ToolCall(t) if t.turn == 1)),
+            "{mode}: the client was shown the invalid call"
+        );
+        match turn1.last() {
+            Some(E::DeltasRetracted(d)) => {
+                assert_eq!(d.turn, 1, "{mode}");
+                assert!(
+                    d.reason.contains("invalid_tool_call"),
+                    "{mode}: {}",
+                    d.reason
+                );
+            }
+            other => panic!("{mode}: turn 1 was discarded without a retraction: {other:?}"),
+        }
+        assert_eq!(
+            texts(&r.messages)[1],
+            "use city, not town",
+            "{mode}: the retracted turn is not in history"
+        );
+        server.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn invalid_arguments_default_is_an_error_result_for_the_model() {
     let owner = weather_owner().start().await;

@@ -11,12 +11,14 @@
 //!   answer's text again (itself bounded), never a growing queue. Any other
 //!   event that finds the queue full is refused.
 //! - A reader that reads nothing while the runner waits for
-//!   `server.client_stall_timeout` is reported as stalled.
+//!   `server.client_stall_timeout` is reported as stalled (and remembered:
+//!   [`ClientQueue::stalled`]).
 //! - An `Invoke` caller reads only the run's report
 //!   ([`ClientQueue::report_only`]): nothing else is queued, and a caller
 //!   that left is still noticed ([`ClientQueue::is_closed`]).
 
 use crate::lock::LockExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -46,6 +48,9 @@ pub struct ClientQueue {
     /// Deltas (turn, merged text) that found the queue full.
     held: Mutex<Option<(u32, String)>>,
     stall: Duration,
+    /// A wait for room ended stalled: the run is ending for it, and its
+    /// last events must not wait a second stall timeout.
+    stalled: AtomicBool,
     /// The client reads only the run's report (`Invoke`).
     report_only: bool,
 }
@@ -56,6 +61,7 @@ impl ClientQueue {
             tx,
             held: Mutex::new(None),
             stall,
+            stalled: AtomicBool::new(false),
             report_only: false,
         }
     }
@@ -97,6 +103,11 @@ impl ClientQueue {
 
     pub fn stall_timeout(&self) -> Duration {
         self.stall
+    }
+
+    /// A wait for room already ended because the client read nothing.
+    pub fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::Relaxed)
     }
 
     /// Queues `ev` without waiting (see the module docs).
@@ -177,6 +188,7 @@ impl ClientQueue {
                     // Stalled only if the client read nothing meanwhile; a
                     // slow reader that makes progress is waited for.
                     if self.tx.capacity() <= free {
+                        self.stalled.store(true, Ordering::Relaxed);
                         return Err(Unwritable::Stalled);
                     }
                 }

@@ -252,6 +252,32 @@ impl Run {
         }
     }
 
+    /// Queues one of the run's last events (a retraction, `Finished`), any
+    /// held delta ahead of it, waiting for room for as long as the client
+    /// keeps reading: unlike [`Run::deliver`], not cut short by the cancel
+    /// or deadline that may have ended the run. A run that ended while its
+    /// client was behind (a slow reader, a model streaming faster than it
+    /// reads) would otherwise drop them, and the client could not tell
+    /// that deltas it has were void. Bounded by the stall timeout (not
+    /// waited for at all once the client stalled or left).
+    async fn deliver_last(&self, ev: RunEvent) {
+        if !self.events.wants(&ev) || self.events.stalled() || self.events.is_closed() {
+            return self.emit(ev);
+        }
+        match self.events.reserve(1).await {
+            Ok(mut p) => {
+                if let Some(p) = p.next() {
+                    p.send(Box::new(ev));
+                }
+            }
+            Err(Unwritable::Closed) => self.cancel_once("client disconnected"),
+            Err(Unwritable::Stalled) => self.cancel_once(&format!(
+                "the client read none of the run's events for {:?} (server.client_stall_timeout)",
+                self.events.stall_timeout()
+            )),
+        }
+    }
+
     /// The notable verdicts so far (for a report built outside the drive
     /// loop, e.g. after a panic: a poisoned lock still yields its records).
     pub fn verdict_records(&self) -> Vec<VerdictRecord> {
@@ -595,6 +621,18 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                         .await
                     }
                 };
+                match &r {
+                    Ok(BatchDecision::Retry(_)) => retract(
+                        &run,
+                        &mut provisional,
+                        "retried by an invalid_tool_call hook",
+                    ),
+                    // Settled: the turn commits with its results. Failed:
+                    // the run ends, and whether the session keeps the turn
+                    // depends on how (an interrupted run's staged turn is
+                    // closed with error results), so it is not retracted.
+                    _ => provisional = None,
+                }
                 Feed::ToolBatch(r)
             }
             Step::TurnEnd(message) => {
@@ -662,16 +700,20 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     drop(final_output);
     // Deltas of a turn that was never accepted (a hook failure, a timeout,
     // a cancel after they were streamed) are withdrawn too.
-    let reason = format!(
-        "the run ended ({}) before the turn was accepted",
-        ending.outcome
-    );
-    retract(&run, &mut provisional, &reason);
+    let retraction = provisional.take().map(|turn| RunEvent::DeltasRetracted {
+        turn,
+        reason: format!(
+            "the run ended ({}) before the turn was accepted",
+            ending.outcome
+        ),
+    });
     let ending = record_end(&run, &mut machine, ending).await;
-    for ev in machine.drain_events() {
-        run.deliver(ev).await;
+    // Sent once the end is recorded, so a client that is behind never
+    // keeps the session busy.
+    for ev in retraction.into_iter().chain(machine.drain_events()) {
+        run.deliver_last(ev).await;
     }
-    finish(&run, ending)
+    finish(&run, ending).await
 }
 
 /// Records the run's end with its last commit (the ledger retries a store
@@ -848,7 +890,8 @@ async fn review_response(
             } else {
                 held
             };
-            let await_turn_end = review_final && !Machine::has_tool_calls(&out.payload.message());
+            let calls = Machine::has_tool_calls(&out.payload.message());
+            let await_turn_end = review_final && !calls;
             if await_turn_end && run.agent.config.stream_deltas == StreamDeltas::Hold {
                 *run.held.locked() = release;
             } else {
@@ -856,7 +899,14 @@ async fn review_response(
                 for text in release {
                     run.emit(RunEvent::TextDelta { turn, text });
                 }
-                if !await_turn_end {
+                if calls && run.events.streams() {
+                    // The client is shown a tool-call turn now (its deltas,
+                    // assistant_message and tool_call events), but it
+                    // commits only with its settled batch: an
+                    // invalid_tool_call retry discards it, and the client
+                    // has to hear so (see the ToolBatch step).
+                    *provisional = Some(turn);
+                } else if !await_turn_end {
                     *provisional = None;
                 } else if sent {
                     *provisional = Some(turn);
@@ -911,7 +961,7 @@ fn call_id_prefix(run_id: &str, turn: u32) -> String {
     format!("hw_{short}_{turn}_")
 }
 
-fn finish(run: &Run, mut ending: Ending) -> RunReport {
+async fn finish(run: &Run, mut ending: Ending) -> RunReport {
     // The last check: a run that ended well does not end so when a closed
     // hook broke its protocol since the last step; any other ending keeps
     // its reason, and the fault is still counted and logged.
@@ -942,7 +992,7 @@ fn finish(run: &Run, mut ending: Ending) -> RunReport {
         hook_verdicts: run.records.locked().clone(),
         finish_reason: ending.finish_reason,
     };
-    run.emit(RunEvent::Finished(report.clone()));
+    run.deliver_last(RunEvent::Finished(report.clone())).await;
     report
 }
 
@@ -1238,6 +1288,129 @@ mod tests {
                 call_id: "c1".into()
             }),
             "the timeout is recorded: a late answer is refused"
+        );
+    }
+
+    /// Streams `chunks` as deltas, says it is about to fail, then fails.
+    struct FailsMidStream {
+        chunks: Vec<String>,
+        failing: Arc<Notify>,
+    }
+
+    impl crate::model::ModelProvider for FailsMidStream {
+        fn provider_name(&self) -> &'static str {
+            "test"
+        }
+        fn model_name(&self) -> &str {
+            "m"
+        }
+        fn complete<'a>(
+            &'a self,
+            _request: &'a ModelRequest,
+            on_delta: crate::model::DeltaSink<'a>,
+        ) -> futures::future::BoxFuture<'a, Result<ModelResponse, crate::model::ModelError>>
+        {
+            Box::pin(async move {
+                for c in &self.chunks {
+                    on_delta(c);
+                }
+                self.failing.notify_one();
+                Err(crate::model::ModelError {
+                    provider: "test",
+                    model: "m".into(),
+                    status: Some(500),
+                    message: "connection reset mid-stream".into(),
+                })
+            })
+        }
+    }
+
+    /// The model streams faster than the client reads (later deltas merge
+    /// into the queue's held delta), then fails: the client still gets all
+    /// the streamed text, then the retraction, then `Finished`, although
+    /// the queue was full when the run ended.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_that_fails_mid_stream_with_its_queue_full_still_retracts_the_deltas() {
+        let store = Arc::new(MemoryStore::default());
+        store
+            .create_session(&NewSession {
+                id: "s1".into(),
+                agent: "a".into(),
+                owner: "o".into(),
+                extra_hooks: vec![],
+                metadata: Default::default(),
+            })
+            .await
+            .unwrap();
+        let lease = store.begin_run("s1", "r1", "me").await.unwrap();
+        let config = Config::parse(
+            "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m, stream_deltas: pass}]\n",
+            "test",
+        )
+        .unwrap();
+        let chunks: Vec<String> = (0..40).map(|i| format!("w{i} ")).collect();
+        let failing = Arc::new(Notify::new());
+        let agent = Arc::new(AgentRuntime {
+            config: config.agents[0].clone(),
+            model: Arc::new(FailsMidStream {
+                chunks: chunks.clone(),
+                failing: failing.clone(),
+            }),
+        });
+        let inst = Instruments::new(&config.telemetry);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let hooks = RunHooks::new(
+            vec![],
+            EventContext::default(),
+            deadline,
+            Duration::from_secs(5),
+            inst.clone(),
+        );
+        let (tx, mut events) = mpsc::channel(16);
+        let run = Arc::new(Run::new(
+            "r1".into(),
+            "s1".into(),
+            agent,
+            hooks,
+            Arc::new(HookRegistry::new(&config).unwrap()),
+            true,
+            Arc::new(Approvals::default()),
+            deadline,
+            tx,
+            inst,
+            Ledger::new(store.clone(), lease),
+        ));
+        let driving = tokio::spawn(drive(run, Arc::new(vec![]), "hi".into()));
+        // Nothing is read until the model has failed: by then the queue is
+        // full and the deltas past it are held.
+        failing.notified().await;
+        let mut got = Vec::new();
+        while let Some(ev) = events.recv().await {
+            got.push(*ev);
+        }
+        let report = driving.await.unwrap();
+        assert_eq!(report.outcome, RunOutcome::ModelFailed);
+        let retracted = got
+            .iter()
+            .position(|e| matches!(e, RunEvent::DeltasRetracted { turn: 1, .. }))
+            .unwrap_or_else(|| panic!("no retraction reached the client: {got:?}"));
+        let streamed: String = got[..retracted]
+            .iter()
+            .filter_map(|e| match e {
+                RunEvent::TextDelta { turn: 1, text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(streamed, chunks.concat(), "every streamed chunk, in order");
+        assert!(
+            matches!(got.last(), Some(RunEvent::Finished(r)) if r.outcome == RunOutcome::ModelFailed),
+            "Finished is the last event: {:?}",
+            got.last()
+        );
+        assert_eq!(
+            retracted,
+            got.len() - 2,
+            "the retraction comes right before it"
         );
     }
 }

@@ -155,8 +155,9 @@ impl AgentService for AgentApi {
                 }
             }
             left.0 = None;
-            // The run ended while its event queue was full, so `Finished`
-            // could not be queued: the report is the task's result.
+            // The run ended while its event queue stayed full (the client
+            // stalled), so `Finished` could not be queued: the report is the
+            // task's result.
             let last = match handle.task.await {
                 Ok(report) => Ok(convert::run_event(
                     &run_id,

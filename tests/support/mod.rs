@@ -719,6 +719,9 @@ pub const SCRIPTED_RULES: &str = r#"
         tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { town: "Oslo" } } ]
       - when: { last_user_contains: "three tools" }
         tool_calls: [ { name: get_weather, arguments: { city: "Paris" } }, { name: get_weather, arguments: { city: "Oslo" } }, { name: get_weather, arguments: { city: "Rome" } } ]
+      - when: { last_user_contains: "bad args with text" }
+        text: "Let me check the weather."
+        tool_calls: [ { name: get_weather, arguments: { town: "Paris" } } ]
       - when: { last_user_contains: "bad args" }
         tool_calls: [ { name: get_weather, arguments: { town: "Paris" } } ]
       - when: { last_user_contains: "use city" }
