@@ -85,10 +85,19 @@ function args(argv) {
 
 // ------------------------------------------------------------- redactor
 
+// The e-mail pattern starts only where a run of name characters starts and
+// reads at most 64 of them (an address's local part): unanchored, it tried
+// every position of a long run without an "@" (a token, base64, hex), which
+// is quadratic and blocks the event loop, and with it every stream.
 const PATTERNS = [
-  ["email", /[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}/g],
+  ["email", /(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}/g],
   ["api_key", /\bsk-[A-Za-z0-9_-]{8,}/g],
 ];
+
+/** At most 200 characters of `s`, marked when cut. */
+function shorten(s) {
+  return s.length > 200 ? `${s.slice(0, 200)}...` : s;
+}
 
 /** The text with every match masked, and a summary such as "1 email". */
 function redact(text) {
@@ -127,7 +136,8 @@ function toolCall(event) {
       verdict: {
         tool_call: {
           ask: {
-            question: `Allow the agent to call ${name} with ${event.tool_call.call.arguments_json}?`,
+            // Bounded: a question over 64 KiB makes the verdict invalid.
+            question: `Allow the agent to call ${name} with ${shorten(event.tool_call.call.arguments_json)}?`,
             timeout_ms: 0,
           },
         },

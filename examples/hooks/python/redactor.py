@@ -21,8 +21,16 @@ from hooklib import Feature, RunState, ev, verdict
 
 # Kinds of sensitive text, in the order they are applied. Patterns are meant
 # to be obvious, not complete: a real deployment tunes them.
+#
+# The e-mail pattern starts only where a run of name characters starts and
+# reads at most 64 of them (an address's local part): unanchored, it tried
+# every position of a long run without an "@" (a token, base64, hex), which
+# is quadratic - 40 KB of it took seconds, and redact() runs on the event
+# loop, stalling every stream of the server past its deadlines.
 PATTERNS = {
-    "email": re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
+    "email": re.compile(
+        r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+    ),
     "api_key": re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
     "secret": re.compile(r"\bSECRET-\w+"),
 }

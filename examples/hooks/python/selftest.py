@@ -352,6 +352,24 @@ def decides_events_concurrently(s: dict) -> None:
 
 
 @check
+def a_long_run_of_token_text_is_redacted_within_its_deadline(s: dict) -> None:
+    """100 KB of base64-like text without an "@" (a token in a tool result):
+    the e-mail pattern tried every position of it, quadratic, for seconds on
+    the event loop, past this event's deadline and every other stream's."""
+    r = Run(s["all"], "r-long")
+    token = "QWxhZGRpbjpvcGVuIHNlc2FtZQ" * 4000
+    result = common.ToolResultBlock(call_id="c1", content=f"token {token} for ada@example.com")
+    start = time.monotonic()
+    r.send(1, "tool_result", pb.ToolResultEvent(result=result, call_index=0), deadline_ms=2000)
+    v = r.recv(1, "tool_result", timeout=30)
+    took = time.monotonic() - start
+    require(took < 2.0, f"took {took:.2f}s, past the event's 2 s deadline")
+    require(v.tool_result.WhichOneof("action") == "rewrite_result", v)
+    require(v.tool_result.rewrite_result.content.endswith("for [REDACTED:email]"))
+    r.close()
+
+
+@check
 def telemetry_only_mode(s: dict) -> None:
     r = Run(s["slow"], "r-telemetry")
     action, _, v = r.ask(1, "run_start", pb.RunStartEvent(input=SECRET_INPUT), deadline_ms=10_000)
