@@ -244,19 +244,31 @@ fn finish<V>(
     }
 }
 
-async fn handle<H: Hook>(hook: &H, mut ev: pb::HookEvent) -> Option<pb::HookVerdict> {
+/// The verdict for `ev` (`None`: an observe event). A blocking event this
+/// helper cannot read (a kind newer than it, no payload) fails the stream,
+/// as the proto asks: left unanswered, hookwire would wait out its deadline.
+async fn handle<H: Hook>(
+    hook: &H,
+    mut ev: pb::HookEvent,
+) -> Result<Option<pb::HookVerdict>, Status> {
     use pb::hook_event::Payload as P;
     use pb::hook_verdict::Verdict as V;
     if !ev.expects_verdict {
         let ctx = ev.context.clone().unwrap_or_default();
         hook.observe(&ctx, ev).await;
-        return None;
+        return Ok(None);
     }
     // The event is taken apart below, so its context moves rather than
     // being copied.
     let ctx = ev.context.take().unwrap_or_default();
     let seq = ev.seq;
-    Some(match ev.payload? {
+    let Some(payload) = ev.payload else {
+        return Err(Status::invalid_argument(format!(
+            "blocking event seq {seq} (kind {}) has no payload this hook server can read: it may be newer than this server's hookwire.v1",
+            ev.kind
+        )));
+    };
+    Ok(Some(match payload {
         P::SessionStart(e) => finish(seq, hook.session_start(&ctx, e).await, V::SessionStart),
         P::RunStart(e) => finish(seq, hook.run_start(&ctx, e).await, V::RunStart),
         P::ModelRequest(e) => finish(seq, hook.model_request(&ctx, e).await, V::ModelRequest),
@@ -271,11 +283,12 @@ async fn handle<H: Hook>(hook: &H, mut ev: pb::HookEvent) -> Option<pb::HookVerd
         P::TurnEnd(e) => finish(seq, hook.turn_end(&ctx, e).await, V::TurnEnd),
         // Observe-only events never expect a verdict; answering would be a
         // protocol violation.
-        P::TextDelta(_) | P::RunEnd(_) | P::SessionEnd(_) => return None,
-    })
+        P::TextDelta(_) | P::RunEnd(_) | P::SessionEnd(_) => return Ok(None),
+    }))
 }
 
 type VerdictStream = Pin<Box<dyn Stream<Item = Result<pb::HookVerdict, Status>> + Send>>;
+type Decision = Pin<Box<dyn Future<Output = Result<Option<pb::HookVerdict>, Status>> + Send>>;
 
 /// One `Process` stream's verdicts. It reads the events and drives their
 /// handlers itself, concurrently, inside the response stream: the stream
@@ -286,7 +299,7 @@ struct Verdicts<H> {
     hook: Arc<H>,
     /// None once hookwire half-closed the stream (or it broke).
     inbound: Option<Streaming<pb::HookEvent>>,
-    deciding: FuturesUnordered<Pin<Box<dyn Future<Output = Option<pb::HookVerdict>> + Send>>>,
+    deciding: FuturesUnordered<Decision>,
 }
 
 impl<H: Hook> Stream for Verdicts<H> {
@@ -309,9 +322,15 @@ impl<H: Hook> Stream for Verdicts<H> {
         }
         loop {
             match this.deciding.poll_next_unpin(cx) {
-                Poll::Ready(Some(Some(v))) => return Poll::Ready(Some(Ok(v))),
+                Poll::Ready(Some(Ok(Some(v)))) => return Poll::Ready(Some(Ok(v))),
                 // An observe event: nothing to answer.
-                Poll::Ready(Some(None)) => continue,
+                Poll::Ready(Some(Ok(None))) => continue,
+                // The stream fails with it; nothing more is read.
+                Poll::Ready(Some(Err(status))) => {
+                    this.inbound = None;
+                    this.deciding.clear();
+                    return Poll::Ready(Some(Err(status)));
+                }
                 // Half-closed and every event answered: end our side.
                 Poll::Ready(None) if this.inbound.is_none() => return Poll::Ready(None),
                 // Waiting for events (inbound registered the waker) or for

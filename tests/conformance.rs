@@ -586,3 +586,20 @@ async fn rewrite_args_the_tools_schema_refuses_fail() {
     let r = check(&hook.addr, RELAXED).await;
     fails_on_every_tool_call(&r, "verdict", "invalid_verdict: rewrite_args");
 }
+
+/// A server that ends its side of the run's stream right after its last
+/// verdict, with run_end still to come: hookwire takes that as a broken
+/// stream (run_end is never read). The end sat in the checker's queue
+/// until it half-closed, and was taken for a clean one.
+#[tokio::test]
+async fn a_stream_ended_before_the_run_was_over_does_not_close_cleanly() {
+    let addr = fault(K::TurnEnd, Misbehave::AnswerThenEnd, &[K::RunEnd]).await;
+    let r = check(&addr, RELAXED).await;
+    let row = r.row("run stream", "closes cleanly").unwrap();
+    assert_eq!(row.status, Status::Fail, "{}", r.table());
+    assert!(
+        row.reason.contains("before hookwire half-closed it"),
+        "{}",
+        r.table()
+    );
+}

@@ -920,3 +920,34 @@ async fn a_rewritten_response_with_a_tool_result_block_is_an_invalid_verdict() {
         server.stop().await;
     }
 }
+
+/// The Rust helper fails a stream on a blocking event it cannot read (a
+/// kind newer than it: no payload it knows), as the proto asks, rather
+/// than leave it unanswered for hookwire to wait out its deadline.
+#[tokio::test]
+async fn the_rust_helper_fails_the_stream_on_a_blocking_event_it_cannot_read() {
+    use pb::hook_service_client::HookServiceClient;
+    let hook = FnHook::new("h", &[K::RunStart]).start().await;
+    let mut client = HookServiceClient::connect(hook.addr.clone()).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(pb::HookEvent {
+        seq: 1,
+        kind: 999,
+        expects_verdict: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut verdicts = client
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let failed = tokio::time::timeout(std::time::Duration::from_secs(10), verdicts.message())
+        .await
+        .expect("answered, not left waiting")
+        .expect_err("the stream fails");
+    assert_eq!(failed.code(), tonic::Code::InvalidArgument, "{failed}");
+    assert!(failed.message().contains("seq 1"), "{failed}");
+    drop(tx);
+}

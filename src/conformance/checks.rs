@@ -71,14 +71,14 @@ pub fn describe(d: &pb::DescribeResponse, took: Duration) -> Vec<Row> {
             format!("{} {}", d.name, d.version).trim_end().to_string(),
         )
     });
+    // Kinds this hookwire does not know: a server built against a newer
+    // contract may list them (hookwire ignores them, and a newer hookwire
+    // sends them), so they are noted, not failed. Only 0 is no kind at all.
     let unknown: Vec<String> = d
         .events
         .iter()
-        .filter(|v| event_kind_from_wire(**v).is_none())
-        .map(|v| match pb::EventKind::try_from(*v) {
-            Ok(k) => k.as_str_name().to_string(),
-            Err(_) => v.to_string(),
-        })
+        .filter(|v| **v != 0 && event_kind_from_wire(**v).is_none())
+        .map(|v| v.to_string())
         .collect();
     let known: Vec<&str> = d
         .events
@@ -86,14 +86,25 @@ pub fn describe(d: &pb::DescribeResponse, took: Duration) -> Vec<Row> {
         .filter_map(|v| event_kind_from_wire(*v))
         .map(EventKind::name)
         .collect();
-    rows.push(if !unknown.is_empty() {
+    let newer = if unknown.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; kind(s) {} are unknown to this hookwire (newer?), which ignores them",
+            unknown.join(", ")
+        )
+    };
+    rows.push(if d.events.contains(&0) {
         Row::fail(
             DESCRIBE,
             "events",
-            format!(
-                "unknown event kind(s) {}; hookwire ignores them",
-                unknown.join(", ")
-            ),
+            "lists EVENT_KIND_UNSPECIFIED (0), which is no event; leave it out",
+        )
+    } else if known.is_empty() && !unknown.is_empty() {
+        Row::pass(
+            DESCRIBE,
+            "events",
+            format!("none this hookwire knows{newer}"),
         )
     } else if known.is_empty() {
         Row::pass(
@@ -102,7 +113,7 @@ pub fn describe(d: &pb::DescribeResponse, took: Duration) -> Vec<Row> {
             "none: owns tools only, Process is never opened",
         )
     } else {
-        Row::pass(DESCRIBE, "events", known.join(", "))
+        Row::pass(DESCRIBE, "events", format!("{}{newer}", known.join(", ")))
     });
     let mut problems = Vec::new();
     for (i, t) in d.tools.iter().enumerate() {
@@ -561,6 +572,36 @@ mod tests {
         rows.iter()
             .find(|r| r.subject == subject && r.check == check)
             .unwrap_or_else(|| panic!("no row {subject}/{check} in {rows:#?}"))
+    }
+
+    /// A kind this hookwire does not know (a server built against a newer
+    /// contract) is noted, not failed: hookwire ignores it. Only 0 fails.
+    #[test]
+    fn describe_notes_newer_event_kinds_and_fails_only_unspecified() {
+        use crate::conformance::report::Status;
+        let newer = pb::DescribeResponse {
+            name: "h".into(),
+            events: vec![pb::EventKind::RunStart as i32, 999],
+            ..Default::default()
+        };
+        let row = describe(&newer, Duration::ZERO)
+            .into_iter()
+            .find(|r| r.check == "events")
+            .unwrap();
+        assert_eq!(row.status, Status::Pass, "{row:?}");
+        assert!(
+            row.reason.starts_with("run_start; kind(s) 999 are unknown"),
+            "{row:?}"
+        );
+        let unspecified = pb::DescribeResponse {
+            events: vec![0, pb::EventKind::RunStart as i32],
+            ..newer
+        };
+        let row = describe(&unspecified, Duration::ZERO)
+            .into_iter()
+            .find(|r| r.check == "events")
+            .unwrap();
+        assert_eq!(row.status, Status::Fail, "{row:?}");
     }
 
     #[test]

@@ -171,10 +171,14 @@ impl Recorder {
                 opening,
             } => {
                 self.end = Some(match (result, self.half_closed_at) {
-                    (Ok(()), Some(closed)) => StreamEnd::Clean {
+                    // Only an end after the half-close is clean: one that
+                    // came before it (read from the queue only now) left
+                    // events unread, which hookwire takes as a broken
+                    // stream.
+                    (Ok(()), Some(closed)) if at >= closed => StreamEnd::Clean {
                         after: at.saturating_duration_since(closed),
                     },
-                    (Ok(()), None) => StreamEnd::Early { at },
+                    (Ok(()), _) => StreamEnd::Early { at },
                     (Err(fault), _) => StreamEnd::Failed { fault, at, opening },
                 });
                 self.tx = None;

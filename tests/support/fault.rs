@@ -46,6 +46,9 @@ pub enum Misbehave {
     /// of the latest (the bug of a handler that is not ready for several
     /// events at once).
     LatestSeq(usize),
+    /// Answers `on`, then ends its side of the stream with OK at once,
+    /// before the run is over (events still to come are never read).
+    AnswerThenEnd,
 }
 
 impl Misbehave {
@@ -53,7 +56,7 @@ impl Misbehave {
         match self {
             Misbehave::Hang | Misbehave::Late(_) | Misbehave::Deaf => "deadline",
             Misbehave::Status => "status",
-            Misbehave::CloseStream => "stream_reset",
+            Misbehave::CloseStream | Misbehave::AnswerThenEnd => "stream_reset",
             Misbehave::WrongKind => "wrong_kind",
             Misbehave::Invalid => "invalid_verdict",
             Misbehave::Duplicate | Misbehave::LatestSeq(_) => "duplicate",
@@ -256,7 +259,8 @@ impl pb::hook_service_server::HookService for FaultHook {
                         | Misbehave::RefuseStream
                         | Misbehave::Deaf
                         | Misbehave::LatestSeq(_)
-                        | Misbehave::Unsubscribed => {}
+                        | Misbehave::Unsubscribed
+                        | Misbehave::AnswerThenEnd => {}
                     }
                     continue;
                 }
@@ -298,6 +302,10 @@ impl pb::hook_service_server::HookService for FaultHook {
                         return;
                     }
                     Misbehave::CloseStream => return,
+                    Misbehave::AnswerThenEnd => {
+                        let _ = tx.send(Ok(ok)).await;
+                        return;
+                    }
                     Misbehave::WrongKind => {
                         let _ = tx
                             .send(Ok(pb::HookVerdict {
