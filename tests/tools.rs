@@ -829,17 +829,7 @@ async fn a_cut_off_call_in_a_rewritten_response_goes_to_invalid_tool_call() {
         owner.hook.tool_calls.lock().unwrap().is_empty(),
         "the cut-off call ran"
     );
-    let invalid: Vec<pb::InvalidToolCallEvent> = echo
-        .hook
-        .seen
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|e| match &e.payload {
-            Some(pb::hook_event::Payload::InvalidToolCall(i)) => Some(i.clone()),
-            _ => None,
-        })
-        .collect();
+    let invalid = echo.hook.invalid_tool_calls();
     assert_eq!(invalid.len(), 1, "{invalid:?}");
     assert_eq!(
         invalid[0].problem,
@@ -1157,17 +1147,7 @@ async fn a_tool_hidden_by_active_tools_is_an_unknown_tool_and_never_runs() {
         owner.hook.tool_calls.lock().unwrap().is_empty(),
         "the hidden tool ran"
     );
-    let invalid: Vec<pb::InvalidToolCallEvent> = narrow
-        .hook
-        .seen
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|e| match &e.payload {
-            Some(pb::hook_event::Payload::InvalidToolCall(i)) => Some(i.clone()),
-            _ => None,
-        })
-        .collect();
+    let invalid = narrow.hook.invalid_tool_calls();
     assert_eq!(invalid.len(), 1, "{invalid:?}");
     assert_eq!(
         invalid[0].problem,

@@ -1141,10 +1141,8 @@ mod tests {
         }
     }
 
-    /// A run `r1` of session `s1` on `store`, and its client's events.
-    async fn run_on(
-        store: Arc<HeldApprovals>,
-    ) -> (Arc<Run>, mpsc::Receiver<crate::agent::events::QueuedEvent>) {
+    /// Session `s1` in `store`, and its run `r1` begun.
+    async fn begun(store: &dyn SessionStore) -> RunLease {
         store
             .create_session(&NewSession {
                 id: "s1".into(),
@@ -1155,7 +1153,14 @@ mod tests {
             })
             .await
             .unwrap();
-        let lease = store.begin_run("s1", "r1", "me").await.unwrap();
+        store.begin_run("s1", "r1", "me").await.unwrap()
+    }
+
+    /// A run `r1` of session `s1` on `store`, and its client's events.
+    async fn run_on(
+        store: Arc<HeldApprovals>,
+    ) -> (Arc<Run>, mpsc::Receiver<crate::agent::events::QueuedEvent>) {
+        let lease = begun(&*store).await;
         let config = Config::parse(
             "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m}]\n",
             "test",
@@ -1332,17 +1337,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_run_that_fails_mid_stream_with_its_queue_full_still_retracts_the_deltas() {
         let store = Arc::new(MemoryStore::default());
-        store
-            .create_session(&NewSession {
-                id: "s1".into(),
-                agent: "a".into(),
-                owner: "o".into(),
-                extra_hooks: vec![],
-                metadata: Default::default(),
-            })
-            .await
-            .unwrap();
-        let lease = store.begin_run("s1", "r1", "me").await.unwrap();
+        let lease = begun(&*store).await;
         let config = Config::parse(
             "models: [{name: m, provider: scripted}]\nagents: [{name: a, model: m, stream_deltas: pass}]\n",
             "test",

@@ -376,6 +376,19 @@ impl FnHook {
         self
     }
 
+    /// The invalid_tool_call events received, in order.
+    pub fn invalid_tool_calls(&self) -> Vec<pb::InvalidToolCallEvent> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match &e.payload {
+                Some(pb::hook_event::Payload::InvalidToolCall(i)) => Some(i.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Names of the events received, in order.
     pub fn seen_kinds(&self) -> Vec<String> {
         self.seen
