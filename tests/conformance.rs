@@ -603,3 +603,46 @@ async fn a_stream_ended_before_the_run_was_over_does_not_close_cleanly() {
         r.table()
     );
 }
+
+/// Scratchpad updates that each fit, but together overflow the run's
+/// scratchpad (1 MiB, keys plus values): hookwire refuses the verdict that
+/// overflows it (invalid_verdict), so the check fails it. Each verdict was
+/// judged alone before, and passed.
+#[tokio::test]
+async fn scratchpad_updates_over_the_runs_total_fail() {
+    const HALF: usize = 600 * 1024;
+    let hook = FnHook::new("hoarder", &[K::RunStart, K::ModelRequest])
+        .on_run_start(|_, _| async {
+            hookwire::hook_server::Reply::new(pb::RunStartVerdict {
+                action: Some(pb::run_start_verdict::Action::Proceed(pb::Continue {})),
+            })
+            .set("first", vec![b'a'; HALF])
+        })
+        .on_model_request(|_, _| async {
+            hookwire::hook_server::Reply::new(pb::ModelRequestVerdict {
+                action: Some(pb::model_request_verdict::Action::Proceed(pb::Continue {})),
+            })
+            .set("second", vec![b'b'; HALF])
+        })
+        .start()
+        .await;
+    let r = check(&hook.addr, RELAXED).await;
+    let f = failures(&r);
+    assert!(!f.is_empty(), "{}", r.table());
+    for (subject, check, why) in &f {
+        assert!(subject.starts_with("model_request"), "{}", r.table());
+        assert_eq!(check, "verdict", "{}", r.table());
+        assert!(
+            why.starts_with("invalid_verdict: scratchpad updates would make the run's scratchpad")
+                && why.contains("over the 1048576 byte limit"),
+            "{}",
+            r.table()
+        );
+    }
+    assert_eq!(
+        r.row("run_start", "verdict").unwrap().status,
+        Status::Pass,
+        "{}",
+        r.table()
+    );
+}

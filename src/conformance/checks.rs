@@ -401,7 +401,12 @@ fn blocking(ev: &SentEvent, answers: &[&Arrival], end: &StreamEnd) -> Vec<Row> {
             ),
         )
     };
-    let judged = match judge_alone(ev.kind, first.verdict.clone(), ev.payload.as_ref()) {
+    let judged = match judge_alone(
+        ev.kind,
+        first.verdict.clone(),
+        ev.payload.as_ref(),
+        ev.scratchpad.as_ref(),
+    ) {
         Ok(v) => Row::pass(&ev.subject, "verdict", verdict_text(&v)),
         Err(f) => Row::fail(&ev.subject, "verdict", fault(&f)),
     };
@@ -535,6 +540,7 @@ mod tests {
             sent_at: Instant::now(),
             waited: Duration::from_millis(150),
             payload: None,
+            scratchpad: None,
         }
     }
 

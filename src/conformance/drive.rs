@@ -21,11 +21,11 @@ use crate::hooks::compose::{
     ChainEvent, InvalidCallStop, InvalidToolCallChain, ModelResponseChain, RunStartChain, Step,
     ToolCallChain, ToolCallStop, ToolResultChain,
 };
-use crate::hooks::dispatch::judge_alone;
+use crate::hooks::dispatch::{judge_alone, scratchpad_after};
 use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::payload::{EventContext, Payload};
 use crate::hooks::stream::classify_status;
-use crate::hooks::verdict::{ScratchOp, Verdict};
+use crate::hooks::verdict::Verdict;
 use crate::hooks::wire;
 use crate::message::{Message, ToolCall, ToolResult};
 use crate::pb;
@@ -195,17 +195,14 @@ impl Driver<'_> {
         if !in_time {
             return None;
         }
-        let verdict = judge_alone(kind, arrival.verdict, Some(&payload)).ok()?;
-        for op in &verdict.meta.scratchpad {
-            match op {
-                ScratchOp::Set(k, v) => {
-                    self.scratchpad.insert(k.clone(), v.clone());
-                }
-                ScratchOp::Delete(k) => {
-                    self.scratchpad.remove(k);
-                }
-            }
-        }
+        let verdict = judge_alone(kind, arrival.verdict, Some(&payload), None).ok()?;
+        // hookwire refuses the whole verdict when its updates overflow the
+        // run's scratchpad (the check's row says so).
+        self.scratchpad = scratchpad_after(
+            self.scratchpad.clone(),
+            verdict.meta.scratchpad.iter().cloned(),
+        )
+        .ok()?;
         Some(verdict)
     }
 

@@ -83,6 +83,13 @@ impl Recorder {
         self.next_seq += 1;
         let deadline = Duration::from_millis(context.deadline_remaining_ms);
         let traceparent = context.traceparent.clone();
+        let scratchpad = judged_on.as_ref().map(|_| {
+            context
+                .scratchpad
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        });
         let event = pb::HookEvent {
             seq,
             kind: pb::EventKind::from(kind) as i32,
@@ -108,6 +115,7 @@ impl Recorder {
             sent_at: Instant::now(),
             waited: Duration::ZERO,
             payload: judged_on,
+            scratchpad,
         });
         seq
     }

@@ -3,6 +3,7 @@
 //! waiting) lets a verdict that arrives late, twice or unasked be attributed
 //! to the event it belongs to, whenever it shows up before the stream ends.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,6 +30,9 @@ pub struct SentEvent {
     /// judged against (the request a patch patches, the tool a
     /// `rewrite_args` must fit).
     pub payload: Option<Payload>,
+    /// The run's scratchpad as the event carried it, for a blocking event:
+    /// its verdict's updates must keep it within the run's limit.
+    pub scratchpad: Option<BTreeMap<String, Vec<u8>>>,
 }
 
 /// A verdict as it arrived, whatever its seq.

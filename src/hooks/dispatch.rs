@@ -424,38 +424,14 @@ impl RunHooks {
         Ok(())
     }
 
-    /// Applies a verdict's scratchpad updates, all or none: updates that
-    /// would make the run's scratchpad larger than
-    /// [`wire::MAX_SCRATCHPAD_BYTES`] make the verdict invalid.
+    /// Applies a verdict's scratchpad updates, all or none
+    /// ([`scratchpad_after`]).
     fn apply_scratchpad(&self, ops: Vec<ScratchOp>) -> Result<(), Fault> {
         if ops.is_empty() {
             return Ok(());
         }
         let mut pad = self.scratchpad.locked();
-        let mut next = pad.clone();
-        for op in ops {
-            match op {
-                ScratchOp::Set(k, v) => {
-                    next.insert(k, v);
-                }
-                ScratchOp::Delete(k) => {
-                    next.remove(&k);
-                }
-            }
-        }
-        let size = next
-            .iter()
-            .fold(0usize, |n, (k, v)| n.saturating_add(k.len() + v.len()));
-        if size > wire::MAX_SCRATCHPAD_BYTES {
-            return Err(Fault::new(
-                FailureClass::InvalidVerdict,
-                format!(
-                    "scratchpad updates would make the run's scratchpad {size} bytes, over the {} byte limit",
-                    wire::MAX_SCRATCHPAD_BYTES
-                ),
-            ));
-        }
-        *pad = next;
+        *pad = scratchpad_after(pad.clone(), ops)?;
         Ok(())
     }
 
@@ -841,15 +817,51 @@ pub fn accept_verdict(
     Ok(v)
 }
 
+/// The run's scratchpad `pad` after a verdict's updates `ops`, all or none:
+/// updates that would make it larger than [`wire::MAX_SCRATCHPAD_BYTES`]
+/// (keys plus values) make the verdict invalid. The engine's rule, and
+/// what `hookwire hooks check` holds a server to ([`judge_alone`]).
+pub fn scratchpad_after(
+    mut pad: BTreeMap<String, Vec<u8>>,
+    ops: impl IntoIterator<Item = ScratchOp>,
+) -> Result<BTreeMap<String, Vec<u8>>, Fault> {
+    for op in ops {
+        match op {
+            ScratchOp::Set(k, v) => {
+                pad.insert(k, v);
+            }
+            ScratchOp::Delete(k) => {
+                pad.remove(&k);
+            }
+        }
+    }
+    let size = pad
+        .iter()
+        .fold(0usize, |n, (k, v)| n.saturating_add(k.len() + v.len()));
+    if size > wire::MAX_SCRATCHPAD_BYTES {
+        return Err(Fault::new(
+            FailureClass::InvalidVerdict,
+            format!(
+                "scratchpad updates would make the run's scratchpad {size} bytes, over the {} byte limit",
+                wire::MAX_SCRATCHPAD_BYTES
+            ),
+        ));
+    }
+    Ok(pad)
+}
+
 /// How hookwire judges one hook's verdict on `payload`'s event on its own:
 /// [`accept_verdict`], [`check_rewrite`], and a `model_request` patch must
 /// leave a request the model can be called with (the engine checks that
 /// after merging every hook's patch, and fails the run whatever the hook's
-/// `failure:`). What `hookwire hooks check` holds a server to.
+/// `failure:`), and its scratchpad updates must fit the run's scratchpad
+/// as the event carried it (`scratchpad`, when known). What `hookwire
+/// hooks check` holds a server to.
 pub fn judge_alone(
     kind: EventKind,
     verdict: pb::HookVerdict,
     payload: Option<&Payload>,
+    scratchpad: Option<&BTreeMap<String, Vec<u8>>>,
 ) -> Result<Verdict, Fault> {
     let baseline = match payload {
         Some(Payload::ModelRequest(r)) => Some(r),
@@ -875,6 +887,9 @@ pub fn judge_alone(
                 )
             })?;
         }
+    }
+    if let Some(pad) = scratchpad.filter(|_| !v.meta.scratchpad.is_empty()) {
+        scratchpad_after(pad.clone(), v.meta.scratchpad.iter().cloned())?;
     }
     Ok(v)
 }
