@@ -255,6 +255,58 @@ async fn cancel_on_another_replica_stops_the_run_and_denies_its_approval(store: 
     assert_eq!(outcome(&next), pb::RunOutcome::Completed);
 }
 
+/// An Invoke on A pauses on an approval nobody on A's connection can see;
+/// the hook tells its approval bot the run and call, and the bot answers
+/// on B: the answer crosses replicas through the store and the run on A
+/// completes, the tool run once.
+async fn an_invoke_approval_is_answered_on_another_replica(store: Store) {
+    let owner = weather_owner().start().await;
+    let (ask, mut asked) = routing_asker("May I?", 0);
+    let ask = ask.start().await;
+    let cl = Cluster::start(
+        3,
+        &store,
+        &[("asker", &ask.addr), ("owner", &owner.addr)],
+        "",
+    )
+    .await;
+    let (mut a, mut b, mut c) = (cl.client(0).await, cl.client(1).await, cl.client(2).await);
+    let s = session(&mut a, "a").await;
+    let run = tokio::spawn(async move { invoke(&mut a, &s, "weather").await });
+    let routed = within("the hook's question", asked.recv())
+        .await
+        .expect("the hook asked");
+    let sent = Instant::now();
+    within(
+        "the answer on another replica",
+        resolve_once_pending(&mut b, &routed, true, ""),
+    )
+    .await;
+    let r = within("the invoke's result", run).await.unwrap();
+    eprintln!(
+        "an Invoke's approval crossed replicas and the run ended in {:?}",
+        sent.elapsed()
+    );
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{r:?}");
+    assert_eq!(r.run_id, routed.run_id);
+    assert!(texts(&r.messages).contains(&"result:sunny in Paris".to_string()));
+    assert_eq!(
+        owner.hook.tool_calls.lock().unwrap().len(),
+        1,
+        "the tool ran once"
+    );
+    let again = c
+        .resolve_approval(pb::ResolveApprovalRequest {
+            run_id: routed.run_id,
+            call_id: routed.call_id,
+            approve: false,
+            note: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), tonic::Code::NotFound, "{again:?}");
+}
+
 /// A hook server owning get_weather whose tool never returns; signals when
 /// a call arrived.
 async fn stuck_tool() -> (TestHook, Arc<tokio::sync::Notify>) {
@@ -463,6 +515,11 @@ async fn postgres_cancel_on_another_replica_stops_the_run_and_denies_its_approva
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_invoke_approval_is_answered_on_another_replica() {
+    an_invoke_approval_is_answered_on_another_replica(Store::postgres()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_killed_replicas_run_is_interrupted_by_another() {
     a_killed_replicas_run_is_interrupted_by_another(Store::postgres()).await
 }
@@ -617,6 +674,7 @@ async fn sqlite_approval_and_cancel_scenarios() {
     create_on_a_run_on_b_read_on_c(Store::sqlite()).await;
     approval_raised_on_one_replica_is_answered_on_another(Store::sqlite()).await;
     cancel_on_another_replica_stops_the_run_and_denies_its_approval(Store::sqlite()).await;
+    an_invoke_approval_is_answered_on_another_replica(Store::sqlite()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
 //! Telemetry of real runs, exported over OTLP to an in-test collector: the
 //! span tree, content recorded only after hooks (rewrite and telemetry-only
 //! redaction), no content with capture off or on terminate, trace context in
-//! hook events, logs free of content, and metrics on the admin port.
+//! hook events, logs free of content (an `ask`'s question included), and
+//! metrics on the admin port.
 //!
 //! One test function: the subscriber is process-global (the server spawns
 //! tasks on every worker thread), so the scenarios share one pipeline and
@@ -21,6 +22,8 @@ use support::*;
 
 const SECRET: &str = "SENTINEL-SECRET-4242";
 const TEL_SECRET: &str = "SENTINEL-TELEMETRY-7777";
+/// An `ask.question`: hook text, which may quote the call's arguments.
+const QUESTION: &str = "send SENTINEL-QUESTION-5151 to the weather service?";
 
 fn secret_owner(secret: &'static str) -> FnHook {
     FnHook::new("owner", &[]).with_tool(weather_tool(), move |_, _| async move {
@@ -176,8 +179,26 @@ async fn runs_export_genai_spans_without_leaking_content() {
         pb::RunOutcome::Terminated
     );
 
+    // E: capture on, an Invoke whose hook asks and nobody answers: the call
+    // is denied at the ask's timeout, and the question goes nowhere.
+    let ask = asker(QUESTION, 200).start().await;
+    let yaml_e = config(
+        &[("owner", &owner.addr, ""), ("asker", &ask.addr, "")],
+        "tools: [get_weather]",
+    )
+    .replace("hooks:\n", "telemetry:\n  capture_content: true\nhooks:\n");
+    let server_e = TestServer::start(&yaml_e).await;
+    let mut ce = server_e.client().await;
+    let se = session(&mut ce, "a").await;
+    let re = invoke(&mut ce, &se, "weather").await;
+    assert!(
+        re.final_text
+            .contains("approval for tool `get_weather` timed out after 200ms and was denied"),
+        "{re:?}"
+    );
+
     let after = http_get(admin_addr, "/metrics").await;
-    for s in [server, server_b, server_c, server_d] {
+    for s in [server, server_b, server_c, server_d, server_e] {
         s.stop().await;
     }
     telemetry.flush().await.unwrap();
@@ -289,10 +310,20 @@ async fn runs_export_genai_spans_without_leaking_content() {
         !collector.raw_contains(TEL_SECRET.as_bytes()),
         "telemetry-redacted secret exported"
     );
+    // Run E's span tree exists, and its question is in no span or log.
+    one(&run_spans(&all, &se), "execute_tool get_weather");
+    assert!(
+        !collector.raw_contains(QUESTION.as_bytes()),
+        "an ask's question exported"
+    );
     let log = logs.contents();
     assert!(
         !log.contains(SECRET) && !log.contains(TEL_SECRET),
         "content in logs"
+    );
+    assert!(
+        !log.contains("SENTINEL-QUESTION"),
+        "an ask's question in logs"
     );
     assert!(
         log.contains("hookwire serving"),

@@ -396,10 +396,141 @@ async fn approval_approve_deny_and_timeout() {
     );
 }
 
-#[tokio::test]
-async fn invoke_cannot_answer_approvals_and_says_so() {
+/// Agent `a` asking before every get_weather call through a routing asker
+/// (the agent's approval_timeout), with token auth: alice owns the
+/// sessions, carol holds the agent's approver role, bob neither. An Invoke
+/// caller reads nothing but its result, for longer than
+/// `server.client_stall_timeout` (200 ms here) while the run waits.
+struct Approvers {
+    server: TestServer,
+    owner: TestHook,
+    asked: tokio::sync::mpsc::UnboundedReceiver<Routed>,
+    _kept: (TestHook, support::auth::Tokens),
+}
+
+async fn approvers() -> Approvers {
+    let tokens = support::auth::Tokens::write();
     let owner = weather_owner().start().await;
-    let asker = asker("ok?", 0).start().await;
+    let (asker, asked) = routing_asker("check the weather for alice?", 0);
+    let asker = asker.start().await;
+    let mut yaml = config(
+        &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
+        "tools: [get_weather]\napprover_roles: [approver]",
+    );
+    yaml.push_str(&tokens.auth_yaml());
+    yaml.push_str("server:\n  client_stall_timeout: 200ms\n");
+    Approvers {
+        server: TestServer::start(&yaml).await,
+        owner,
+        asked,
+        _kept: (asker, tokens),
+    }
+}
+
+/// Alice invokes "weather"; her run's hook asks, and tells its approval
+/// bot; carol answers from her own connection once the Invoke has waited
+/// past the client stall timeout. The result, the tool calls made, and
+/// what the hook was told.
+async fn invoke_answered_by_carol(approve: bool, note: &str) -> (pb::RunResult, usize, Routed) {
+    use support::auth::{self as sa, ALICE, BOB, CAROL};
+    let mut rig = approvers().await;
+    let mut alice = sa::client(&rig.server.addr, Some(ALICE)).await;
+    let s = sa::new_session(&mut alice, "a").await.unwrap();
+    let invoking = tokio::spawn(async move {
+        alice
+            .invoke(pb::RunRequest {
+                session_id: s,
+                input: "weather".into(),
+            })
+            .await
+    });
+    let asked = tokio::time::timeout(std::time::Duration::from_secs(20), rig.asked.recv())
+        .await
+        .expect("the hook was asked in time")
+        .expect("the hook was asked");
+    // Longer than the stall timeout: a caller that reads only its result
+    // is not a stalled one.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert!(!invoking.is_finished(), "the run waits for the answer");
+    let mut bob = sa::client(&rig.server.addr, Some(BOB)).await;
+    let e = bob
+        .resolve_approval(pb::ResolveApprovalRequest {
+            run_id: asked.run_id.clone(),
+            call_id: asked.call_id.clone(),
+            approve: true,
+            note: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code(),
+        tonic::Code::NotFound,
+        "bob neither owns nor approves: {e:?}"
+    );
+    let mut carol = sa::client(&rig.server.addr, Some(CAROL)).await;
+    resolve_once_pending(&mut carol, &asked, approve, note).await;
+    let r = tokio::time::timeout(std::time::Duration::from_secs(20), invoking)
+        .await
+        .expect("the run ended once answered")
+        .unwrap()
+        .expect("invoke")
+        .into_inner();
+    let again = carol
+        .resolve_approval(pb::ResolveApprovalRequest {
+            run_id: asked.run_id.clone(),
+            call_id: asked.call_id.clone(),
+            approve: !approve,
+            note: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        again.code(),
+        tonic::Code::NotFound,
+        "answered: nothing left to answer"
+    );
+    let ran = rig.owner.hook.tool_calls.lock().unwrap().len();
+    rig.server.stop().await;
+    (r, ran, asked)
+}
+
+/// An Invoke caller never sees approval requests; the hook that asks routes
+/// them to someone who does. Here carol, the agent's approver, learns the
+/// run and call ids from the hook, as an approval bot would, and her
+/// ResolveApproval resumes the run. An `ask` under Invoke used to end the
+/// run `failed` at once.
+#[tokio::test]
+async fn an_invoke_run_waits_for_an_approver_the_hook_told_and_runs_the_tool() {
+    let (r, ran, asked) = invoke_answered_by_carol(true, "").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert_eq!(r.final_text, "Tool said: sunny in Paris");
+    assert_eq!(ran, 1, "the approved call executed once");
+    assert_eq!(r.run_id, asked.run_id);
+    assert!(
+        !asked.streaming,
+        "the hook is told the caller is not streaming"
+    );
+    assert_eq!(asked.principal, "alice");
+}
+
+#[tokio::test]
+async fn an_invoke_call_the_approver_denies_never_runs() {
+    let (r, ran, _) = invoke_answered_by_carol(false, "not today").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert_eq!(ran, 0, "a denied call never executes");
+    let denial = "the user denied the call of tool `get_weather`: not today";
+    assert_eq!(history_results(&r.messages), [(denial.to_string(), true)]);
+    assert_eq!(r.final_text, format!("Tool said: {denial}"));
+}
+
+/// Nobody answers: the call is denied at the ask's timeout, exactly as for
+/// a Run whose client does not answer (same outcome, text, transcript and
+/// verdicts), and the Invoke caller reads why in its result.
+#[tokio::test]
+async fn an_unanswered_invoke_approval_is_denied_at_its_timeout_as_under_run() {
+    let owner = weather_owner().start().await;
+    let (asker, mut asked) = routing_asker("check the weather?", 300);
+    let asker = asker.start().await;
     let server = TestServer::start(&config(
         &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
         "tools: [get_weather]",
@@ -407,10 +538,164 @@ async fn invoke_cannot_answer_approvals_and_says_so() {
     .await;
     let mut c = server.client().await;
     let s = session(&mut c, "a").await;
-    let r = invoke(&mut c, &s, "weather").await;
-    assert_eq!(outcome(&r), pb::RunOutcome::Failed);
-    assert!(r.reason.contains("AgentService.Run"), "{}", r.reason);
+    let started = std::time::Instant::now();
+    let invoked = invoke(&mut c, &s, "weather").await;
+    let waited = started.elapsed();
+    let routed = asked.try_recv().expect("the hook asked");
+    assert_eq!(routed.run_id, invoked.run_id);
+    assert!(
+        waited >= std::time::Duration::from_millis(300),
+        "the run waited for an answer: {waited:?}"
+    );
+    assert_eq!(
+        outcome(&invoked),
+        pb::RunOutcome::Completed,
+        "{}",
+        invoked.reason
+    );
+    let denial = "approval for tool `get_weather` timed out after 300ms and was denied";
+    assert_eq!(
+        history_results(&invoked.messages),
+        [(denial.to_string(), true)]
+    );
+    assert_eq!(invoked.final_text, format!("Tool said: {denial}"));
+    assert!(
+        invoked
+            .hook_verdicts
+            .iter()
+            .any(|v| v.hook == "asker" && v.verdict_kind() == pb::VerdictKind::Ask),
+        "{:?}",
+        invoked.hook_verdicts
+    );
     assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
+    let late = c
+        .resolve_approval(pb::ResolveApprovalRequest {
+            run_id: routed.run_id,
+            call_id: routed.call_id,
+            approve: true,
+            note: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(late.code(), tonic::Code::NotFound, "denied: {late:?}");
+    // The same input in a Run whose client reads but never answers.
+    let s2 = session(&mut c, "a").await;
+    let streamed = result_of(&run_events(&mut c, &s2, "weather").await);
+    assert_eq!(streamed.outcome, invoked.outcome);
+    assert_eq!(streamed.final_text, invoked.final_text);
+    assert_eq!(streamed.turns, invoked.turns);
+    assert_eq!(streamed.hook_verdicts, invoked.hook_verdicts);
+    assert_eq!(texts(&streamed.messages), texts(&invoked.messages));
+    assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
+    server.stop().await;
+}
+
+/// The approval wait never outlasts the run: with the agent's 2-minute
+/// approval_timeout and a 1 s `run_timeout`, the Invoke run ends
+/// `timed_out`, its request withdrawn, the tool never run.
+#[tokio::test]
+async fn an_invoke_approval_ends_with_its_run_deadline() {
+    let owner = weather_owner().start().await;
+    let (asker, mut asked) = routing_asker("check the weather?", 0);
+    let asker = asker.start().await;
+    let server = TestServer::start(&config(
+        &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
+        "tools: [get_weather]\nrun_timeout: 1s",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        invoke(&mut c, &s, "weather"),
+    )
+    .await
+    .expect("the run ended at its deadline, not the approval's");
+    assert_eq!(outcome(&r), pb::RunOutcome::TimedOut, "{}", r.reason);
+    let routed = asked.try_recv().expect("the hook asked");
+    let e = c
+        .resolve_approval(pb::ResolveApprovalRequest {
+            run_id: routed.run_id,
+            call_id: routed.call_id,
+            approve: true,
+            note: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code(),
+        tonic::Code::NotFound,
+        "withdrawn with its run: {e:?}"
+    );
+    assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
+    server.stop().await;
+}
+
+/// An Invoke caller whose own deadline passes while its run waits for an
+/// approval has left: the run is cancelled at once (not at the approval's
+/// timeout), the request withdrawn, the tool never run, the session free.
+#[tokio::test]
+async fn an_invoke_caller_that_gives_up_during_an_approval_ends_the_run() {
+    let owner = weather_owner().start().await;
+    let (asker, mut asked) = routing_asker("check the weather?", 60_000);
+    let asker = asker.start().await;
+    let watcher = FnHook::new("watcher", &[K::RunEnd]).start().await;
+    let server = TestServer::start(&config(
+        &[
+            ("owner", &owner.addr, ""),
+            ("asker", &asker.addr, ""),
+            ("watcher", &watcher.addr, ""),
+        ],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let mut req = tonic::Request::new(pb::RunRequest {
+        session_id: s.clone(),
+        input: "weather".into(),
+    });
+    req.set_timeout(std::time::Duration::from_secs(1));
+    let e = c.invoke(req).await.unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        "{e:?}"
+    );
+    let routed = asked
+        .try_recv()
+        .expect("the hook asked before the deadline");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        watcher.hook.wait_for_count("run_end", 1),
+    )
+    .await
+    .expect("the run ended when its caller left");
+    let ended = watcher.hook.seen.lock().unwrap().clone();
+    let Some(pb::hook_event::Payload::RunEnd(end)) = &ended[0].payload else {
+        panic!("{ended:?}")
+    };
+    assert_eq!(end.outcome, pb::RunOutcome::Cancelled as i32);
+    assert!(end.reason.contains("client disconnected"), "{}", end.reason);
+    let e = c
+        .resolve_approval(pb::ResolveApprovalRequest {
+            run_id: routed.run_id,
+            call_id: routed.call_id,
+            approve: true,
+            note: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
+    let got = c
+        .get_session(pb::GetSessionRequest { session_id: s })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.active_run_id, "");
     server.stop().await;
 }
 

@@ -67,7 +67,6 @@ pub struct Run {
     pub agent: Arc<AgentRuntime>,
     pub hooks: RunHooks,
     pub registry: Arc<HookRegistry>,
-    pub streaming: bool,
     pub approvals: Arc<Approvals>,
     pub deadline: Instant,
     pub cancel: CancellationToken,
@@ -93,6 +92,9 @@ pub struct Run {
 }
 
 impl Run {
+    /// `streaming`: the client reads the run's events (`Run`), or only its
+    /// report (`Invoke`). Nothing else about the run depends on it (hooks
+    /// are told it in their events' context).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         run_id: String,
@@ -113,7 +115,6 @@ impl Run {
             agent,
             hooks,
             registry,
-            streaming,
             approvals,
             deadline,
             cancel: CancellationToken::new(),
@@ -302,6 +303,12 @@ impl Run {
     /// Pauses a call for approval; `None` means approved. The request is
     /// withdrawn when the batch stops (the call is then `Halted`), and
     /// however else the wait ends.
+    ///
+    /// The same for `Run` and `Invoke`: the request is recorded (in the
+    /// store, so ResolveApproval works from any replica, and here) and
+    /// waited for either way. Only the `approval_requested` event differs:
+    /// an Invoke caller reads just the report, so the hook that asked
+    /// routes the question to whoever answers (it has the run and call ids).
     pub async fn ask_approval(
         &self,
         turn: u32,
@@ -319,13 +326,6 @@ impl Run {
                 is_error: true,
             }))
         };
-        if !self.streaming {
-            // Invoke callers cannot see the request, so nobody could answer.
-            return Some(CallOutcome::Stop(Stop::Failed(format!(
-                "tool `{}` needs approval (hook `{hook}` asked: {}); approvals require AgentService.Run, which streams the request and takes ResolveApproval",
-                call.name, ask.question
-            ))));
-        }
         if stop.is_stopped() {
             return Some(CallOutcome::Halted);
         }

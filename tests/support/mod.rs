@@ -700,6 +700,81 @@ pub fn asker(question: &'static str, timeout_ms: u64) -> FnHook {
     })
 }
 
+/// What a hook that routes its question to someone elsewhere (a chat-ops
+/// bot, a ticket) learns from the `tool_call` event it asks on: the run and
+/// the call that person answers for with ResolveApproval, and the caller.
+#[derive(Clone, Debug)]
+pub struct Routed {
+    pub run_id: String,
+    pub call_id: String,
+    /// `EventContext.streaming`: false under Invoke.
+    pub streaming: bool,
+    pub principal: String,
+}
+
+/// Like [`asker`], publishing every question it asks on the channel
+/// returned (what a hook sends its approval bot), before it answers `ask`.
+#[allow(dead_code)]
+pub fn routing_asker(
+    question: &'static str,
+    timeout_ms: u64,
+) -> (FnHook, tokio::sync::mpsc::UnboundedReceiver<Routed>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let hook = FnHook::new("asker", &[pb::EventKind::ToolCall]).on_tool_call(move |ctx, ev| {
+        let _ = tx.send(Routed {
+            run_id: ctx.run_id.clone(),
+            call_id: ev.call.map(|c| c.id).unwrap_or_default(),
+            streaming: ctx.streaming,
+            principal: ctx.principal.clone(),
+        });
+        async move {
+            Reply::new(pb::ToolCallVerdict {
+                action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
+                    question: question.into(),
+                    timeout_ms,
+                })),
+            })
+        }
+    });
+    (hook, rx)
+}
+
+/// Answers the approval `asked` is about, as an approval bot does: the hook
+/// published the question before hookwire received its `ask` (and recorded
+/// the request), so an answer that arrives first is NOT_FOUND and is sent
+/// again, for up to 10 s. Any other refusal panics.
+#[allow(dead_code)]
+pub async fn resolve_once_pending<T>(
+    c: &mut AgentServiceClient<T>,
+    asked: &Routed,
+    approve: bool,
+    note: &str,
+) where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let answered = c
+            .resolve_approval(pb::ResolveApprovalRequest {
+                run_id: asked.run_id.clone(),
+                call_id: asked.call_id.clone(),
+                approve,
+                note: note.into(),
+            })
+            .await;
+        match answered {
+            Ok(_) => return,
+            Err(e) if e.code() == tonic::Code::NotFound && std::time::Instant::now() < until => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("ResolveApproval for {asked:?}: {e:?}"),
+        }
+    }
+}
+
 /// Runs `cmd` to completion: whether it succeeded, and stdout then stderr.
 #[allow(dead_code)]
 pub async fn command_output(cmd: &mut tokio::process::Command) -> (bool, String) {
