@@ -388,7 +388,17 @@ async fn a_replica_that_cannot_renew_its_leases_stops_its_runs_before_they_expir
     // Taken before the run's lease: it expires no earlier than LEASE after.
     let leased = tokio::time::Instant::now();
     // Two calls, one at a time: the second is queued behind the stuck first.
-    let run = start(&engine, &session, "two tools").await.unwrap();
+    // Streamed, so the client is shown the turn.
+    let mut run = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "two tools".into(),
+            true,
+            Default::default(),
+        )
+        .await
+        .unwrap();
     tokio::time::timeout(PATIENCE, tool.started.notified())
         .await
         .expect("the first tool call started");
@@ -435,6 +445,24 @@ async fn a_replica_that_cannot_renew_its_leases_stops_its_runs_before_they_expir
             .iter()
             .all(|r| r.is_error && r.content == store::LOST_REPLICA_RESULT),
         "{results:?}"
+    );
+    // The session keeps the turn the client was shown: it is not retracted.
+    let mut shown = Vec::new();
+    while let Ok(ev) = run.events.try_recv() {
+        shown.push(*ev);
+    }
+    use hookwire::agent::events::RunEvent;
+    assert!(
+        shown
+            .iter()
+            .any(|e| matches!(e, RunEvent::ToolCallRequested { turn: 1, .. })),
+        "{shown:?}"
+    );
+    assert!(
+        !shown
+            .iter()
+            .any(|e| matches!(e, RunEvent::DeltasRetracted { .. })),
+        "{shown:?}"
     );
     engine.stop_background().await;
 }
