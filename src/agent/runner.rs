@@ -299,6 +299,15 @@ impl Run {
         }
     }
 
+    /// [`Run::emit_records`] for verdicts among the run's last events:
+    /// each waits for room as [`Run::deliver_last`] does.
+    async fn deliver_last_records(&self, records: &[VerdictRecord]) {
+        for r in records.iter().filter(|r| r.is_notable()) {
+            self.records.locked().push(r.clone());
+            self.deliver_last(RunEvent::HookVerdict(r.clone())).await;
+        }
+    }
+
     /// Pauses a call for approval; `None` means approved. The request is
     /// withdrawn when the batch stops (the call is then `Halted`), and
     /// however else the wait ends.
@@ -1021,8 +1030,13 @@ fn call_id_prefix(run_id: &str, turn: u32) -> String {
 async fn finish(run: &Run, mut ending: Ending) -> RunReport {
     // The last check: a run that ended well does not end so when a closed
     // hook broke its protocol since the last step; any other ending keeps
-    // its reason, and the fault is still counted and logged.
-    if let Err(f) = run.check_faults(EventKind::RunEnd) {
+    // its reason, and the fault is still counted and logged. What it
+    // records (failed-open faults) goes to the client with the run's other
+    // last events, waiting for room: the queue may be full of them.
+    let mut records = Vec::new();
+    let checked = run.hooks.check_faults(&mut records, EventKind::RunEnd);
+    run.deliver_last_records(&records).await;
+    if let Err(f) = checked {
         if matches!(ending.outcome, RunOutcome::Completed | RunOutcome::MaxTurns) {
             ending.outcome = RunOutcome::HookFailed;
             ending.reason = f.to_string();
