@@ -252,7 +252,8 @@ impl Run {
         }
     }
 
-    /// Queues one of the run's last events (a retraction, `Finished`), any
+    /// Queues one of the run's last events (a retraction, a verdict of the
+    /// last fault check, `Finished`), any
     /// held delta ahead of it, waiting for room for as long as the client
     /// keeps reading: unlike [`Run::deliver`], not cut short by the cancel
     /// or deadline that may have ended the run. A run that ended while its
@@ -296,15 +297,6 @@ impl Run {
         for r in records.iter().filter(|r| r.is_notable()) {
             self.records.locked().push(r.clone());
             self.emit(RunEvent::HookVerdict(r.clone()));
-        }
-    }
-
-    /// [`Run::emit_records`] for verdicts among the run's last events:
-    /// each waits for room as [`Run::deliver_last`] does.
-    async fn deliver_last_records(&self, records: &[VerdictRecord]) {
-        for r in records.iter().filter(|r| r.is_notable()) {
-            self.records.locked().push(r.clone());
-            self.deliver_last(RunEvent::HookVerdict(r.clone())).await;
         }
     }
 
@@ -751,12 +743,22 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
             ),
         })
     });
+    // Before the client's last events: once its end is recorded and its
+    // hooks had run_end, the run is done but for a client that may be
+    // slow (a drain past its grace does not wait for that).
+    let (report, faults) = finish(&run, ending);
     // Sent once the end is recorded, so a client that is behind never
-    // keeps the session busy.
-    for ev in retraction.into_iter().chain(machine.drain_events()) {
+    // keeps the session busy. What the last check found (failed-open
+    // faults) waits for room like the rest: the queue may be full.
+    let last = retraction
+        .into_iter()
+        .chain(machine.drain_events())
+        .chain(faults.into_iter().map(RunEvent::HookVerdict))
+        .chain([RunEvent::Finished(report.clone())]);
+    for ev in last {
         run.deliver_last(ev).await;
     }
-    finish(&run, ending).await
+    report
 }
 
 /// Records the run's end with its last commit (the ledger retries a store
@@ -1027,15 +1029,17 @@ fn call_id_prefix(run_id: &str, turn: u32) -> String {
     format!("hw_{short}_{turn}_")
 }
 
-async fn finish(run: &Run, mut ending: Ending) -> RunReport {
+/// Ends the run with its hooks (the last fault check, run_end, their
+/// streams closed) and builds its report; also returns the notable
+/// records of the last check, for the client.
+fn finish(run: &Run, mut ending: Ending) -> (RunReport, Vec<VerdictRecord>) {
     // The last check: a run that ended well does not end so when a closed
     // hook broke its protocol since the last step; any other ending keeps
-    // its reason, and the fault is still counted and logged. What it
-    // records (failed-open faults) goes to the client with the run's other
-    // last events, waiting for room: the queue may be full of them.
+    // its reason, and the fault is still counted and logged.
     let mut records = Vec::new();
     let checked = run.hooks.check_faults(&mut records, EventKind::RunEnd);
-    run.deliver_last_records(&records).await;
+    records.retain(VerdictRecord::is_notable);
+    run.records.locked().extend(records.iter().cloned());
     if let Err(f) = checked {
         if matches!(ending.outcome, RunOutcome::Completed | RunOutcome::MaxTurns) {
             ending.outcome = RunOutcome::HookFailed;
@@ -1063,8 +1067,7 @@ async fn finish(run: &Run, mut ending: Ending) -> RunReport {
         hook_verdicts: run.records.locked().clone(),
         finish_reason: ending.finish_reason,
     };
-    run.deliver_last(RunEvent::Finished(report.clone())).await;
-    report
+    (report, records)
 }
 
 #[cfg(test)]
