@@ -117,6 +117,66 @@ async fn a_slow_client_slows_the_run_down_and_misses_nothing() {
     assert_eq!(h.task.await.unwrap(), report.clone());
 }
 
+/// The run's last check finds a fault (a failed-open hook's duplicate
+/// `turn_end` verdict, after its answer) while the queue is full of the
+/// run's last events (the answer's text, held for the blocking turn_end
+/// hooks and released at once): its `hook_verdict` waits for room like
+/// them. It was queued without waiting, refused and lost: a slow client
+/// missed a verdict the run's report lists.
+#[tokio::test]
+async fn a_slow_client_gets_every_hook_verdict_of_the_runs_end_in_order() {
+    use hookwire::hooks::failure::FailureClass;
+    use hookwire::pb::EventKind as K;
+    use support::fault::{FaultHook, Misbehave};
+    let (broken, _b) = FaultHook::new(K::TurnEnd, Misbehave::Status, &[])
+        .start()
+        .await;
+    let (twice, _t) = FaultHook::new(K::TurnEnd, Misbehave::Duplicate, &[])
+        .start()
+        .await;
+    let e = engine(&format!(
+        "{}server:\n  run_event_buffer: 16\n",
+        config(
+            &[
+                ("broken", &broken, "failure: open"),
+                ("twice", &twice, "failure: open"),
+            ],
+            "",
+        )
+    ))
+    .await;
+    // ~30 deltas of 12 characters.
+    let mut h = start(&e, &"z".repeat(320)).await;
+    let mut events = Vec::new();
+    while let Some(ev) = h.events.recv().await.map(|e| *e) {
+        events.push(ev);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let report = h.task.await.unwrap();
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    assert!(
+        report
+            .hook_verdicts
+            .iter()
+            .any(|v| v.hook == "twice" && v.failed_open == Some(FailureClass::Duplicate)),
+        "the run's last check found the duplicate: {:?}",
+        report.hook_verdicts
+    );
+    let got: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::HookVerdict(v) => Some(v.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, report.hook_verdicts, "every verdict, in order");
+    assert!(
+        matches!(events.last(), Some(RunEvent::Finished(r)) if *r == report),
+        "finished comes last: {:?}",
+        events.last()
+    );
+}
+
 async fn approval_pending(h: &mut RunHandle) {
     while let Some(ev) = h.events.recv().await.map(|e| *e) {
         if matches!(ev, RunEvent::ApprovalRequested { .. }) {

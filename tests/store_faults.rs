@@ -75,6 +75,8 @@ struct Faulty {
     /// is notified after each.
     ends: std::sync::Mutex<Vec<(RunOutcome, String)>>,
     ended: Notify,
+    /// Every run end asked for, recorded or refused.
+    end_attempts: AtomicUsize,
 }
 
 impl Faulty {
@@ -101,6 +103,7 @@ impl Faulty {
             begin_answer_lost: Default::default(),
             ends: Default::default(),
             ended: Notify::new(),
+            end_attempts: AtomicUsize::new(0),
         }
     }
 
@@ -194,6 +197,7 @@ impl SessionStore for Faulty {
         self.inner.check_run(l).await
     }
     async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
+        self.end_attempts.fetch_add(1, Ordering::SeqCst);
         self.inner.end_run(l, m, e).await?;
         self.ends
             .lock()
@@ -388,7 +392,17 @@ async fn a_replica_that_cannot_renew_its_leases_stops_its_runs_before_they_expir
     // Taken before the run's lease: it expires no earlier than LEASE after.
     let leased = tokio::time::Instant::now();
     // Two calls, one at a time: the second is queued behind the stuck first.
-    let run = start(&engine, &session, "two tools").await.unwrap();
+    // Streamed, so the client is shown the turn.
+    let mut run = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "two tools".into(),
+            true,
+            Default::default(),
+        )
+        .await
+        .unwrap();
     tokio::time::timeout(PATIENCE, tool.started.notified())
         .await
         .expect("the first tool call started");
@@ -436,7 +450,101 @@ async fn a_replica_that_cannot_renew_its_leases_stops_its_runs_before_they_expir
             .all(|r| r.is_error && r.content == store::LOST_REPLICA_RESULT),
         "{results:?}"
     );
+    // The session keeps the turn the client was shown: it is not retracted.
+    let mut shown = Vec::new();
+    while let Ok(ev) = run.events.try_recv() {
+        shown.push(*ev);
+    }
+    use hookwire::agent::events::RunEvent;
+    assert!(
+        shown
+            .iter()
+            .any(|e| matches!(e, RunEvent::ToolCallRequested { turn: 1, .. })),
+        "{shown:?}"
+    );
+    assert!(
+        !shown
+            .iter()
+            .any(|e| matches!(e, RunEvent::DeltasRetracted { .. })),
+        "{shown:?}"
+    );
     engine.stop_background().await;
+}
+
+/// When the shutdown grace runs out, a run whose end is recorded but whose
+/// last events still wait for room for a slow client (up to
+/// `server.client_stall_timeout`) is done as far as the store goes: the
+/// drain neither waits for its client nor ends it again. It used to count
+/// as in flight: the drain waited out its 5 s wind-down for it, then
+/// recorded it `interrupted`, which the store refused, with a warning.
+#[tokio::test]
+async fn a_drain_neither_waits_for_a_slow_client_nor_ends_its_recorded_run_again() {
+    let (logs, _guard) = support::logwatch::LogWatch::install("info");
+    const GRACE: Duration = Duration::from_millis(300);
+    let store = Arc::new(Faulty::sqlite(Duration::from_secs(30)).await);
+    let engine = engine_on(
+        &(config(&[], "") + "server:\n  run_event_buffer: 16\n"),
+        store.clone(),
+    )
+    .await;
+    let session = new_session(&engine).await;
+    // A streaming client that reads nothing for now: the answer's ~80
+    // deltas fill its queue, and the run waits for room.
+    let mut run = engine
+        .start_run(
+            &Principal::anonymous(),
+            &session,
+            "x".repeat(1000),
+            true,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(PATIENCE, async {
+        while run.events.len() < 16 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the queue filled");
+    engine.stop_accepting();
+    let began = tokio::time::Instant::now();
+    // The grace runs out: the run is cancelled, records its end at once,
+    // and its last events (the retraction, finished) wait for the client.
+    tokio::time::timeout(PATIENCE, engine.drain(GRACE))
+        .await
+        .expect("the drain ended");
+    let took = began.elapsed();
+    assert_eq!(
+        *store.ends.lock().unwrap(),
+        [(RunOutcome::Cancelled, "server shutting down".to_string())]
+    );
+    assert_eq!(
+        store.end_attempts.load(Ordering::SeqCst),
+        1,
+        "the run's end was recorded once, and never asked for again"
+    );
+    assert!(
+        logs.lines_with(&["WARN", "cannot record"]).is_empty(),
+        "{}",
+        logs.contents()
+    );
+    assert!(
+        took < GRACE + Duration::from_secs(3),
+        "the drain waited {took:?} for a run whose end was recorded"
+    );
+    assert_eq!(store.get_session(&session).await.unwrap().active_run, None);
+    // Best-effort past the grace: a client that reads still gets them.
+    let mut last = None;
+    while let Some(ev) = run.events.recv().await {
+        last = Some(*ev);
+    }
+    let report = finished(run).await;
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert_eq!(
+        last,
+        Some(hookwire::agent::events::RunEvent::Finished(report))
+    );
 }
 
 /// A run whose start was in the store when shutdown began is waited for:

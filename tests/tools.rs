@@ -293,6 +293,83 @@ async fn an_invalid_tool_call_retry_retracts_the_turn_the_client_was_shown() {
     }
 }
 
+/// A `terminate` at `tool_call` fails the batch of a turn the client was
+/// shown (its deltas, assistant message and tool call, sent once
+/// model_response accepted it): the failed batch commits nothing, so the
+/// client is told with a retraction of that turn before `finished`, in
+/// either delta mode. It used to get none, and kept a turn the session
+/// never holds.
+#[tokio::test]
+async fn a_terminate_at_tool_call_retracts_the_turn_the_client_was_shown() {
+    use pb::run_event::Event as E;
+    let owner = weather_owner().start().await;
+    let guard = FnHook::new("guard", &[K::ToolCall])
+        .on_tool_call(|_, _| async move {
+            Reply::new(pb::ToolCallVerdict {
+                action: Some(pb::tool_call_verdict::Action::Terminate(
+                    hook_server::terminate("no weather today", None),
+                )),
+            })
+        })
+        .start()
+        .await;
+    for mode in ["pass", "hold"] {
+        let server = TestServer::start(&config(
+            &[("owner", &owner.addr, ""), ("guard", &guard.addr, "")],
+            &format!("tools: [get_weather]\nstream_deltas: {mode}"),
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let events = run_events(&mut c, &s, "look up the weather").await;
+        let r = result_of(&events);
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::Terminated,
+            "{mode}: {}",
+            r.reason
+        );
+        let kinds: Vec<&E> = events.iter().filter_map(|e| e.event.as_ref()).collect();
+        let shown: String = kinds
+            .iter()
+            .filter_map(|e| match e {
+                E::TextDelta(d) if d.turn == 1 => Some(d.text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(shown, "Let me look it up.", "{mode}");
+        assert!(
+            kinds
+                .iter()
+                .any(|e| matches!(e, E::ToolCall(t) if t.turn == 1)),
+            "{mode}: the client was shown the call"
+        );
+        match kinds[kinds.len() - 2] {
+            E::DeltasRetracted(d) => {
+                assert_eq!(d.turn, 1, "{mode}");
+                assert!(
+                    d.reason.contains("terminated") && d.reason.contains("committed"),
+                    "{mode}: {}",
+                    d.reason
+                );
+            }
+            other => panic!("{mode}: the shown turn was not retracted before finished: {other:?}"),
+        }
+        let kept = c
+            .get_session(pb::GetSessionRequest { session_id: s })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            texts(&kept.transcript),
+            ["look up the weather"],
+            "{mode}: the session does not hold the turn"
+        );
+        assert!(owner.hook.tool_calls.lock().unwrap().is_empty(), "{mode}");
+        server.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn invalid_arguments_default_is_an_error_result_for_the_model() {
     let owner = weather_owner().start().await;

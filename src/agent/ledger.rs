@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::agent::approvals::Decision;
 use crate::agent::machine::Stop;
@@ -23,6 +24,9 @@ pub struct Ledger {
     /// refused after that is the end winning the race (the store refuses
     /// to renew an ended run), not another replica taking the run over.
     ending: Arc<AtomicBool>,
+    /// Fired once the store recorded the run's end: from then on nothing
+    /// of the run is left to record, and it must not be ended again.
+    recorded: CancellationToken,
     /// When the store last extended the lease, at the latest: the moment
     /// the call that did it was sent (the store counts the lease from when
     /// it ran, which is later). The replica stops the run before a lease
@@ -46,6 +50,7 @@ impl Ledger {
             store,
             lease,
             ending: Arc::default(),
+            recorded: CancellationToken::new(),
             confirmed: Arc::new(Mutex::new(Instant::now())),
             end_retry: DEFAULT_RUN_LEASE,
             warnings: StoreWarnings::default(),
@@ -92,6 +97,16 @@ impl Ledger {
     /// Whether the run has started recording its end.
     pub fn is_ending(&self) -> bool {
         self.ending.load(Ordering::SeqCst)
+    }
+
+    /// Whether the store recorded the run's end (through this ledger).
+    pub fn end_recorded(&self) -> bool {
+        self.recorded.is_cancelled()
+    }
+
+    /// Resolves once the store recorded the run's end.
+    pub async fn until_end_recorded(&self) {
+        self.recorded.cancelled().await
     }
 
     // The run's own writes below extend its lease in the store (each
@@ -219,7 +234,11 @@ impl Ledger {
         // Before the write: a renewal that reaches the store after it sees
         // an ended run.
         self.ending.store(true, Ordering::SeqCst);
-        self.store.end_run(&self.lease, messages, end).await
+        let ended = self.store.end_run(&self.lease, messages, end).await;
+        if ended.is_ok() {
+            self.recorded.cancel();
+        }
+        ended
     }
 }
 

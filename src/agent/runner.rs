@@ -253,7 +253,8 @@ impl Run {
         }
     }
 
-    /// Queues one of the run's last events (a retraction, `Finished`), any
+    /// Queues one of the run's last events (a retraction, a verdict of the
+    /// last fault check, `Finished`), any
     /// held delta ahead of it, waiting for room for as long as the client
     /// keeps reading: unlike [`Run::deliver`], not cut short by the cancel
     /// or deadline that may have ended the run. A run that ended while its
@@ -468,8 +469,11 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     machine.review_final_answers(review_final);
     let mut step = machine.start();
     // The turn whose deltas the client has seen provisionally (pass mode)
-    // while it is not accepted yet; retracted if it never is.
+    // while it is not accepted yet, or a tool-call turn it was shown while
+    // the transcript does not hold it; retracted if it never is.
     let mut provisional: Option<u32> = None;
+    // The last tool batch, until its turn is in the transcript.
+    let mut batch: Option<PendingBatch> = None;
     // Telemetry for the model call in flight: the model_request hooks'
     // redaction (input content), and the chat span kept open until the
     // model_response hooks decided what the output content is.
@@ -596,6 +600,11 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                 // if this replica dies, its calls get synthetic results
                 // rather than vanish (and are never replayed).
                 let staged = run.ledger.stage_turn(Some(&message)).await;
+                batch = Some(PendingBatch {
+                    turn,
+                    staged: staged.is_ok(),
+                    settled: false,
+                });
                 let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
                 let concurrency = cfg.tool_concurrency;
                 let r = match staged {
@@ -627,11 +636,15 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
                         &mut provisional,
                         "retried by an invalid_tool_call hook",
                     ),
-                    // Settled: the turn commits with its results. Failed:
-                    // the run ends, and whether the session keeps the turn
-                    // depends on how (an interrupted run's staged turn is
-                    // closed with error results), so it is not retracted.
-                    _ => provisional = None,
+                    // The turn commits with its results (the next append,
+                    // or the run's end).
+                    Ok(BatchDecision::Settled(_)) => {
+                        batch = batch.map(|b| PendingBatch { settled: true, ..b })
+                    }
+                    // The run ends and the batch commits nothing; whether
+                    // the session keeps the turn depends on how it ends
+                    // (see the retraction after the loop).
+                    Err(_) => {}
                 }
                 Feed::ToolBatch(r)
             }
@@ -690,30 +703,62 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
             // (transcript full, lease lost, session deleted) is dropped by
             // the abort, not reported to the client as committed.
             match run.ledger.append(machine.unrecorded()).await {
-                Ok(()) => machine.mark_recorded(),
-                Err(stop) => step = machine.abort(stop),
+                Ok(()) => {
+                    machine.mark_recorded();
+                    // A settled batch's turn is in the transcript now.
+                    if batch.take_if(|b| b.settled).is_some() {
+                        provisional = None;
+                    }
+                }
+                Err(stop) => {
+                    // The abort drops the settled batch's commit too.
+                    if let Some(b) = batch.as_mut() {
+                        b.settled = false;
+                    }
+                    step = machine.abort(stop);
+                }
             }
         }
     };
     // A final answer whose turn_end never ran (the run stopped first) ends
     // its span now, without output.
     drop(final_output);
-    // Deltas of a turn that was never accepted (a hook failure, a timeout,
-    // a cancel after they were streamed) are withdrawn too.
-    let retraction = provisional.take().map(|turn| RunEvent::DeltasRetracted {
-        turn,
-        reason: format!(
-            "the run ended ({}) before the turn was accepted",
-            ending.outcome
-        ),
-    });
+    let shown = provisional.take();
     let ending = record_end(&run, &mut machine, ending).await;
+    // Deltas of a turn that was never accepted (a hook failure, a timeout,
+    // a cancel after they were streamed) are withdrawn too, and so is a
+    // tool-call turn the transcript does not hold (known only now that the
+    // end is recorded, or not).
+    let retraction = shown.and_then(|turn| {
+        let reason = match batch.filter(|b| b.turn == turn) {
+            Some(b) if b.kept(ending.outcome) => return None,
+            Some(_) => "committed",
+            None => "accepted",
+        };
+        Some(RunEvent::DeltasRetracted {
+            turn,
+            reason: format!(
+                "the run ended ({}) before the turn was {reason}",
+                ending.outcome
+            ),
+        })
+    });
+    // Before the client's last events: once its end is recorded and its
+    // hooks had run_end, the run is done but for a client that may be
+    // slow (a drain past its grace does not wait for that).
+    let (report, faults) = finish(&run, ending);
     // Sent once the end is recorded, so a client that is behind never
-    // keeps the session busy.
-    for ev in retraction.into_iter().chain(machine.drain_events()) {
+    // keeps the session busy. What the last check found (failed-open
+    // faults) waits for room like the rest: the queue may be full.
+    let last = retraction
+        .into_iter()
+        .chain(machine.drain_events())
+        .chain(faults.into_iter().map(RunEvent::HookVerdict))
+        .chain([RunEvent::Finished(report.clone())]);
+    for ev in last {
         run.deliver_last(ev).await;
     }
-    finish(&run, ending).await
+    report
 }
 
 /// Records the run's end with its last commit (the ledger retries a store
@@ -745,6 +790,29 @@ async fn record_end(run: &Run, machine: &mut Machine, mut ending: Ending) -> End
         ending.final_text.clear();
     }
     ending
+}
+
+/// A tool batch whose model turn the transcript does not hold yet.
+#[derive(Clone, Copy, Debug)]
+struct PendingBatch {
+    turn: u32,
+    /// Recorded in the store as executing before any of its tools started.
+    staged: bool,
+    /// Settled, and its commit not refused: it lands with the next append
+    /// or with the run's end.
+    settled: bool,
+}
+
+impl PendingBatch {
+    /// Whether the session keeps the turn once the run ended with
+    /// `outcome` (as recorded, or as the client is told when it could not
+    /// be): a settled batch commits with the end, and an `interrupted` end
+    /// closes a staged batch with "outcome unknown" results, whichever
+    /// replica records it (a run whose end could not be recorded is ended
+    /// `interrupted` by a reaper). Any other end drops a batch that failed.
+    fn kept(&self, outcome: RunOutcome) -> bool {
+        self.settled || (self.staged && outcome == RunOutcome::Interrupted)
+    }
 }
 
 /// Tells the client that the deltas of the provisional turn (pass mode) do
@@ -961,11 +1029,18 @@ fn call_id_prefix(run_id: &str, turn: u32) -> String {
     format!("hw_{short}_{turn}_")
 }
 
-async fn finish(run: &Run, mut ending: Ending) -> RunReport {
+/// Ends the run with its hooks (the last fault check, run_end, their
+/// streams closed) and builds its report; also returns the notable
+/// records of the last check, for the client.
+fn finish(run: &Run, mut ending: Ending) -> (RunReport, Vec<VerdictRecord>) {
     // The last check: a run that ended well does not end so when a closed
     // hook broke its protocol since the last step; any other ending keeps
     // its reason, and the fault is still counted and logged.
-    if let Err(f) = run.check_faults(EventKind::RunEnd) {
+    let mut records = Vec::new();
+    let checked = run.hooks.check_faults(&mut records, EventKind::RunEnd);
+    records.retain(VerdictRecord::is_notable);
+    run.records.locked().extend(records.iter().cloned());
+    if let Err(f) = checked {
         if matches!(ending.outcome, RunOutcome::Completed | RunOutcome::MaxTurns) {
             ending.outcome = RunOutcome::HookFailed;
             ending.reason = f.to_string();
@@ -992,8 +1067,7 @@ async fn finish(run: &Run, mut ending: Ending) -> RunReport {
         hook_verdicts: run.records.locked().clone(),
         finish_reason: ending.finish_reason,
     };
-    run.deliver_last(RunEvent::Finished(report.clone())).await;
-    report
+    (report, records)
 }
 
 #[cfg(test)]
@@ -1007,6 +1081,34 @@ mod tests {
         SessionPage, SessionStore, Signal, StoreError,
     };
     use tokio::sync::{broadcast, Notify};
+
+    /// A tool-call turn stays in the session only through its settled
+    /// batch's commit or an interrupted end of its staged batch; a batch
+    /// that failed any other way (or was never staged) leaves no trace.
+    #[test]
+    fn a_batch_turn_is_kept_only_by_its_commit_or_an_interrupted_end() {
+        let b = |staged, settled| PendingBatch {
+            turn: 1,
+            staged,
+            settled,
+        };
+        assert!(b(true, true).kept(RunOutcome::MaxTurns));
+        assert!(b(true, true).kept(RunOutcome::Interrupted));
+        assert!(b(true, false).kept(RunOutcome::Interrupted));
+        for outcome in [
+            RunOutcome::Terminated,
+            RunOutcome::HookFailed,
+            RunOutcome::Cancelled,
+            RunOutcome::TimedOut,
+            RunOutcome::Failed,
+        ] {
+            assert!(!b(true, false).kept(outcome), "{outcome}");
+        }
+        assert!(
+            !b(false, false).kept(RunOutcome::Interrupted),
+            "never staged: nothing to close"
+        );
+    }
 
     /// A memory store whose `request_approval` says when it started and
     /// finishes only when let go (if `held`), and whose first

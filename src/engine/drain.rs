@@ -120,9 +120,16 @@ impl Engine {
     }
 
     /// Waits for in-flight runs (and runs still starting) up to `grace`,
-    /// then cancels the rest and waits for them to finish (they end
-    /// promptly with outcome cancelled). Call after
+    /// then cancels the rest and waits for their ends to be recorded (they
+    /// end promptly with outcome cancelled). Call after
     /// [`Engine::stop_accepting`].
+    ///
+    /// Within the grace, a run is waited for until it is gone, its last
+    /// events queued for its client included. After it, a run whose end is
+    /// recorded is done as far as the store goes (its hooks had run_end
+    /// too): only its last events may still wait for room for a slow
+    /// client (`server.client_stall_timeout`), and they are best-effort.
+    /// It is neither cancelled nor waited for then, and never ended again.
     pub async fn drain(&self, grace: Duration) {
         if tokio::time::timeout(grace, self.until_idle())
             .await
@@ -131,24 +138,31 @@ impl Engine {
             // Before the runs are listed: a start that registers its run
             // after this cancels it itself (`register`).
             self.cancelling.store(true, Ordering::SeqCst);
-            let runs = self.runs_in_flight();
-            tracing::warn!(
-                runs = runs.len(),
-                starting = self.starting.load(Ordering::SeqCst),
-                "shutdown grace elapsed; cancelling runs"
-            );
+            let runs = self.unrecorded_runs();
+            let starting = self.starting.load(Ordering::SeqCst);
+            if runs.is_empty() && starting == 0 {
+                tracing::info!(
+                    "shutdown grace elapsed; every run's end is recorded, some of their last events may not reach slow clients"
+                );
+            } else {
+                tracing::warn!(
+                    runs = runs.len(),
+                    starting,
+                    "shutdown grace elapsed; cancelling runs"
+                );
+            }
             for r in runs {
                 r.cancel(SHUTDOWN_CANCEL);
             }
             // Cancelled runs still fire run_end and commit; give them a
             // bounded moment (deploy/ sizes the pod's grace period on it).
-            let _ = tokio::time::timeout(CANCEL_WIND_DOWN, self.until_idle()).await;
+            let _ = tokio::time::timeout(CANCEL_WIND_DOWN, self.until_recorded()).await;
             // Runs that did not even end then are recorded as interrupted
             // now, so their sessions are free when this replica is gone. A
             // start still waiting for the store has no run to end here: its
             // lease expires and another replica (or this one restarted)
             // ends it.
-            let stuck = self.runs_in_flight();
+            let stuck = self.unrecorded_runs();
             for r in stuck {
                 let end = RunEnd {
                     outcome: RunOutcome::Interrupted,
@@ -169,6 +183,36 @@ impl Engine {
     fn is_idle(&self) -> bool {
         let runs = self.runs.locked();
         runs.is_empty() && self.starting.load(Ordering::SeqCst) == 0
+    }
+
+    /// The runs in flight whose end is not recorded yet.
+    fn unrecorded_runs(&self) -> Vec<Arc<Run>> {
+        let mut runs = self.runs_in_flight();
+        runs.retain(|r| !r.ledger.end_recorded());
+        runs
+    }
+
+    /// Resolves once every run in flight has its end recorded and no run
+    /// is starting.
+    async fn until_recorded(&self) {
+        /// How often a start that registered its run meanwhile is looked
+        /// for (it is not among the runs waited for below).
+        const RECHECK: Duration = Duration::from_millis(50);
+        loop {
+            let notified = self.idle.notified();
+            let runs = self.unrecorded_runs();
+            let starting = self.starting.load(Ordering::SeqCst) > 0;
+            if runs.is_empty() && !starting {
+                return;
+            }
+            let recorded =
+                futures::future::join_all(runs.iter().map(|r| r.ledger.until_end_recorded()));
+            tokio::select! {
+                _ = notified => {}
+                _ = recorded, if !runs.is_empty() => {}
+                _ = tokio::time::sleep(RECHECK), if starting => {}
+            }
+        }
     }
 
     /// Resolves once no run is in flight nor starting.

@@ -812,6 +812,9 @@ pub const SCRIPTED_RULES: &str = r#"
         tool_calls: [ { name: get_weather, arguments: { town: "Paris" } } ]
       - when: { last_user_contains: "bad args" }
         tool_calls: [ { name: get_weather, arguments: { town: "Paris" } } ]
+      - when: { last_user_contains: "look up the weather" }
+        text: "Let me look it up."
+        tool_calls: [ { name: get_weather, arguments: { city: "Paris" } } ]
       - when: { last_user_contains: "use city" }
         tool_calls: [ { name: get_weather, arguments: { city: "Paris" } } ]
       - when: { last_user_contains: "weather" }
