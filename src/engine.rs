@@ -240,10 +240,11 @@ impl Engine {
     }
 
     /// The client of a run on this replica went away: the run is cancelled
-    /// ("client disconnected"), whatever it waits for. Nothing if it ended.
-    pub fn client_gone(&self, run_id: &str) {
+    /// (`reason`: "client disconnected", and whether at its deadline),
+    /// whatever it waits for. Nothing if it ended.
+    pub fn client_gone(&self, run_id: &str, reason: &str) {
         if let Some(r) = self.local_run(run_id) {
-            r.client_gone();
+            r.client_gone(reason);
         }
     }
 

@@ -186,8 +186,8 @@ impl Run {
     }
 
     /// The run's client went away (seen by the server, not by an event).
-    pub fn client_gone(&self) {
-        self.cancel_once("client disconnected");
+    pub fn client_gone(&self, reason: &str) {
+        self.cancel_once(reason);
     }
 
     fn cancel_once(&self, reason: &str) {

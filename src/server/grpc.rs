@@ -12,6 +12,7 @@ use crate::engine::Engine;
 use crate::pb;
 use crate::pb::agent_service_server::AgentService;
 use crate::request::{CreateSession, ResolveApproval, RunRef, SessionRef, StartRun};
+use crate::server::caller_deadline::{self, CallerDeadline};
 use crate::server::convert;
 use crate::server::status::{self, no_principal};
 use crate::store::SessionFilter;
@@ -114,6 +115,7 @@ impl AgentService for AgentApi {
     async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<RunStream>, Status> {
         let who = principal(&req)?;
         let trace = trace_headers(&req);
+        let deadline = caller_deadline::of(req.metadata());
         let r = StartRun::try_from(req.into_inner())?;
         let session = self.engine.session_info(&who, &r.session_id).await?;
         let mut handle = self
@@ -130,7 +132,7 @@ impl AgentService for AgentApi {
             // Registered once for the stream's life. Every way out before
             // the run's end (the client gone while we wait for an event or
             // while we send one) goes through `left`.
-            let mut left = ClientGone(Some((engine, run_id.clone())));
+            let mut left = ClientGone(Some((engine, run_id.clone(), deadline)));
             let gone = tx.closed();
             tokio::pin!(gone);
             let mut seq = 0;
@@ -179,6 +181,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::RunResult>, Status> {
         let who = principal(&req)?;
         let trace = trace_headers(&req);
+        let deadline = caller_deadline::of(req.metadata());
         let r = StartRun::try_from(req.into_inner())?;
         let mut handle = self
             .engine
@@ -186,7 +189,7 @@ impl AgentService for AgentApi {
             .await?;
         // A caller that leaves (tonic drops this handler) stops the run at
         // once, not at its next event.
-        let mut left = ClientGone(Some((self.engine.clone(), handle.run_id.clone())));
+        let mut left = ClientGone(Some((self.engine.clone(), handle.run_id.clone(), deadline)));
         // Same drive loop as Run; the events are consumed (and dropped) here.
         while let Some(ev) = handle.events.recv().await {
             if let RunEvent::Finished(report) = *ev {
@@ -236,13 +239,14 @@ impl AgentService for AgentApi {
 /// A response stream fed by a producer task through a small channel, so a
 /// slow client applies backpressure instead of buffering without bound.
 /// Stops the run when dropped while armed: an `Invoke` handler dropped
-/// before its run reported (the caller left).
-struct ClientGone(Option<(Arc<Engine>, String)>);
+/// before its run reported (the caller left), or a `Run` stream whose
+/// client went away; the reason says whether it left at its own deadline.
+struct ClientGone(Option<(Arc<Engine>, String, Option<CallerDeadline>)>);
 
 impl Drop for ClientGone {
     fn drop(&mut self) {
-        if let Some((engine, run_id)) = self.0.take() {
-            engine.client_gone(&run_id);
+        if let Some((engine, run_id, deadline)) = self.0.take() {
+            engine.client_gone(&run_id, &caller_deadline::gone_reason(deadline));
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The gRPC server: AgentService, grpc.health.v1 and reflection on one
 //! listener, plus graceful drain on shutdown.
 
+mod caller_deadline;
 mod convert;
 mod grpc;
 mod limits;
