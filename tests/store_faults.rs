@@ -22,6 +22,7 @@ use hookwire::store::{
     self, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter, SessionPage,
     SessionStore, Signal, StoreError, StoreOptions,
 };
+use support::fault::{FaultHook, Misbehave};
 use support::*;
 use tokio::sync::Notify;
 
@@ -77,6 +78,8 @@ struct Faulty {
     ended: Notify,
     /// Every run end asked for, recorded or refused.
     end_attempts: AtomicUsize,
+    /// The next run end waits here (once) before it is recorded.
+    end_gate: std::sync::Mutex<Option<Arc<Gate>>>,
 }
 
 impl Faulty {
@@ -104,6 +107,7 @@ impl Faulty {
             ends: Default::default(),
             ended: Notify::new(),
             end_attempts: AtomicUsize::new(0),
+            end_gate: Default::default(),
         }
     }
 
@@ -198,6 +202,10 @@ impl SessionStore for Faulty {
     }
     async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
         self.end_attempts.fetch_add(1, Ordering::SeqCst);
+        let gate = self.end_gate.lock().unwrap().take();
+        if let Some(g) = gate {
+            g.wait().await;
+        }
         self.inner.end_run(l, m, e).await?;
         self.ends
             .lock()
@@ -1032,4 +1040,56 @@ async fn a_run_begun_in_the_store_whose_answer_was_lost_frees_its_session() {
         .unwrap()
         .active_run
         .is_none());
+}
+
+/// A closed hook's protocol fault that reaches hookwire while the run's end
+/// is being recorded (here a duplicate `turn_end` verdict) no longer
+/// changes the outcome the client is told: the store recorded `completed`,
+/// and so the report says. The run's last check used to come after the
+/// end was recorded, and told the client `hook_failed` for a run the store
+/// holds as `completed`.
+#[tokio::test]
+async fn a_fault_seen_while_the_end_is_recorded_leaves_the_outcome_the_store_holds() {
+    let (logs, _guard) = support::logwatch::LogWatch::install("info,hookwire::hooks::stream=debug");
+    let release = Arc::new(Notify::new());
+    let mut fault = FaultHook::new(pb::EventKind::TurnEnd, Misbehave::Duplicate, &[]);
+    fault.release = Some(release.clone());
+    let (addr, _t) = fault.start().await;
+    let gate = Arc::new(Gate::default());
+    let store = Faulty::sqlite(Duration::from_secs(30)).await;
+    *store.end_gate.lock().unwrap() = Some(gate.clone());
+    let store = Arc::new(store);
+    let engine = engine_on(&config(&[("fault", &addr, "")], ""), store.clone()).await;
+    let session = new_session(&engine).await;
+    let entered = gate.entered.notified();
+    let run = start(&engine, &session, "hi").await.unwrap();
+    tokio::time::timeout(PATIENCE, entered)
+        .await
+        .expect("the run's end is being recorded");
+    // Now the hook's second verdict for turn_end goes out, and hookwire's
+    // stream reader takes it for the fault it is.
+    release.notify_one();
+    tokio::time::timeout(
+        PATIENCE,
+        logs.wait_for(&["hook stream fault", "hook=fault", "class=duplicate"]),
+    )
+    .await
+    .expect("the duplicate was read");
+    gate.open.notify_one();
+    let report = finished(run).await;
+    let recorded = store.ends.lock().unwrap().clone();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(
+        (report.outcome, report.reason.clone()),
+        recorded[0],
+        "the client is told what the store holds"
+    );
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    // Still counted and logged, once, as a fault after the run's last step.
+    tokio::time::timeout(
+        PATIENCE,
+        logs.wait_for(&["WARN", "hook=fault", "class=duplicate", "outcome stands"]),
+    )
+    .await
+    .expect("the fault is logged");
 }

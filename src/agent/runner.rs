@@ -724,6 +724,11 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     // its span now, without output.
     drop(final_output);
     let shown = provisional.take();
+    // Before the end is recorded, so the store records the outcome the
+    // client is told. A fault seen after it is counted and logged as the
+    // hook streams close, and the outcome stands.
+    let mut ending = ending;
+    let faults = last_faults(&run, &mut ending);
     let ending = record_end(&run, &mut machine, ending).await;
     // Deltas of a turn that was never accepted (a hook failure, a timeout,
     // a cancel after they were streamed) are withdrawn too, and so is a
@@ -746,7 +751,7 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     // Before the client's last events: once its end is recorded and its
     // hooks had run_end, the run is done but for a client that may be
     // slow (a drain past its grace does not wait for that).
-    let (report, faults) = finish(&run, ending);
+    let report = finish(&run, ending);
     // Sent once the end is recorded, so a client that is behind never
     // keeps the session busy. What the last check found (failed-open
     // faults) waits for room like the rest: the queue may be full.
@@ -1029,13 +1034,12 @@ fn call_id_prefix(run_id: &str, turn: u32) -> String {
     format!("hw_{short}_{turn}_")
 }
 
-/// Ends the run with its hooks (the last fault check, run_end, their
-/// streams closed) and builds its report; also returns the notable
-/// records of the last check, for the client.
-fn finish(run: &Run, mut ending: Ending) -> (RunReport, Vec<VerdictRecord>) {
-    // The last check: a run that ended well does not end so when a closed
-    // hook broke its protocol since the last step; any other ending keeps
-    // its reason, and the fault is still counted and logged.
+/// The last check for the hooks' protocol faults since the run's last
+/// step: a run that ended well does not end so when a closed hook broke
+/// its protocol; any other ending keeps its reason, and the fault is
+/// counted and logged either way. The notable records, also kept for the
+/// run's report.
+fn last_faults(run: &Run, ending: &mut Ending) -> Vec<VerdictRecord> {
     let mut records = Vec::new();
     let checked = run.hooks.check_faults(&mut records, EventKind::RunEnd);
     records.retain(VerdictRecord::is_notable);
@@ -1046,6 +1050,12 @@ fn finish(run: &Run, mut ending: Ending) -> (RunReport, Vec<VerdictRecord>) {
             ending.reason = f.to_string();
         }
     }
+    records
+}
+
+/// Ends the run with its hooks (run_end, their streams closed) and builds
+/// its report.
+fn finish(run: &Run, ending: Ending) -> RunReport {
     run.hooks
         .observe(ending.turns, EventKind::RunEnd, || Payload::RunEnd {
             outcome: ending.outcome,
@@ -1055,7 +1065,7 @@ fn finish(run: &Run, mut ending: Ending) -> (RunReport, Vec<VerdictRecord>) {
             turns: ending.turns,
         });
     run.hooks.close();
-    let report = RunReport {
+    RunReport {
         run_id: run.run_id.clone(),
         session_id: run.session_id.clone(),
         outcome: ending.outcome,
@@ -1066,8 +1076,7 @@ fn finish(run: &Run, mut ending: Ending) -> (RunReport, Vec<VerdictRecord>) {
         messages: ending.messages,
         hook_verdicts: run.records.locked().clone(),
         finish_reason: ending.finish_reason,
-    };
-    (report, records)
+    }
 }
 
 #[cfg(test)]
