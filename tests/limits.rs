@@ -565,3 +565,72 @@ async fn an_invoke_caller_that_leaves_ends_its_run() {
         report.reason
     );
 }
+
+/// A final answer whose events find the client's queue full (its deltas,
+/// held for the blocking turn_end hook and released at once) no longer
+/// keeps the session busy until the client reads them: the run's end is
+/// recorded first, and the answer's events wait with the run's last ones.
+/// They were delivered before the end was recorded, so a client that
+/// stopped reading held the session for `server.client_stall_timeout`.
+#[tokio::test]
+async fn a_final_answer_a_slow_client_has_not_read_leaves_the_session_free() {
+    use hookwire::pb::EventKind as K;
+    let accept = FnHook::new("accept", &[K::TurnEnd]).start().await;
+    let e = engine(&format!(
+        "{}server:\n  run_event_buffer: 16\n  client_stall_timeout: 60s\n",
+        config(&[("accept", &accept.addr, "")], "")
+    ))
+    .await;
+    let s = e
+        .create_session(&Principal::anonymous(), "a", vec![], Default::default())
+        .await
+        .unwrap();
+    // ~30 deltas of 12 characters, held until turn_end accepts the answer.
+    let mut h = e
+        .start_run(
+            &Principal::anonymous(),
+            &s.id,
+            "y".repeat(360),
+            true,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let session = e.store().get_session(&s.id).await.unwrap();
+            if session.active_run.is_none() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the session is free while the client has read nothing");
+    assert_eq!(
+        h.events.len(),
+        16,
+        "the client read nothing: its queue is full"
+    );
+    let mut events = Vec::new();
+    while let Some(ev) = h.events.recv().await.map(|e| *e) {
+        events.push(ev);
+    }
+    let report = h.task.await.unwrap();
+    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    let text: String = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::TextDelta { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(text, report.final_text, "every delta reached the client");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, RunEvent::AssistantMessage { .. })),
+        "{events:?}"
+    );
+    assert!(matches!(events.last(), Some(RunEvent::Finished(r)) if *r == report));
+}

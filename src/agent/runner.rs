@@ -487,12 +487,16 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     // by model_request patches): its tool calls may only name these.
     let mut offered = tools.clone();
     let ending = loop {
+        // The last step's events (a final answer, a terminate's reply) go
+        // with the run's last ones, once its end is recorded: a client
+        // that is behind must not keep the session busy.
+        if let Step::Finish(ending) = step {
+            break ending;
+        }
         for ev in machine.drain_events() {
             run.deliver(ev).await;
         }
-        if !matches!(step, Step::Finish(_)) {
-            run.wait_for_room().await;
-        }
+        run.wait_for_room().await;
         let turn = machine.turn();
         // A protocol violation detected since the last step stops the run
         // here, not at its end.
@@ -508,6 +512,7 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
             offered = tools.clone();
         }
         let feed = match step {
+            // Not reached: a finished run leaves at the top of the loop.
             Step::Finish(ending) => break ending,
             Step::RunStart(input) => Feed::RunStart(
                 run.guarded(async {
