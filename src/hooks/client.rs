@@ -17,7 +17,7 @@ use crate::config::{self, HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
 use crate::hooks::channel::{Channel, Settings};
-use crate::hooks::codec::ScratchCodec;
+use crate::hooks::codec::{ScratchCodec, ToolCallCodec, ToolRequest};
 use crate::hooks::connector::{self, Connector};
 use crate::hooks::credentials::Credentials;
 use crate::hooks::failure::{FailureClass, Fault};
@@ -307,6 +307,25 @@ where
         .streaming(req, path, ScratchCodec::<pb::HookVerdict>::default())
         .await?;
     Ok(resp.into_inner())
+}
+
+/// `CallTool` on `channel`: the generated client's call, with
+/// [`ToolCallCodec`] in place of the prost codec, so the request's
+/// `deadline_remaining_ms` is measured as it is encoded.
+async fn call_tool(
+    channel: HookChannel,
+    mut req: tonic::Request<ToolRequest>,
+) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_DECODE);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+    req.extensions_mut().insert(tonic::GrpcMethod::new(
+        "hookwire.v1.HookService",
+        "CallTool",
+    ));
+    let path = http::uri::PathAndQuery::from_static("/hookwire.v1.HookService/CallTool");
+    grpc.unary(req, path, ToolCallCodec).await
 }
 
 impl HookClient {
@@ -778,7 +797,9 @@ pub struct ToolSlot<'a> {
 
 impl ToolSlot<'_> {
     /// Sends the `CallTool` request on the slot and waits for its answer,
-    /// until `deadline`.
+    /// until `deadline`. The tool is told the time left until `deadline` as
+    /// the request goes out, after any wait for its connection, whatever
+    /// `context` says (see [`ToolCallCodec`]).
     pub async fn call(
         self,
         context: pb::EventContext,
@@ -793,13 +814,15 @@ impl ToolSlot<'_> {
         if left.is_zero() {
             return Err(timeout);
         }
-        let mut req = tonic::Request::new(pb::CallToolRequest {
-            context: Some(context),
-            call: Some(call.into()),
+        let mut req = tonic::Request::new(ToolRequest {
+            request: pb::CallToolRequest {
+                context: Some(context),
+                call: Some(call.into()),
+            },
+            deadline,
         });
         req.set_timeout(left);
-        let mut client = HookClient::client(&self.lease);
-        let answer = client.call_tool(req);
+        let answer = call_tool(self.lease.channel(), req);
         match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(r)) => {
                 let r = r.into_inner();
