@@ -62,7 +62,6 @@ pub struct HookClient {
     pub config: HookConfig,
     /// Connections to the hook server: every call and stream takes a slot.
     pool: Pool,
-    tls: Option<HookTls>,
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
@@ -364,7 +363,6 @@ impl HookClient {
         });
         Ok(Arc::new(HookClient {
             pool: Pool::new(&config.name, &config.connections, connect_timeout, connect),
-            tls,
             config,
             described: RwLock::new(None),
             status: Mutex::new(Status {
@@ -442,7 +440,7 @@ impl HookClient {
         let call = async {
             let lease = self.pool.acquire(deadline).await?;
             let answer = Self::client(&lease).describe(req).await;
-            answer.map_err(|status| self.refine(classify_status(&status, false)))
+            answer.map_err(|status| classify_status(&status, false))
         };
         let result = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
@@ -561,23 +559,6 @@ impl HookClient {
                 return;
             }
             delay = (delay * 2).min(PROBE_MAX);
-        }
-    }
-
-    /// A connection that died because the server refused us in TLS (after
-    /// our side of a TLS 1.3 handshake, e.g. a missing or untrusted client
-    /// certificate) is reported as class `tls` with the server's reason,
-    /// not as a reset.
-    pub fn refine(&self, fault: Fault) -> Fault {
-        if !matches!(
-            fault.class,
-            FailureClass::StreamReset | FailureClass::Connect
-        ) {
-            return fault;
-        }
-        match self.tls.as_ref().and_then(HookTls::late_error) {
-            Some(why) => Fault::new(FailureClass::Tls, why),
-            None => fault,
         }
     }
 
@@ -744,12 +725,9 @@ impl HookClient {
 
     /// A stream slot for one `CallTool` if one is free now, without
     /// waiting.
-    pub fn try_tool_slot(&self) -> Option<ToolSlot<'_>> {
+    pub fn try_tool_slot(&self) -> Option<ToolSlot> {
         let lease = self.pool.try_acquire()?;
-        Some(ToolSlot {
-            client: self,
-            lease,
-        })
+        Some(ToolSlot { lease })
     }
 
     /// A stream slot for one `CallTool` on this server's connections,
@@ -758,12 +736,9 @@ impl HookClient {
     /// tool's timeout, and the caller must check that the call may still
     /// start (the batch or the run may have stopped meanwhile) once the slot
     /// is there and right before the request goes out.
-    pub async fn tool_slot(&self, deadline: Instant) -> Result<ToolSlot<'_>, Fault> {
+    pub async fn tool_slot(&self, deadline: Instant) -> Result<ToolSlot, Fault> {
         let lease = self.pool.acquire(deadline).await?;
-        Ok(ToolSlot {
-            client: self,
-            lease,
-        })
+        Ok(ToolSlot { lease })
     }
 
     pub fn snapshot(&self) -> HookSnapshot {
@@ -790,12 +765,11 @@ impl HookClient {
 
 /// A slot taken for one `CallTool` ([`HookClient::tool_slot`]), freed when
 /// the call ends or the slot is dropped unused.
-pub struct ToolSlot<'a> {
-    client: &'a HookClient,
+pub struct ToolSlot {
     lease: Lease,
 }
 
-impl ToolSlot<'_> {
+impl ToolSlot {
     /// Sends the `CallTool` request on the slot and waits for its answer,
     /// until `deadline`. The tool is told the time left until `deadline` as
     /// the request goes out, after any wait for its connection, whatever
@@ -828,7 +802,7 @@ impl ToolSlot<'_> {
                 let r = r.into_inner();
                 Ok((r.content, r.is_error))
             }
-            Ok(Err(status)) => Err(self.client.refine(classify_status(&status, false))),
+            Ok(Err(status)) => Err(classify_status(&status, false)),
             Err(_) => Err(timeout),
         }
     }

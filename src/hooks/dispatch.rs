@@ -313,8 +313,7 @@ impl RunHooks {
             self.check_rewrite(payload, &v)?;
             Ok(v)
         }
-        .await
-        .map_err(|f| hook.client.refine(f));
+        .await;
         // The span ends with the call even when it lives on for the failure
         // policy or the merge.
         span.end_now();

@@ -799,6 +799,20 @@ fn transport_cause(status: &tonic::Status, said: &Said) -> Option<TransportCause
         if e.is::<crate::hooks::channel::ConnectTimedOut>() {
             cause.refused = true;
         }
+        // TLS ended the call's connection after the handshake (a late
+        // refusal, an alert): as the channel tells the call, or as the
+        // connection's IO error, itself or as h2 hands it to each stream.
+        let io = e
+            .downcast_ref::<std::io::Error>()
+            .or_else(|| e.downcast_ref::<h2::Error>().and_then(h2::Error::get_io));
+        let failure = e
+            .downcast_ref::<crate::tls::TlsFailure>()
+            .map(|f| f.why.clone())
+            .or_else(|| io.and_then(crate::tls::TlsFailure::find));
+        if let Some(why) = failure {
+            cause.tls = true;
+            cause.tls_detail.get_or_insert(why);
+        }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             if let Some(r) = io
                 .get_ref()
