@@ -453,6 +453,7 @@ async fn two_connections_failing_at_once_each_say_their_own_cause() {
     );
     let cfg = hookwire::config::Config::parse(&yaml, "test").unwrap();
     let client = hookwire::hooks::client::HookClient::new(
+        0,
         cfg.hooks[0].clone(),
         std::time::Duration::from_secs(5),
     )

@@ -328,10 +328,17 @@ async fn call_tool(
 }
 
 impl HookClient {
-    /// `reload_interval`: how often TLS and token files are checked for
-    /// changes (`server.reload_interval`).
-    pub fn new(config: HookConfig, reload_interval: Duration) -> Result<Arc<HookClient>, String> {
-        let owner = format!("hook `{}`", config.name);
+    /// `index`: the hook's place in the configuration's `hooks`, so that
+    /// start-up errors about its files name it as the configuration does
+    /// (`hooks[0] (py-guard) tls: cannot read ...`); `reload_interval`: how
+    /// often TLS and token files are checked for changes
+    /// (`server.reload_interval`).
+    pub fn new(
+        index: usize,
+        config: HookConfig,
+        reload_interval: Duration,
+    ) -> Result<Arc<HookClient>, String> {
+        let owner = format!("hooks[{index}] ({})", config.name);
         let tls = if config.endpoint.starts_with("https://") {
             Some(HookTls::new(&owner, &config.tls, reload_interval).map_err(|e| e.to_string())?)
         } else {
@@ -818,7 +825,7 @@ mod tests {
             "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    {setting}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
-        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
+        HookClient::new(0, cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
     }
 
     fn client(breaker: &str) -> Arc<HookClient> {
