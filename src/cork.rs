@@ -70,6 +70,11 @@ impl<IO> Corked<IO> {
         }
     }
 
+    /// The IO it writes to.
+    pub fn get_ref(&self) -> &IO {
+        &self.io
+    }
+
     fn held(&self) -> usize {
         self.buf.len() - self.sent
     }

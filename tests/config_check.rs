@@ -108,7 +108,21 @@ async fn check_and_serve_refuse_the_same_bad_configs_with_the_same_error() {
             format!(
                 "{SCRIPTED}{AGENT}hooks: [{{name: h, endpoint: 'http://127.0.0.1:9', credentials: {{bearer_token_env: 'Zm9v{SECRET}YmFy'}}}}]\n"
             ),
-            "credentials.bearer_token_env: environment variable (name not shown",
+            "hooks[0] (h) credentials.bearer_token_env: environment variable (name not shown",
+        ),
+        (
+            "a hook's CA file that cannot be read (named by its place in the file)",
+            format!(
+                "{SCRIPTED}{AGENT}hooks:\n  - {{name: first, endpoint: 'http://127.0.0.1:9'}}\n  - {{name: py-guard, endpoint: 'https://127.0.0.1:9', tls: {{ca_file: /nonexistent/hook-ca.pem}}}}\n"
+            ),
+            "hooks[1] (py-guard) tls: cannot read /nonexistent/hook-ca.pem",
+        ),
+        (
+            "a hook's token file that cannot be read",
+            format!(
+                "{SCRIPTED}{AGENT}hooks: [{{name: h, endpoint: 'http://127.0.0.1:9', credentials: {{bearer_token_file: /nonexistent/hook-token}}}}]\n"
+            ),
+            "hooks[0] (h) credentials.bearer_token_file: cannot read /nonexistent/hook-token",
         ),
         (
             "a SQLite file whose directory cannot be made",

@@ -569,3 +569,93 @@ async fn a_hook_that_stops_reading_cannot_hang_a_run_or_grow_its_queue() {
     );
     server.stop().await;
 }
+
+/// A TCP proxy to `upstream` that holds every connection but the first for
+/// `delay` before it forwards a byte, as a slow network path or a busy
+/// load balancer does: for a TLS hook, the handshake of every later
+/// connection takes that long.
+async fn slow_after_first(upstream: String, delay: std::time::Duration) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut client, _)) = listener.accept().await {
+            let wait = if std::mem::take(&mut first) {
+                std::time::Duration::ZERO
+            } else {
+                delay
+            };
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    port
+}
+
+/// `CallToolRequest.context.deadline_remaining_ms` is what hookwire will
+/// still wait when the request goes out, as for events: a `CallTool` that
+/// needs a new connection first (here: the tool's owner allows one stream
+/// per connection, and its run stream holds the first) waits for that
+/// connection's TLS handshake, and the tool is told the time left after
+/// it, not the hook's whole timeout.
+#[tokio::test]
+async fn call_tool_is_told_the_time_left_after_its_connection_was_made() {
+    const DIAL: std::time::Duration = std::time::Duration::from_millis(1000);
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let owner = {
+        let told = told.clone();
+        FnHook::new("owner", &[K::ToolCall]).with_tool(weather_tool(), move |ctx, _| {
+            told.lock().unwrap().push(ctx.deadline_remaining_ms);
+            async {
+                pb::CallToolResponse {
+                    content: "sunny".into(),
+                    is_error: false,
+                }
+            }
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ca = support::certs::Ca::new("hooks CA");
+    let leaf = ca.leaf(support::certs::Use::Server, &["localhost"], &[]);
+    let ca_file = support::certs::write_pem(dir.path(), "ca.crt", &ca.pem());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap().to_string();
+    let identity = tonic::transport::Identity::from_pem(&leaf.cert, &leaf.key);
+    let _hook_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .unwrap()
+            .add_service(hook_server::service(owner))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let port = slow_after_first(upstream, DIAL).await;
+    let lines = format!(
+        "timeout: 5s\nconnections: {{max_streams_per_connection: 1}}\ntls: {{ca_file: {}}}",
+        ca_file.display()
+    );
+    let server = TestServer::start(&config(
+        &[("owner", &format!("https://localhost:{port}"), &lines)],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "weather").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    let told = told.lock().unwrap().clone();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert!(
+        told[0] > 0 && told[0] <= 5000 - 500,
+        "the tool was told {} ms of a 5 s timeout after a {DIAL:?} handshake",
+        told[0]
+    );
+    server.stop().await;
+}

@@ -937,3 +937,72 @@ async fn batch_stop_cell(stopper: Stopper, concurrency: u32) -> String {
         .to_lowercase();
     format!("{short}, no tool started")
 }
+
+/// A hook server (or a proxy in front of it) that ends its connections
+/// with a GOAWAY whose debug data is its own text: hookwire names the
+/// GOAWAY and its reason, but the debug data, which can quote anything,
+/// reaches neither the run's reason, nor `ListHooks`' `last_error`, nor a
+/// log line above debug, and does not steer the failure's class (the words
+/// "certificate" and "tcp connect" in it do not make it `tls` or
+/// `connect`).
+#[tokio::test]
+async fn a_goaways_debug_data_stays_out_of_reasons_and_logs() {
+    const SENTINEL: &str = "SENTINEL-GOAWAY-7731 certificate handshake tcp connect";
+    let (logs, _guard) = support::logwatch::LogWatch::install("info,hookwire=debug");
+    let addr = support::goaway::start(SENTINEL.as_bytes()).await;
+    let server = TestServer::start(&config(&[("calm", &addr, "events: [run_start]")], "")).await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let r = invoke(&mut c, &s, "hi").await;
+    assert_eq!(outcome(&r), pb::RunOutcome::HookFailed, "{}", r.reason);
+    assert!(
+        r.reason
+            .contains("hook `calm` failed on run_start: stream_reset"),
+        "{}",
+        r.reason
+    );
+    assert!(
+        r.reason.contains("GOAWAY ENHANCE_YOUR_CALM"),
+        "the reason names the GOAWAY: {}",
+        r.reason
+    );
+    assert!(
+        r.reason
+            .contains(&format!("{}-byte debug data", SENTINEL.len())),
+        "and says it had debug data: {}",
+        r.reason
+    );
+    assert!(!r.reason.contains("SENTINEL"), "{}", r.reason);
+
+    let hooks = c
+        .list_hooks(pb::ListHooksRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let calm = hooks.hooks.iter().find(|h| h.name == "calm").unwrap();
+    assert!(
+        calm.last_error.contains("GOAWAY ENHANCE_YOUR_CALM"),
+        "{}",
+        calm.last_error
+    );
+    assert!(!calm.last_error.contains("SENTINEL"), "{}", calm.last_error);
+
+    assert!(
+        !logs
+            .lines_with(&["WARN", "hook=calm", "class=stream_reset"])
+            .is_empty(),
+        "the failure is logged:\n{}",
+        logs.contents()
+    );
+    let quoting: Vec<String> = logs.lines_with(&["SENTINEL"]);
+    assert!(
+        quoting.iter().all(|l| l.contains("DEBUG")),
+        "the debug data is logged above debug: {quoting:#?}"
+    );
+    assert!(
+        !quoting.is_empty(),
+        "the debug data is kept for the debug log:\n{}",
+        logs.contents()
+    );
+    server.stop().await;
+}

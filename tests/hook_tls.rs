@@ -4,6 +4,9 @@
 
 mod support;
 
+use std::sync::Arc;
+
+use hookwire::hooks::failure::FailureClass;
 use hookwire::pb;
 use support::auth::{self as sa, Tokens, ALICE};
 use support::certs::{write_atomic, write_pem, Ca, Use};
@@ -330,4 +333,155 @@ async fn rotated_certificates_and_tokens_are_picked_up_without_a_restart() {
     let r = run_once(&server.addr, None).await;
     assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
     server.stop().await;
+}
+
+/// A TLS hook server, in Rust, whose connections go in two pairs. The
+/// first two complete the handshake, send their HTTP/2 SETTINGS and are
+/// held until [`Staged::end_first_pair`], then closed. The next two are
+/// held until both have arrived, then one is refused after the handshake
+/// (the server requires a client certificate, hookwire has none) and the
+/// other completes it and is closed at once: two connections failing at
+/// the same time, each its own way.
+struct Staged {
+    endpoint: String,
+    end_first: tokio::sync::watch::Sender<bool>,
+    first_ended: Arc<tokio::sync::Semaphore>,
+}
+
+impl Staged {
+    async fn start(ca: &Ca, client_ca: &Ca) -> Staged {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let provider = || Arc::new(rustls::crypto::ring::default_provider());
+        let leaf = ca.leaf(Use::Server, &["localhost"], &[]);
+        let certs = hookwire::tls::load_certs("srv.crt".as_ref(), leaf.cert.as_bytes()).unwrap();
+        let key = hookwire::tls::load_key("srv.key".as_ref(), leaf.key.as_bytes()).unwrap();
+        let roots =
+            hookwire::tls::load_roots("ca.pem".as_ref(), client_ca.pem().as_bytes()).unwrap();
+        let server = |auth: bool| {
+            let b = rustls::ServerConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .unwrap();
+            let b = if auth {
+                let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots.clone()),
+                    provider(),
+                )
+                .build()
+                .unwrap();
+                b.with_client_cert_verifier(v)
+            } else {
+                b.with_no_client_auth()
+            };
+            let mut c = b.with_single_cert(certs.clone(), key.clone_key()).unwrap();
+            c.alpn_protocols = vec![b"h2".to_vec()];
+            tokio_rustls::TlsAcceptor::from(Arc::new(c))
+        };
+        let (open, refusing) = (server(false), server(true));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (end_first, ended) = tokio::sync::watch::channel(false);
+        let first_ended = Arc::new(tokio::sync::Semaphore::new(0));
+        let done = first_ended.clone();
+        tokio::spawn(async move {
+            for _ in 0..2 {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let (open, mut ended, done) = (open.clone(), ended.clone(), done.clone());
+                tokio::spawn(async move {
+                    let mut tls = open.accept(tcp).await.unwrap();
+                    // An empty SETTINGS frame: no stream limit.
+                    tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+                    tls.flush().await.unwrap();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        tokio::select! {
+                            _ = ended.wait_for(|e| *e) => break,
+                            n = tls.read(&mut buf) => if !matches!(n, Ok(n) if n > 0) { break },
+                        }
+                    }
+                    let _ = tls.shutdown().await;
+                    // Until hookwire has seen the end and closed its side.
+                    while matches!(tls.read(&mut buf).await, Ok(n) if n > 0) {}
+                    done.add_permits(1);
+                });
+            }
+            let (a, _) = listener.accept().await.unwrap();
+            let (b, _) = listener.accept().await.unwrap();
+            let refused = tokio::spawn(async move {
+                let _ = refusing.accept(a).await;
+            });
+            if let Ok(tls) = open.accept(b).await {
+                drop(tls);
+            }
+            let _ = refused.await;
+            // Anything later: held open, never answered.
+            let mut held = Vec::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                held.push(tcp);
+            }
+        });
+        Staged {
+            endpoint: format!("https://localhost:{port}"),
+            end_first,
+            first_ended,
+        }
+    }
+
+    async fn end_first_pair(&self) {
+        self.end_first.send_replace(true);
+        let _ = self.first_ended.acquire_many(2).await.unwrap();
+    }
+}
+
+/// Two connections to one TLS hook fail at the same time: one is refused
+/// after the handshake (no client certificate), the other is closed by a
+/// server that asked for nothing. Each failure is classified by what
+/// happened on its own connection: the refusal as `tls` saying what the
+/// server wanted, the close as `stream_reset`, not one blamed on the
+/// other (what one connection learned of its handshake was kept per hook,
+/// and each connection attempt cleared it).
+#[tokio::test]
+async fn two_connections_failing_at_once_each_say_their_own_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, client_ca) = (Ca::new("hooks CA"), Ca::new("clients CA"));
+    let ca_file = write_pem(dir.path(), "ca.pem", &ca.pem());
+    let staged = Staged::start(&ca, &client_ca).await;
+    // One stream per connection: two calls at once take two connections.
+    let yaml = format!(
+        "hooks:\n  - name: h\n    endpoint: {}\n    connections: {{max_streams_per_connection: 1}}\n    tls: {{ca_file: {}}}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n",
+        staged.endpoint,
+        ca_file.display()
+    );
+    let cfg = hookwire::config::Config::parse(&yaml, "test").unwrap();
+    let client = hookwire::hooks::client::HookClient::new(
+        0,
+        cfg.hooks[0].clone(),
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap();
+    let wait = std::time::Duration::from_millis(500);
+    // The pool's two connections, made one after the other (a pool learns
+    // one connection's limit before it opens the next); the server answers
+    // no call on them.
+    let (a, b) = tokio::join!(client.describe(wait), client.describe(wait));
+    assert_eq!(a.unwrap_err().class, FailureClass::Deadline);
+    assert_eq!(b.unwrap_err().class, FailureClass::Deadline);
+    assert_eq!(client.pool().load().0, 2, "two connections");
+    // Their server goes; the next two calls reconnect both at once.
+    staged.end_first_pair().await;
+    let wait = std::time::Duration::from_secs(5);
+    let (a, b) = tokio::join!(client.describe(wait), client.describe(wait));
+    let mut faults = [a.unwrap_err(), b.unwrap_err()];
+    faults.sort_by_key(|f| f.class.name());
+    let [reset, refused] = &faults;
+    assert_eq!(
+        (refused.class, reset.class),
+        (FailureClass::Tls, FailureClass::StreamReset),
+        "{faults:?}"
+    );
+    assert!(
+        refused.detail.contains("client certificate"),
+        "{}",
+        refused.detail
+    );
+    assert!(!reset.detail.contains("certificate"), "{}", reset.detail);
 }

@@ -46,7 +46,7 @@ fn warnings_for(endpoint: &str) -> String {
     // documentation addresses below are never contacted.
     tracing::subscriber::with_default(subscriber, || {
         rt.block_on(async {
-            HookClient::new(cfg.hooks[0].clone(), Duration::from_secs(5)).unwrap();
+            HookClient::new(0, cfg.hooks[0].clone(), Duration::from_secs(5)).unwrap();
         })
     });
     let bytes = lines.0.lock().unwrap().clone();

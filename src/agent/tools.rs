@@ -296,7 +296,9 @@ pub async fn process_call(
     // Nothing is awaited between the checks above and the request going out.
     let (content, is_error) = match slot {
         Some((Ok(slot), deadline)) => {
-            let ctx = hooks.wire_context(turn, deadline.saturating_duration_since(Instant::now()));
+            // The time left is measured by the call, as the request goes
+            // out (after any wait for its connection).
+            let ctx = hooks.wire_context(turn, std::time::Duration::ZERO);
             slot.call(ctx, &effective, deadline)
                 .await
                 .unwrap_or_else(failed)

@@ -28,7 +28,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::event::EventKind;
-use crate::hooks::failure::{FailureClass, Fault};
 use crate::hooks::wire::event_kind_from_wire;
 use crate::message::ToolSpec;
 use crate::pb::hook_service_client::HookServiceClient;
@@ -151,17 +150,6 @@ pub async fn check(opts: &Options) -> Result<Report, CheckError> {
     let (desc, took) = match drive::describe(client.clone(), opts.timeout).await {
         Ok(d) => d,
         Err(f) => {
-            // Refused in TLS after the handshake (a TLS 1.3 server checking
-            // our client certificate): say so, as hookwire would.
-            let f = match (
-                &f.class,
-                tls.as_ref().and_then(crate::tls::HookTls::late_error),
-            ) {
-                (FailureClass::StreamReset | FailureClass::Connect, Some(why)) => {
-                    Fault::new(FailureClass::Tls, why)
-                }
-                _ => f,
-            };
             // Nothing else can be checked without Describe.
             report.rows.push(checks::describe_failed(&url, &f));
             return Ok(report);

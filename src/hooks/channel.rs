@@ -49,13 +49,45 @@ use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::TokioTimer;
 use tonic::body::Body;
 
+use super::connector::Explains;
 use super::spawner::BoxedSpawner;
 use crate::lock::LockExt;
+use crate::tls::{EndedBy, TlsFailure};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// Makes one connection: connect, handshake, spawn its driver.
-type Dial = Box<dyn Fn() -> BoxFuture<Result<SendRequest<Body>, BoxError>> + Send + Sync>;
+type Dial = Box<dyn Fn() -> BoxFuture<Result<Live, BoxError>> + Send + Sync>;
+
+/// A live connection: its sender, and where its IO notes why TLS ended it
+/// (`https://` hooks), for the errors of the calls that were on it: h2 and
+/// hyper tell those only that the connection closed (or, for a request not
+/// sent yet, not even that).
+#[derive(Clone)]
+struct Live {
+    sender: SendRequest<Body>,
+    ended_by: Option<EndedBy>,
+}
+
+impl Live {
+    /// `e`, the error of a call on this connection, with the reason TLS
+    /// ended the connection when it did.
+    fn explain(&self, e: impl Into<BoxError>) -> BoxError {
+        explained(self.ended_by.as_ref(), e.into())
+    }
+}
+
+/// `e`, met on the connection whose IO notes in `ended_by`, with the
+/// reason TLS ended that connection when it did.
+fn explained(ended_by: Option<&EndedBy>, e: BoxError) -> BoxError {
+    match ended_by.and_then(|w| w.get()) {
+        Some(why) => Box::new(TlsFailure {
+            why: why.clone(),
+            source: Some(e),
+        }),
+        None => e,
+    }
+}
 
 /// The HTTP/2 settings of a hook connection.
 #[derive(Clone, Copy, Debug)]
@@ -78,8 +110,8 @@ struct Inner {
     authority: Authority,
     user_agent: HeaderValue,
     dial: Dial,
-    /// The live connection's sender, once connected.
-    ready: Mutex<Option<SendRequest<Body>>>,
+    /// The live connection, once connected.
+    ready: Mutex<Option<Live>>,
     /// One dial at a time: callers that arrive while it runs wait for it
     /// and use its connection, or get its error if it failed (so a server
     /// that does not answer costs its queued callers one connect timeout,
@@ -120,7 +152,7 @@ impl Channel {
     pub fn lazy<C>(connector: C, target: Uri, origin: &Uri, settings: Settings) -> Channel
     where
         C: tower::Service<Uri> + Clone + Send + Sync + 'static,
-        C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Explains + Unpin + Send + 'static,
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
     {
@@ -149,13 +181,18 @@ impl Channel {
                     .map_err(|_| {
                         tonic::ConnectError(Box::new(ConnectTimedOut(settings.connect_timeout)))
                     })??;
-                let (sender, connection) = builder.handshake(io).await?;
+                let ended_by = io.ended_by();
+                let (sender, connection) = match builder.handshake(io).await {
+                    Ok(handshaken) => handshaken,
+                    // The server refused us as soon as we spoke.
+                    Err(e) => return Err(explained(ended_by.as_ref(), e.into())),
+                };
                 tokio::spawn(async move {
                     if let Err(e) = connection.await {
                         tracing::debug!(error = %e, "hook connection ended with an error");
                     }
                 });
-                Ok(sender)
+                Ok(Live { sender, ended_by })
             })
         });
         Channel {
@@ -179,11 +216,11 @@ impl Channel {
 }
 
 impl Inner {
-    /// The live connection's sender, if there is one.
-    fn live(&self) -> Option<SendRequest<Body>> {
+    /// The live connection, if there is one.
+    fn live(&self) -> Option<Live> {
         let mut ready = self.ready.locked();
         match &*ready {
-            Some(s) if !s.is_closed() => Some(s.clone()),
+            Some(s) if !s.sender.is_closed() => Some(s.clone()),
             Some(_) => {
                 *ready = None;
                 None
@@ -192,7 +229,7 @@ impl Inner {
         }
     }
 
-    async fn sender(&self) -> Result<SendRequest<Body>, BoxError> {
+    async fn sender(&self) -> Result<Live, BoxError> {
         if let Some(s) = self.live() {
             return Ok(s);
         }
@@ -250,15 +287,19 @@ impl tower::Service<Request<Body>> for Channel {
         let inner = self.inner.clone();
         Box::pin(async move {
             inner.prepare(&mut req)?;
-            let mut sender = inner.sender().await?;
-            match sender.try_send_request(req).await {
+            let mut live = inner.sender().await?;
+            match live.sender.try_send_request(req).await {
                 Ok(response) => Ok(response),
                 Err(mut e) => match e.take_message() {
                     // Never sent: the connection was closing (its server
                     // drains it with GOAWAY, as a restarting pod does, or it
                     // just ended). Once more, on a new connection.
-                    Some(req) => Ok(inner.sender().await?.send_request(req).await?),
-                    None => Err(e.into_error().into()),
+                    Some(req) => {
+                        let mut live = inner.sender().await?;
+                        let sent = live.sender.send_request(req).await;
+                        sent.map_err(|e| live.explain(e))
+                    }
+                    None => Err(live.explain(e.into_error())),
                 },
             }
         })
@@ -332,7 +373,7 @@ mod tests {
     fn through<C>(connector: C, connect_timeout: Duration) -> Channel
     where
         C: tower::Service<Uri> + Clone + Send + Sync + 'static,
-        C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Explains + Unpin + Send + 'static,
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
     {

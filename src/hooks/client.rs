@@ -17,7 +17,7 @@ use crate::config::{self, HookConfig, HookMode};
 use crate::event::EventKind;
 use crate::hooks::breaker::{Admit, Breaker};
 use crate::hooks::channel::{Channel, Settings};
-use crate::hooks::codec::ScratchCodec;
+use crate::hooks::codec::{ScratchCodec, ToolCallCodec, ToolRequest};
 use crate::hooks::connector::{self, Connector};
 use crate::hooks::credentials::Credentials;
 use crate::hooks::failure::{FailureClass, Fault};
@@ -62,7 +62,6 @@ pub struct HookClient {
     pub config: HookConfig,
     /// Connections to the hook server: every call and stream takes a slot.
     pool: Pool,
-    tls: Option<HookTls>,
     described: RwLock<Option<Description>>,
     status: Mutex<Status>,
     breaker: Mutex<Breaker>,
@@ -309,11 +308,37 @@ where
     Ok(resp.into_inner())
 }
 
+/// `CallTool` on `channel`: the generated client's call, with
+/// [`ToolCallCodec`] in place of the prost codec, so the request's
+/// `deadline_remaining_ms` is measured as it is encoded.
+async fn call_tool(
+    channel: HookChannel,
+    mut req: tonic::Request<ToolRequest>,
+) -> Result<tonic::Response<pb::CallToolResponse>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_DECODE);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+    req.extensions_mut().insert(tonic::GrpcMethod::new(
+        "hookwire.v1.HookService",
+        "CallTool",
+    ));
+    let path = http::uri::PathAndQuery::from_static("/hookwire.v1.HookService/CallTool");
+    grpc.unary(req, path, ToolCallCodec).await
+}
+
 impl HookClient {
-    /// `reload_interval`: how often TLS and token files are checked for
-    /// changes (`server.reload_interval`).
-    pub fn new(config: HookConfig, reload_interval: Duration) -> Result<Arc<HookClient>, String> {
-        let owner = format!("hook `{}`", config.name);
+    /// `index`: the hook's place in the configuration's `hooks`, so that
+    /// start-up errors about its files name it as the configuration does
+    /// (`hooks[0] (py-guard) tls: cannot read ...`); `reload_interval`: how
+    /// often TLS and token files are checked for changes
+    /// (`server.reload_interval`).
+    pub fn new(
+        index: usize,
+        config: HookConfig,
+        reload_interval: Duration,
+    ) -> Result<Arc<HookClient>, String> {
+        let owner = format!("hooks[{index}] ({})", config.name);
         let tls = if config.endpoint.starts_with("https://") {
             Some(HookTls::new(&owner, &config.tls, reload_interval).map_err(|e| e.to_string())?)
         } else {
@@ -345,7 +370,6 @@ impl HookClient {
         });
         Ok(Arc::new(HookClient {
             pool: Pool::new(&config.name, &config.connections, connect_timeout, connect),
-            tls,
             config,
             described: RwLock::new(None),
             status: Mutex::new(Status {
@@ -423,7 +447,7 @@ impl HookClient {
         let call = async {
             let lease = self.pool.acquire(deadline).await?;
             let answer = Self::client(&lease).describe(req).await;
-            answer.map_err(|status| self.refine(classify_status(&status, false)))
+            answer.map_err(|status| classify_status(&status, false))
         };
         let result = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
@@ -542,23 +566,6 @@ impl HookClient {
                 return;
             }
             delay = (delay * 2).min(PROBE_MAX);
-        }
-    }
-
-    /// A connection that died because the server refused us in TLS (after
-    /// our side of a TLS 1.3 handshake, e.g. a missing or untrusted client
-    /// certificate) is reported as class `tls` with the server's reason,
-    /// not as a reset.
-    pub fn refine(&self, fault: Fault) -> Fault {
-        if !matches!(
-            fault.class,
-            FailureClass::StreamReset | FailureClass::Connect
-        ) {
-            return fault;
-        }
-        match self.tls.as_ref().and_then(HookTls::late_error) {
-            Some(why) => Fault::new(FailureClass::Tls, why),
-            None => fault,
         }
     }
 
@@ -725,12 +732,9 @@ impl HookClient {
 
     /// A stream slot for one `CallTool` if one is free now, without
     /// waiting.
-    pub fn try_tool_slot(&self) -> Option<ToolSlot<'_>> {
+    pub fn try_tool_slot(&self) -> Option<ToolSlot> {
         let lease = self.pool.try_acquire()?;
-        Some(ToolSlot {
-            client: self,
-            lease,
-        })
+        Some(ToolSlot { lease })
     }
 
     /// A stream slot for one `CallTool` on this server's connections,
@@ -739,12 +743,9 @@ impl HookClient {
     /// tool's timeout, and the caller must check that the call may still
     /// start (the batch or the run may have stopped meanwhile) once the slot
     /// is there and right before the request goes out.
-    pub async fn tool_slot(&self, deadline: Instant) -> Result<ToolSlot<'_>, Fault> {
+    pub async fn tool_slot(&self, deadline: Instant) -> Result<ToolSlot, Fault> {
         let lease = self.pool.acquire(deadline).await?;
-        Ok(ToolSlot {
-            client: self,
-            lease,
-        })
+        Ok(ToolSlot { lease })
     }
 
     pub fn snapshot(&self) -> HookSnapshot {
@@ -771,14 +772,15 @@ impl HookClient {
 
 /// A slot taken for one `CallTool` ([`HookClient::tool_slot`]), freed when
 /// the call ends or the slot is dropped unused.
-pub struct ToolSlot<'a> {
-    client: &'a HookClient,
+pub struct ToolSlot {
     lease: Lease,
 }
 
-impl ToolSlot<'_> {
+impl ToolSlot {
     /// Sends the `CallTool` request on the slot and waits for its answer,
-    /// until `deadline`.
+    /// until `deadline`. The tool is told the time left until `deadline` as
+    /// the request goes out, after any wait for its connection, whatever
+    /// `context` says (see [`ToolCallCodec`]).
     pub async fn call(
         self,
         context: pb::EventContext,
@@ -793,19 +795,21 @@ impl ToolSlot<'_> {
         if left.is_zero() {
             return Err(timeout);
         }
-        let mut req = tonic::Request::new(pb::CallToolRequest {
-            context: Some(context),
-            call: Some(call.into()),
+        let mut req = tonic::Request::new(ToolRequest {
+            request: pb::CallToolRequest {
+                context: Some(context),
+                call: Some(call.into()),
+            },
+            deadline,
         });
         req.set_timeout(left);
-        let mut client = HookClient::client(&self.lease);
-        let answer = client.call_tool(req);
+        let answer = call_tool(self.lease.channel(), req);
         match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(r)) => {
                 let r = r.into_inner();
                 Ok((r.content, r.is_error))
             }
-            Ok(Err(status)) => Err(self.client.refine(classify_status(&status, false))),
+            Ok(Err(status)) => Err(classify_status(&status, false)),
             Err(_) => Err(timeout),
         }
     }
@@ -821,7 +825,7 @@ mod tests {
             "hooks:\n  - name: h\n    endpoint: http://127.0.0.1:1\n    {setting}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
-        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
+        HookClient::new(0, cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
     }
 
     fn client(breaker: &str) -> Arc<HookClient> {

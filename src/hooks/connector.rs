@@ -18,6 +18,53 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::Notify;
 
 use crate::cork::Corked;
+use crate::hooks::peer_settings::Watched;
+use crate::tls::{EndedBy, TlsIo};
+
+/// A connection's IO that may learn, below HTTP/2, why the connection
+/// ended ([`EndedBy`]: a TLS refusal after the handshake), for the calls
+/// that were on it: the channel reads it when one fails
+/// (`hooks::channel`).
+pub trait Explains {
+    /// The connection's slot, if its IO can fill one.
+    fn ended_by(&self) -> Option<EndedBy>;
+}
+
+impl Explains for tokio::net::TcpStream {
+    fn ended_by(&self) -> Option<EndedBy> {
+        None
+    }
+}
+
+impl Explains for TlsIo {
+    fn ended_by(&self) -> Option<EndedBy> {
+        Some(TlsIo::ended_by(self))
+    }
+}
+
+impl<T: Explains> Explains for TokioIo<T> {
+    fn ended_by(&self) -> Option<EndedBy> {
+        self.inner().ended_by()
+    }
+}
+
+impl<T: Explains> Explains for Corked<T> {
+    fn ended_by(&self) -> Option<EndedBy> {
+        self.get_ref().ended_by()
+    }
+}
+
+impl<T: Explains> Explains for Watched<T> {
+    fn ended_by(&self) -> Option<EndedBy> {
+        self.get_ref().ended_by()
+    }
+}
+
+impl<T: Explains> Explains for Connection<T> {
+    fn ended_by(&self) -> Option<EndedBy> {
+        self.io.ended_by()
+    }
+}
 
 /// A connector (tonic's plain TCP one, or hookwire's TLS one) whose
 /// connections signal `closed` when they are dropped, i.e. when the HTTP/2

@@ -313,8 +313,7 @@ impl RunHooks {
             self.check_rewrite(payload, &v)?;
             Ok(v)
         }
-        .await
-        .map_err(|f| hook.client.refine(f));
+        .await;
         // The span ends with the call even when it lives on for the failure
         // policy or the merge.
         span.end_now();
@@ -952,8 +951,12 @@ mod tests {
         )
         .unwrap();
         let inst = Instruments::new(&config.telemetry);
-        let client =
-            HookClient::new(config.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap();
+        let client = HookClient::new(
+            0,
+            config.hooks[0].clone(),
+            std::time::Duration::from_secs(5),
+        )
+        .unwrap();
         let hooks = RunHooks::new(
             vec![client],
             EventContext::default(),
@@ -1024,7 +1027,7 @@ mod tests {
             "hooks:\n  - name: h\n    endpoint: {endpoint}\n    events: [run_start]\n    timeout: 60s\n    breaker: {{failures: 1, cooldown: 0s}}\nagents: [{{name: a, model: m}}]\nmodels: [{{name: m, provider: scripted}}]\n"
         );
         let cfg = crate::config::Config::parse(&yaml, "test").unwrap();
-        HookClient::new(cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
+        HookClient::new(0, cfg.hooks[0].clone(), std::time::Duration::from_secs(5)).unwrap()
     }
 
     fn hooks(client: &Arc<HookClient>, run_deadline: Instant) -> RunHooks {

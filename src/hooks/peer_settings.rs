@@ -166,6 +166,13 @@ pub struct Watched<T> {
     preface: Option<Preface>,
 }
 
+impl<T> Watched<T> {
+    /// The connection it watches.
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+}
+
 impl<T: Read + Unpin> Read for Watched<T> {
     fn poll_read(
         self: Pin<&mut Self>,

@@ -48,8 +48,8 @@ impl HookRegistry {
     pub fn new(config: &Config) -> Result<HookRegistry, RegistryError> {
         let mut clients = Vec::new();
         let mut by_name = HashMap::new();
-        for h in &config.hooks {
-            let c = HookClient::new(h.clone(), config.server.reload_interval)
+        for (i, h) in config.hooks.iter().enumerate() {
+            let c = HookClient::new(i, h.clone(), config.server.reload_interval)
                 .map_err(RegistryError::Endpoint)?;
             by_name.insert(h.name.clone(), c.clone());
             clients.push(c);

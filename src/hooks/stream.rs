@@ -775,10 +775,11 @@ struct TransportCause {
     text: String,
 }
 
-fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
+fn transport_cause(status: &tonic::Status, said: &Said) -> Option<TransportCause> {
     let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
     src?;
     let mut cause = TransportCause::default();
+    let mut text = said.sources.iter();
     while let Some(e) = src {
         if let Some(t) = e.downcast_ref::<crate::tls::HookTlsError>() {
             cause.tls = true;
@@ -797,6 +798,20 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
         }
         if e.is::<crate::hooks::channel::ConnectTimedOut>() {
             cause.refused = true;
+        }
+        // TLS ended the call's connection after the handshake (a late
+        // refusal, an alert): as the channel tells the call, or as the
+        // connection's IO error, itself or as h2 hands it to each stream.
+        let io = e
+            .downcast_ref::<std::io::Error>()
+            .or_else(|| e.downcast_ref::<h2::Error>().and_then(h2::Error::get_io));
+        let failure = e
+            .downcast_ref::<crate::tls::TlsFailure>()
+            .map(|f| f.why.clone())
+            .or_else(|| io.and_then(crate::tls::TlsFailure::find));
+        if let Some(why) = failure {
+            cause.tls = true;
+            cause.tls_detail.get_or_insert(why);
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             if let Some(r) = io
@@ -818,17 +833,111 @@ fn transport_cause(status: &tonic::Status) -> Option<TransportCause> {
                 cause.refused = true;
             }
         }
-        cause.text.push_str(&e.to_string().to_lowercase());
-        cause.text.push_str(": ");
+        // Our words for it: text the peer chose (a GOAWAY's debug data)
+        // must not steer the class either.
+        if let Some(t) = text.next() {
+            cause.text.push_str(&t.to_lowercase());
+            cause.text.push_str(": ");
+        }
         src = e.source();
     }
     Some(cause)
 }
 
+/// A status' message and the errors under it, outermost first, in words
+/// that carry nothing the peer chose: the debug data of a GOAWAY the hook
+/// server (or a proxy in front of it) sent is its own text and can quote
+/// anything, so the GOAWAY is told by its reason alone, wherever its error
+/// is quoted (tonic quotes an h2 error in the status message too).
+struct Said {
+    message: String,
+    sources: Vec<String>,
+    /// What those errors said with the peer's text in, for the debug log
+    /// only.
+    withheld: Vec<String>,
+}
+
+fn said(status: &tonic::Status) -> Said {
+    let mut sources = Vec::new();
+    let mut swaps: Vec<(String, String)> = Vec::new();
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = src {
+        let text = e.to_string();
+        match e
+            .downcast_ref::<h2::Error>()
+            .and_then(|h2| go_away_told(h2, &text))
+        {
+            Some(ours) => {
+                sources.push(ours.clone());
+                swaps.push((text, ours));
+            }
+            None => sources.push(text),
+        }
+        src = e.source();
+    }
+    // Wrappers outside the GOAWAY's error may quote it: every quote goes.
+    let scrub = |s: &str| {
+        swaps.iter().fold(s.to_string(), |s, (raw, ours)| {
+            s.replace(raw.as_str(), ours)
+        })
+    };
+    Said {
+        message: scrub(status.message()),
+        sources: sources.iter().map(|s| scrub(s)).collect(),
+        withheld: swaps.into_iter().map(|(raw, _)| raw).collect(),
+    }
+}
+
+/// A GOAWAY with debug data from the peer (`text`: the error's own
+/// `Display`, which appends that data), in our words: who sent it, its
+/// reason, and the size of the data left out. `None` for any other h2
+/// error: a reset has only a reason code, a GOAWAY without debug data only
+/// h2's words, and one h2 itself sent only h2's own debug data.
+fn go_away_told(e: &h2::Error, text: &str) -> Option<String> {
+    let reason = e.reason()?;
+    if !e.is_go_away() || e.is_library() || text.ends_with(&reason.to_string()) {
+        return None;
+    }
+    let who = if e.is_remote() {
+        "the server ended the connection"
+    } else {
+        "hookwire ended the connection"
+    };
+    let told = format!("{who} (GOAWAY {reason:?}: {reason})");
+    // h2 says `<its words>: <reason> (b"<debug data>")`, with the data
+    // escaped as `Bytes` prints it.
+    Some(match debug_data_len(text) {
+        Some(n) => format!("{told}; its {n}-byte debug data is logged at debug only"),
+        None => format!("{told}; its debug data is logged at debug only"),
+    })
+}
+
+/// How many bytes the debug data h2 quotes at the end of a GOAWAY's text
+/// (`... (b"a\"b\x00")`) had: the escapes (`\xNN`, `\n`, `\"`...) are one
+/// byte each.
+fn debug_data_len(text: &str) -> Option<usize> {
+    let start = text.find(" (b\"")? + 4;
+    let quoted = text.get(start..)?.strip_suffix("\")")?;
+    let mut n = 0;
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' && chars.next()? == 'x' {
+            chars.next()?;
+            chars.next()?;
+        }
+        n += 1;
+    }
+    Some(n)
+}
+
 /// Maps a gRPC status to a failure class. Statuses with a transport source
 /// come from the connection, not from the hook's own answer.
 pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
-    let cause = transport_cause(status);
+    let said = said(status);
+    if !said.withheld.is_empty() {
+        tracing::debug!(error = ?said.withheld, "a hook connection ended with GOAWAY debug data (left out of the failure's detail)");
+    }
+    let cause = transport_cause(status, &said);
     let class = match &cause {
         Some(c) if c.timeout => FailureClass::Deadline,
         Some(c) if c.tls || c.text.contains("certificate") || c.text.contains("handshake") => {
@@ -868,7 +977,7 @@ pub fn classify_status(status: &tonic::Status, opening: bool) -> Fault {
         }) => Fault::new(class, d.clone()),
         Some(_) => Fault::new(
             class,
-            format!("{:?}: {}", status.code(), error_chain(status)),
+            format!("{:?}: {}", status.code(), error_chain(&said)),
         ),
     }
 }
@@ -880,17 +989,12 @@ const GENERIC_ERRORS: [&str; 2] = ["transport error", "error"];
 /// tonic, hyper and the OS tend to repeat each other ("tcp connect error
 /// (transport error: tcp connect error: tcp connect error: connection
 /// refused)" becomes "tcp connect error: connection refused").
-fn error_chain(status: &tonic::Status) -> String {
-    let mut parts = vec![status.message().to_string()];
-    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
-    while let Some(e) = src {
-        parts.push(e.to_string());
-        src = e.source();
-    }
+fn error_chain(said: &Said) -> String {
+    let parts = std::iter::once(&said.message).chain(&said.sources);
     // From the innermost cause outwards; a piece already said is dropped, and
     // a piece that ends by quoting what follows keeps only its own words.
     let mut out = String::new();
-    for part in parts.iter().rev() {
+    for part in parts.rev() {
         let part = part.trim().trim_end_matches(':').trim();
         let part = part
             .strip_suffix(out.as_str())
@@ -1391,6 +1495,18 @@ mod tests {
         assert_eq!(
             classify_status(&status, false).class,
             FailureClass::Deadline
+        );
+    }
+
+    #[test]
+    fn a_goaways_debug_data_is_measured_in_bytes_not_in_its_escapes() {
+        // As h2 prints a GOAWAY that carried `a"b\0\xff\n` and `x`.
+        let text = r#"connection error received: not a result of an error (b"a\"b\0\xff\n")"#;
+        assert_eq!(debug_data_len(text), Some(6));
+        assert_eq!(debug_data_len(r#"... (b"x")"#), Some(1));
+        assert_eq!(
+            debug_data_len("connection error received: unknown reason"),
+            None
         );
     }
 

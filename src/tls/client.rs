@@ -2,13 +2,23 @@
 //! files change (CA bundle, client certificate and key), and a connector
 //! for the hook channel (`hooks::channel`) that takes the current
 //! configuration for every new connection.
+//!
+//! What a connection learns of its own handshake (whether the server asked
+//! for our certificate, why it dropped us) stays with that connection:
+//! connections to one hook open and fail at the same time, and one's
+//! refusal must not be reported as another's failure. Each connection gets
+//! a copy of the configuration whose certificate resolver notes the ask on
+//! that connection alone (the copy shares the rest, the session cache
+//! included), and its [`TlsIo`] keeps why TLS ended it in a slot of its
+//! own ([`TlsIo::ended_by`]), which the hook channel gives to the calls
+//! that were on it (`hooks::channel`): h2 tells them only that the
+//! connection closed, or, for a call it had not sent yet, not even that.
 
-use crate::lock::LockExt;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -39,22 +49,67 @@ pub struct HookTlsError {
     pub source: Option<rustls::Error>,
 }
 
+/// TLS on an established connection to a hook server failed: the server
+/// refused us after our side of the handshake was done, or a TLS error
+/// ended the connection. In TLS 1.3 a server checks our client
+/// certificate only after the client considers the handshake complete, so
+/// "certificate required" or "unknown CA" arrives as an alert on the first
+/// read, or (grpcio/BoringSSL) as a bare close; the HTTP/2 layer would
+/// only report a closed connection.
+///
+/// It reaches the calls two ways: the hook channel returns it as the error
+/// of a call that failed on such a connection (with the error the call met
+/// as its source), and a TLS error read off the connection is that read's
+/// `io::Error` (kind [`TlsFailure::KIND`]), which h2 hands to every stream
+/// of the connection keeping only its kind and text: [`TlsFailure::find`]
+/// knows it by either.
+#[derive(Debug, thiserror::Error)]
+#[error("{prefix}{why}", prefix = TlsFailure::PREFIX)]
+pub struct TlsFailure {
+    /// What did not match, in words.
+    pub why: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl TlsFailure {
+    const PREFIX: &'static str = "TLS failed after the handshake: ";
+    /// An IO error kind nothing else on a hook connection produces.
+    pub const KIND: std::io::ErrorKind = std::io::ErrorKind::PermissionDenied;
+
+    fn io(why: String) -> std::io::Error {
+        std::io::Error::new(Self::KIND, TlsFailure { why, source: None })
+    }
+
+    /// What did not match, if `io` is (or, past h2, was) a [`TlsFailure`].
+    pub fn find(io: &std::io::Error) -> Option<String> {
+        if let Some(f) = io.get_ref().and_then(|e| e.downcast_ref::<TlsFailure>()) {
+            return Some(f.why.clone());
+        }
+        if io.kind() != Self::KIND {
+            return None;
+        }
+        io.to_string().strip_prefix(Self::PREFIX).map(str::to_owned)
+    }
+}
+
+/// Why TLS ended one connection, once it did: set by its [`TlsIo`] before
+/// the error (or the end of stream) reaches h2, so whoever sees a call on
+/// it fail finds it set.
+pub type EndedBy = Arc<OnceLock<String>>;
+
+/// What the files say: the configuration every connection starts from, and
+/// our client certificate (if any) for its resolver.
+struct Built {
+    config: ClientConfig,
+    key: Option<Arc<CertifiedKey>>,
+}
+
 /// TLS settings of one hook, ready to connect with.
 #[derive(Clone)]
 pub struct HookTls {
-    config: Arc<Reloading<Arc<ClientConfig>>>,
+    config: Arc<Reloading<Built>>,
     server_name: Option<String>,
-    /// A TLS error the server sent after our side of the handshake was
-    /// done. In TLS 1.3 a server checks our client certificate only after
-    /// the client considers the handshake complete, so "certificate
-    /// required" or "unknown CA" arrives as an alert on the first read; the
-    /// HTTP/2 layer then only reports a closed connection. Kept here (for
-    /// the latest connection attempt: each attempt clears it) so the hook
-    /// client can say what happened.
-    late_error: Arc<Mutex<Option<String>>>,
-    /// Whether the server asked for a client certificate in the latest
-    /// handshake, and whether we have one to give.
-    asked: Arc<AtomicBool>,
     has_cert: bool,
 }
 
@@ -74,10 +129,8 @@ impl HookTls {
             files.push(c.clone());
             files.push(k.clone());
         }
-        let asked = Arc::new(AtomicBool::new(false));
-        let asked_in_build = asked.clone();
         let has_cert = pair.is_some();
-        let build = move |bytes: &[Vec<u8>]| -> Result<Arc<ClientConfig>, String> {
+        let build = move |bytes: &[Vec<u8>]| -> Result<Built, String> {
             let mut i = 0;
             let roots = match &ca {
                 Some(f) => {
@@ -108,12 +161,13 @@ impl HookTls {
                 }
                 None => None,
             };
-            let mut cfg = builder.with_client_cert_resolver(Arc::new(NoticingResolver {
-                key,
-                asked: asked_in_build.clone(),
+            // Each connection puts in a resolver of its own (`for_connection`).
+            let mut config = builder.with_client_cert_resolver(Arc::new(NoticingResolver {
+                key: key.clone(),
+                asked: Arc::default(),
             }));
-            cfg.alpn_protocols = vec![b"h2".to_vec()];
-            Ok(Arc::new(cfg))
+            config.alpn_protocols = vec![b"h2".to_vec()];
+            Ok(Built { config, key })
         };
         let owner = format!("{owner} tls");
         Ok(HookTls {
@@ -125,16 +179,22 @@ impl HookTls {
                 build,
             )?),
             server_name: tls.server_name.clone(),
-            late_error: Arc::new(Mutex::new(None)),
-            asked,
             has_cert,
         })
     }
 
-    /// Why the server dropped the latest connection right after the
-    /// handshake, if it did; cleared once a connection is answered.
-    pub fn late_error(&self) -> Option<String> {
-        self.late_error.locked().clone()
+    /// The current configuration for one new connection, with a resolver
+    /// that sets `asked` when the server asks that connection for our
+    /// certificate. A copy: its parts are shared (`Arc`s), the session
+    /// cache included, so resumption works across connections.
+    fn for_connection(&self, asked: Arc<AtomicBool>) -> Arc<ClientConfig> {
+        let built = self.config.current();
+        let mut config = built.config.clone();
+        config.client_auth_cert_resolver = Arc::new(NoticingResolver {
+            key: built.key.clone(),
+            asked,
+        });
+        Arc::new(config)
     }
 
     /// The name the certificate is checked against (and sent as SNI).
@@ -153,19 +213,26 @@ pub struct HookConnector {
     tls: HookTls,
 }
 
-/// The TLS stream, noting why the server dropped it when that happens
-/// right after the handshake.
+/// The TLS stream of one connection, which notes why TLS ended it, if it
+/// did ([`TlsIo::ended_by`]).
 pub struct TlsIo {
     inner: TlsStream<TcpStream>,
     received_any: bool,
     has_cert: bool,
+    /// Whether the server asked this connection for our certificate.
     asked: Arc<AtomicBool>,
-    late_error: Arc<Mutex<Option<String>>>,
+    ended_by: EndedBy,
 }
 
 impl TlsIo {
+    /// Why TLS ended this connection, once it did.
+    pub fn ended_by(&self) -> EndedBy {
+        self.ended_by.clone()
+    }
+
     fn note(&self, why: String) {
-        *self.late_error.locked() = Some(why);
+        // The first cause is the one: what follows is its consequence.
+        let _ = self.ended_by.set(why);
     }
 
     /// The connection ended (EOF, reset, broken pipe) before the server said
@@ -184,14 +251,27 @@ impl TlsIo {
         self.note(why.into());
     }
 
-    fn check_write<T>(&self, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
-        if let Poll::Ready(Err(e)) = &r {
-            match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                Some(t) => self.note(describe_tls_error(t)),
-                None => self.closed_early(),
+    /// An IO error of the connection, noted: a TLS error in words (also in
+    /// the error h2 gets), or a close that was a refusal.
+    fn failed(&self, e: std::io::Error) -> std::io::Error {
+        match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            Some(t) => {
+                let why = describe_tls_error(t);
+                self.note(why.clone());
+                TlsFailure::io(why)
+            }
+            None => {
+                self.closed_early();
+                e
             }
         }
-        r
+    }
+
+    fn check_write<T>(&self, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        match r {
+            Poll::Ready(Err(e)) => Poll::Ready(Err(self.failed(e))),
+            r => r,
+        }
     }
 }
 
@@ -202,31 +282,20 @@ impl AsyncRead for TlsIo {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let eof = match &r {
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                if !self.received_any {
-                    // The server accepted us: an older refusal is history.
-                    self.received_any = true;
-                    *self.late_error.locked() = None;
-                }
-                false
+                // The server accepted us: a close from now on is no refusal.
+                self.received_any = true;
+                Poll::Ready(Ok(()))
             }
-            Poll::Ready(Ok(())) => true,
-            Poll::Ready(Err(e)) => {
-                if let Some(t) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                    self.note(describe_tls_error(t));
-                    false
-                } else {
-                    true
-                }
+            Poll::Ready(Ok(())) => {
+                // End of stream.
+                self.closed_early();
+                Poll::Ready(Ok(()))
             }
-            Poll::Pending => false,
-        };
-        if eof {
-            self.closed_early();
+            Poll::Ready(Err(e)) => Poll::Ready(Err(self.failed(e))),
+            Poll::Pending => Poll::Pending,
         }
-        r
     }
 }
 
@@ -296,10 +365,6 @@ impl tower::Service<Uri> for HookConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let tls = self.tls.clone();
-        // A refusal noted on an earlier connection says nothing about this
-        // one: a later failure (the server gone, say) must not be reported
-        // as that refusal.
-        *tls.late_error.locked() = None;
         Box::pin(async move {
             let host = uri
                 .host()
@@ -313,15 +378,15 @@ impl tower::Service<Uri> for HookConnector {
             let name_str = tls.server_name.clone().unwrap_or_else(|| host.clone());
             let name = ServerName::try_from(name_str.clone())
                 .map_err(|e| format!("`{name_str}` is not a valid TLS server name: {e}"))?;
-            let connector = TlsConnector::from(tls.config.current().as_ref().clone());
-            tls.asked.store(false, Ordering::SeqCst);
+            let asked = Arc::new(AtomicBool::new(false));
+            let connector = TlsConnector::from(tls.for_connection(asked.clone()));
             match connector.connect(name, tcp).await {
                 Ok(s) => Ok(TokioIo::new(TlsIo {
                     inner: s,
                     received_any: false,
                     has_cert: tls.has_cert,
-                    asked: tls.asked.clone(),
-                    late_error: tls.late_error.clone(),
+                    asked,
+                    ended_by: EndedBy::default(),
                 })),
                 Err(io) => {
                     let rustls_err = io

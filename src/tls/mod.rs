@@ -10,7 +10,7 @@ mod pem;
 mod reload;
 mod server;
 
-pub use client::{HookTls, HookTlsError};
+pub use client::{EndedBy, HookTls, HookTlsError, TlsFailure, TlsIo};
 pub use describe::describe_tls_error;
 pub use pem::{load_certs, load_key, load_roots, PemError};
 pub use reload::{reload_failures, ReloadError, Reloading};

@@ -8,6 +8,7 @@ pub mod certs;
 pub mod fakellm;
 pub mod fault;
 pub mod go;
+pub mod goaway;
 pub mod jwt;
 pub mod logwatch;
 pub mod node;
