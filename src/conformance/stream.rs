@@ -237,8 +237,11 @@ impl Recorder {
     /// when the stream was never opened.
     pub async fn close(mut self, patience: Duration) -> Option<StreamLog> {
         self.task.as_ref()?;
-        self.tx = None;
+        // Before the half-close goes out: the server's end, stamped on
+        // another worker, can come before this thread runs again, and an
+        // end stamped before the half-close is taken for an early one.
         let closed = Instant::now();
+        self.tx = None;
         if self.end.is_none() {
             self.half_closed_at = Some(closed);
         }
