@@ -299,6 +299,60 @@ async fn an_invalid_tool_call_retry_retracts_the_turn_the_client_was_shown() {
 /// client is told with a retraction of that turn before `finished`, in
 /// either delta mode. It used to get none, and kept a turn the session
 /// never holds.
+/// A settled batch whose commit the store refuses (the transcript would
+/// pass `server.max_transcript_bytes`) ends the run without its results:
+/// the client hears neither the results nor a next turn, and the shown
+/// turn's retraction comes after everything it had of that turn. The
+/// results and the next turn's start used to reach the client after the
+/// retraction, for a turn the session never held.
+#[tokio::test]
+async fn a_batch_whose_commit_is_refused_shows_no_results_and_is_retracted_last() {
+    use pb::run_event::Event as E;
+    let owner = weather_owner().start().await;
+    let server = TestServer::start(&format!(
+        "{}server:\n  max_transcript_bytes: 200\n",
+        config(&[("owner", &owner.addr, "")], "tools: [get_weather]")
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let events = run_events(&mut c, &s, "weather").await;
+    let r = result_of(&events);
+    assert_eq!(outcome(&r), pb::RunOutcome::Failed, "{}", r.reason);
+    assert!(r.reason.contains("max_transcript_bytes"), "{}", r.reason);
+    let kinds: Vec<&E> = events.iter().filter_map(|e| e.event.as_ref()).collect();
+    assert!(
+        kinds
+            .iter()
+            .any(|e| matches!(e, E::ToolCall(t) if t.turn == 1)),
+        "the client was shown the call: {kinds:?}"
+    );
+    assert!(
+        !kinds.iter().any(|e| match e {
+            E::ToolResult(_) => true,
+            E::TurnStarted(t) => t.turn > 1,
+            _ => false,
+        }),
+        "nothing of a commit the store refused: {kinds:?}"
+    );
+    match kinds[kinds.len() - 2] {
+        E::DeltasRetracted(d) => assert_eq!(d.turn, 1),
+        other => panic!("the shown turn was not retracted last: {other:?}"),
+    }
+    let kept = c
+        .get_session(pb::GetSessionRequest { session_id: s })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        kept.transcript.len(),
+        1,
+        "the input only: {:?}",
+        kept.transcript
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_terminate_at_tool_call_retracts_the_turn_the_client_was_shown() {
     use pb::run_event::Event as E;

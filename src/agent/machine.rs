@@ -363,6 +363,9 @@ impl Machine {
             ),
             _ => {
                 self.history.truncate(self.flushed);
+                // Nor does the client hear of it (the results of a batch
+                // whose commit was refused, a turn after it).
+                self.events.clear();
                 self.stop(stop)
             }
         }

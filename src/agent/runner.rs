@@ -487,7 +487,7 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     // by model_request patches): its tool calls may only name these.
     let mut offered = tools.clone();
     let ending = loop {
-        // The last step's events (a final answer, a terminate's reply) go
+        // The last step's events (a final answer, its results) go
         // with the run's last ones, once its end is recorded: a client
         // that is behind must not keep the session busy.
         if let Step::Finish(ending) = step {
@@ -760,9 +760,11 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     // Sent once the end is recorded, so a client that is behind never
     // keeps the session busy. What the last check found (failed-open
     // faults) waits for room like the rest: the queue may be full.
-    let last = retraction
-        .into_iter()
-        .chain(machine.drain_events())
+    // The last step's events first: a retraction voids what was sent of
+    // its turn, them included.
+    let last = machine
+        .drain_events()
+        .chain(retraction)
         .chain(faults.into_iter().map(RunEvent::HookVerdict))
         .chain([RunEvent::Finished(report.clone())]);
     for ev in last {
@@ -798,6 +800,8 @@ async fn record_end(run: &Run, machine: &mut Machine, mut ending: Ending) -> End
             ),
         };
         ending.final_text.clear();
+        // Nor is it shown what was not recorded (its final answer).
+        machine.drain_events().for_each(drop);
     }
     ending
 }
