@@ -243,9 +243,22 @@ impl Engine {
     /// (`reason`: "client disconnected", and whether at its deadline),
     /// whatever it waits for. Nothing if it ended.
     pub fn client_gone(&self, run_id: &str, reason: &str) {
-        if let Some(r) = self.local_run(run_id) {
-            r.client_gone(reason);
+        let Some(r) = self.local_run(run_id) else {
+            return;
+        };
+        // A request it waits for is withdrawn in the store now, as a
+        // CancelRun's are: until its end is recorded, an approver on another
+        // replica would otherwise be told OK for a call that never runs.
+        if self.approvals.has_run(run_id) {
+            let (store, run_id, reason) =
+                (self.store.clone(), run_id.to_string(), reason.to_string());
+            tokio::spawn(async move {
+                if let Err(e) = store.request_cancel(&run_id, &reason).await {
+                    tracing::debug!(run_id, error = %e, "withdrawing a gone client's approvals");
+                }
+            });
         }
+        r.client_gone(reason);
     }
 
     pub fn registry(&self) -> &Arc<HookRegistry> {

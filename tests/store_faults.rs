@@ -80,6 +80,13 @@ struct Faulty {
     end_attempts: AtomicUsize,
     /// The next run end waits here (once) before it is recorded.
     end_gate: std::sync::Mutex<Option<Arc<Gate>>>,
+    /// Notified after each approval request the store recorded.
+    approval_recorded: Notify,
+    /// Notified after each cancel the store recorded.
+    cancel_recorded: Notify,
+    /// The ends of the runs of these sessions are refused (another
+    /// replica took their leases).
+    lost_ends: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Faulty {
@@ -108,6 +115,9 @@ impl Faulty {
             ended: Notify::new(),
             end_attempts: AtomicUsize::new(0),
             end_gate: Default::default(),
+            approval_recorded: Notify::new(),
+            cancel_recorded: Notify::new(),
+            lost_ends: Default::default(),
         }
     }
 
@@ -202,6 +212,9 @@ impl SessionStore for Faulty {
     }
     async fn end_run(&self, l: &RunLease, m: &[Message], e: &RunEnd) -> Result<(), StoreError> {
         self.end_attempts.fetch_add(1, Ordering::SeqCst);
+        if self.lost_ends.lock().unwrap().contains(&l.session_id) {
+            return Err(StoreError::LeaseLost(l.run_id.clone()));
+        }
         let gate = self.end_gate.lock().unwrap().take();
         if let Some(g) = gate {
             g.wait().await;
@@ -215,7 +228,9 @@ impl SessionStore for Faulty {
         Ok(())
     }
     async fn request_approval(&self, l: &RunLease, c: &str) -> Result<(), StoreError> {
-        self.inner.request_approval(l, c).await
+        self.inner.request_approval(l, c).await?;
+        self.approval_recorded.notify_one();
+        Ok(())
     }
     async fn resolve_approval(&self, r: &str, c: &str, d: &Decision) -> Result<(), StoreError> {
         self.inner.resolve_approval(r, c, d).await
@@ -230,7 +245,9 @@ impl SessionStore for Faulty {
             g.entered.notify_one();
             open.await;
         }
-        self.inner.request_cancel(r, why).await
+        self.inner.request_cancel(r, why).await?;
+        self.cancel_recorded.notify_one();
+        Ok(())
     }
     async fn signals(&self, rep: &str, w: &[(String, String)]) -> Result<Vec<Signal>, StoreError> {
         if self.no_signals {
@@ -552,6 +569,66 @@ async fn a_drain_neither_waits_for_a_slow_client_nor_ends_its_recorded_run_again
     assert_eq!(
         last,
         Some(hookwire::agent::events::RunEvent::Finished(report))
+    );
+}
+
+/// Past the grace, a run whose end could not be recorded (its lease was
+/// taken) is not waited for once it left, while another run's end is
+/// recorded and its last events wait for a slow client: the drain returns
+/// at once. It waited its whole 5 s wind-down for the first run's end to
+/// be recorded, which never came.
+#[tokio::test]
+async fn a_drain_does_not_wait_for_an_end_that_cannot_be_recorded() {
+    const GRACE: Duration = Duration::from_millis(300);
+    let store = Arc::new(Faulty::sqlite(Duration::from_secs(30)).await);
+    let engine = engine_on(
+        &(config(&[], "") + "server:\n  run_event_buffer: 16\n"),
+        store.clone(),
+    )
+    .await;
+    let (lost, kept) = (new_session(&engine).await, new_session(&engine).await);
+    store.lost_ends.lock().unwrap().insert(lost.clone());
+    // Two streaming clients that read nothing: each run waits for room.
+    let mut runs = Vec::new();
+    for s in [&lost, &kept] {
+        let run = engine
+            .start_run(
+                &Principal::anonymous(),
+                s,
+                "x".repeat(1000),
+                true,
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        tokio::time::timeout(PATIENCE, async {
+            while run.events.len() < 16 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the queue filled");
+        runs.push(run);
+    }
+    engine.stop_accepting();
+    let began = tokio::time::Instant::now();
+    tokio::time::timeout(PATIENCE, engine.drain(GRACE))
+        .await
+        .expect("the drain ended");
+    let took = began.elapsed();
+    assert!(
+        took < GRACE + Duration::from_secs(3),
+        "the drain waited {took:?} for an end that could not be recorded"
+    );
+    assert_eq!(
+        *store.ends.lock().unwrap(),
+        [(RunOutcome::Cancelled, "server shutting down".to_string())],
+        "the kept run's end"
+    );
+    assert_eq!(
+        store.end_attempts.load(Ordering::SeqCst),
+        2,
+        "one end asked for per run: the refused one is not asked for again"
     );
 }
 
@@ -1092,4 +1169,63 @@ async fn a_fault_seen_while_the_end_is_recorded_leaves_the_outcome_the_store_hol
     )
     .await
     .expect("the fault is logged");
+}
+
+/// An Invoke caller that leaves while its run waits for an approval
+/// withdraws the request in the store at once, as a CancelRun does: an
+/// approver answering on another replica before the run's end is recorded
+/// is told NOT_FOUND. The request used to stay pending in the store until
+/// the end was recorded, and such an answer was told OK for a call that
+/// never runs.
+#[tokio::test]
+async fn a_gone_callers_approval_is_withdrawn_in_the_store_before_its_end() {
+    let owner = weather_owner().start().await;
+    let (asker, mut asked) = routing_asker("check the weather?", 60_000);
+    let asker = asker.start().await;
+    let store = Arc::new(Faulty::sqlite(Duration::from_secs(30)).await);
+    let gate = Arc::new(Gate::default());
+    *store.end_gate.lock().unwrap() = Some(gate.clone());
+    let engine = engine_on(
+        &config(
+            &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
+            "tools: [get_weather]",
+        ),
+        store.clone(),
+    )
+    .await;
+    let session = new_session(&engine).await;
+    let recorded = store.approval_recorded.notified();
+    let run = start(&engine, &session, "weather").await.unwrap();
+    tokio::time::timeout(PATIENCE, recorded)
+        .await
+        .expect("the approval request is recorded");
+    let routed = asked.try_recv().expect("the hook asked");
+    let ending = gate.entered.notified();
+    let withdrawn = store.cancel_recorded.notified();
+    engine.client_gone(&run.run_id, "client disconnected");
+    tokio::time::timeout(PATIENCE, ending)
+        .await
+        .expect("the run's end is being recorded");
+    tokio::time::timeout(PATIENCE, withdrawn)
+        .await
+        .expect("the gone client's run is cancelled in the store");
+    // What another replica's ResolveApproval does, while the end waits.
+    let answered = store
+        .resolve_approval(
+            &routed.run_id,
+            &routed.call_id,
+            &Decision {
+                approve: true,
+                note: String::new(),
+            },
+        )
+        .await;
+    assert!(
+        matches!(answered, Err(StoreError::ApprovalNotPending { .. })),
+        "{answered:?}"
+    );
+    gate.open.notify_one();
+    let report = finished(run).await;
+    assert_eq!(report.outcome, RunOutcome::Cancelled, "{}", report.reason);
+    assert!(owner.hook.tool_calls.lock().unwrap().is_empty());
 }

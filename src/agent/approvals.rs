@@ -95,6 +95,11 @@ impl Approvals {
         self.entries().keys().cloned().collect()
     }
 
+    /// Whether any call of `run_id` waits for an answer here.
+    pub fn has_run(&self, run_id: &str) -> bool {
+        self.entries().keys().any(|(run, _)| run == run_id)
+    }
+
     /// Approvals this replica's runs wait for, over all runs.
     pub fn pending(&self) -> usize {
         self.entries().len()

@@ -24,9 +24,12 @@ pub struct Ledger {
     /// refused after that is the end winning the race (the store refuses
     /// to renew an ended run), not another replica taking the run over.
     ending: Arc<AtomicBool>,
-    /// Fired once the store recorded the run's end: from then on nothing
-    /// of the run is left to record, and it must not be ended again.
-    recorded: CancellationToken,
+    /// Fired once the run's attempt to record its end is over: recorded,
+    /// or refused for good (another replica took the lease) or unanswered
+    /// for a whole retry window (a reaper ends it). Either way nothing of
+    /// the run is left for this replica to record, and it must not try to
+    /// end it again.
+    settled: CancellationToken,
     /// When the store last extended the lease, at the latest: the moment
     /// the call that did it was sent (the store counts the lease from when
     /// it ran, which is later). The replica stops the run before a lease
@@ -50,7 +53,7 @@ impl Ledger {
             store,
             lease,
             ending: Arc::default(),
-            recorded: CancellationToken::new(),
+            settled: CancellationToken::new(),
             confirmed: Arc::new(Mutex::new(Instant::now())),
             end_retry: DEFAULT_RUN_LEASE,
             warnings: StoreWarnings::default(),
@@ -99,14 +102,15 @@ impl Ledger {
         self.ending.load(Ordering::SeqCst)
     }
 
-    /// Whether the store recorded the run's end (through this ledger).
-    pub fn end_recorded(&self) -> bool {
-        self.recorded.is_cancelled()
+    /// Whether the run's end is settled: recorded, or beyond this
+    /// replica's reach (see `settled`).
+    pub fn end_settled(&self) -> bool {
+        self.settled.is_cancelled()
     }
 
-    /// Resolves once the store recorded the run's end.
-    pub async fn until_end_recorded(&self) {
-        self.recorded.cancelled().await
+    /// Resolves once the run's end is settled.
+    pub async fn until_end_settled(&self) {
+        self.settled.cancelled().await
     }
 
     // The run's own writes below extend its lease in the store (each
@@ -224,8 +228,11 @@ impl Ledger {
     /// end twice as one (its first attempt may have committed), and refuses
     /// it once a reaper ended the run.
     pub async fn end(&self, messages: &[Message], end: &RunEnd) -> Result<(), StoreError> {
-        self.retrying("the run's end", || self.end_once(messages, end))
-            .await
+        let ended = self
+            .retrying("the run's end", || self.end_once(messages, end))
+            .await;
+        self.settled.cancel();
+        ended
     }
 
     /// [`Ledger::end`] without retries (at shutdown, where every stuck run
@@ -236,7 +243,7 @@ impl Ledger {
         self.ending.store(true, Ordering::SeqCst);
         let ended = self.store.end_run(&self.lease, messages, end).await;
         if ended.is_ok() {
-            self.recorded.cancel();
+            self.settled.cancel();
         }
         ended
     }

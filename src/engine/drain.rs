@@ -126,10 +126,13 @@ impl Engine {
     ///
     /// Within the grace, a run is waited for until it is gone, its last
     /// events queued for its client included. After it, a run whose end is
-    /// recorded is done as far as the store goes (its hooks had run_end
-    /// too): only its last events may still wait for room for a slow
-    /// client (`server.client_stall_timeout`), and they are best-effort.
-    /// It is neither cancelled nor waited for then, and never ended again.
+    /// settled (recorded, or beyond this replica: its lease taken, or the
+    /// store unreachable for the ledger's whole retry window, when a
+    /// reaper ends it) is done as far as the store goes (its hooks had
+    /// run_end too): only its last events may still wait for room for a
+    /// slow client (`server.client_stall_timeout`), and they are
+    /// best-effort. It is neither cancelled nor waited for then, and never
+    /// ended again.
     pub async fn drain(&self, grace: Duration) {
         if tokio::time::timeout(grace, self.until_idle())
             .await
@@ -138,11 +141,11 @@ impl Engine {
             // Before the runs are listed: a start that registers its run
             // after this cancels it itself (`register`).
             self.cancelling.store(true, Ordering::SeqCst);
-            let runs = self.unrecorded_runs();
+            let runs = self.unsettled_runs();
             let starting = self.starting.load(Ordering::SeqCst);
             if runs.is_empty() && starting == 0 {
                 tracing::info!(
-                    "shutdown grace elapsed; every run's end is recorded, some of their last events may not reach slow clients"
+                    "shutdown grace elapsed; every run's end is settled, some of their last events may not reach slow clients"
                 );
             } else {
                 tracing::warn!(
@@ -156,13 +159,13 @@ impl Engine {
             }
             // Cancelled runs still fire run_end and commit; give them a
             // bounded moment (deploy/ sizes the pod's grace period on it).
-            let _ = tokio::time::timeout(CANCEL_WIND_DOWN, self.until_recorded()).await;
+            let _ = tokio::time::timeout(CANCEL_WIND_DOWN, self.until_settled()).await;
             // Runs that did not even end then are recorded as interrupted
             // now, so their sessions are free when this replica is gone. A
             // start still waiting for the store has no run to end here: its
             // lease expires and another replica (or this one restarted)
             // ends it.
-            let stuck = self.unrecorded_runs();
+            let stuck = self.unsettled_runs();
             for r in stuck {
                 let end = RunEnd {
                     outcome: RunOutcome::Interrupted,
@@ -185,28 +188,28 @@ impl Engine {
         runs.is_empty() && self.starting.load(Ordering::SeqCst) == 0
     }
 
-    /// The runs in flight whose end is not recorded yet.
-    fn unrecorded_runs(&self) -> Vec<Arc<Run>> {
+    /// The runs in flight whose end is not settled yet.
+    fn unsettled_runs(&self) -> Vec<Arc<Run>> {
         let mut runs = self.runs_in_flight();
-        runs.retain(|r| !r.ledger.end_recorded());
+        runs.retain(|r| !r.ledger.end_settled());
         runs
     }
 
-    /// Resolves once every run in flight has its end recorded and no run
+    /// Resolves once every run in flight has its end settled and no run
     /// is starting.
-    async fn until_recorded(&self) {
+    async fn until_settled(&self) {
         /// How often a start that registered its run meanwhile is looked
         /// for (it is not among the runs waited for below).
         const RECHECK: Duration = Duration::from_millis(50);
         loop {
             let notified = self.idle.notified();
-            let runs = self.unrecorded_runs();
+            let runs = self.unsettled_runs();
             let starting = self.starting.load(Ordering::SeqCst) > 0;
             if runs.is_empty() && !starting {
                 return;
             }
             let recorded =
-                futures::future::join_all(runs.iter().map(|r| r.ledger.until_end_recorded()));
+                futures::future::join_all(runs.iter().map(|r| r.ledger.until_end_settled()));
             tokio::select! {
                 _ = notified => {}
                 _ = recorded, if !runs.is_empty() => {}
