@@ -89,6 +89,26 @@ fn explained(ended_by: Option<&EndedBy>, e: BoxError) -> BoxError {
     }
 }
 
+/// When the caller of a unary request stops waiting: the request's
+/// `grpc-timeout` is set from it as the request goes out, after any wait
+/// for its connection (a dial, a TLS handshake, a resend after GOAWAY), so
+/// the server's deadline is the caller's and not longer by that wait.
+#[derive(Clone, Copy, Debug)]
+pub struct SendBy(pub tokio::time::Instant);
+
+/// `grpc-timeout` from the request's [`SendBy`], if it has one: the time
+/// left in milliseconds (at least 1; at most 8 digits, as gRPC allows).
+fn stamp_timeout(req: &mut Request<Body>) {
+    let Some(SendBy(at)) = req.extensions().get::<SendBy>().copied() else {
+        return;
+    };
+    let left = at.saturating_duration_since(tokio::time::Instant::now());
+    let ms = left.as_millis().clamp(1, 99_999_999);
+    if let Ok(v) = HeaderValue::from_str(&format!("{ms}m")) {
+        req.headers_mut().insert("grpc-timeout", v);
+    }
+}
+
 /// The HTTP/2 settings of a hook connection.
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
@@ -288,14 +308,16 @@ impl tower::Service<Request<Body>> for Channel {
         Box::pin(async move {
             inner.prepare(&mut req)?;
             let mut live = inner.sender().await?;
+            stamp_timeout(&mut req);
             match live.sender.try_send_request(req).await {
                 Ok(response) => Ok(response),
                 Err(mut e) => match e.take_message() {
                     // Never sent: the connection was closing (its server
                     // drains it with GOAWAY, as a restarting pod does, or it
                     // just ended). Once more, on a new connection.
-                    Some(req) => {
+                    Some(mut req) => {
                         let mut live = inner.sender().await?;
+                        stamp_timeout(&mut req);
                         let sent = live.sender.send_request(req).await;
                         sent.map_err(|e| live.explain(e))
                     }
@@ -532,6 +554,48 @@ mod tests {
         // A call after the failure dials again.
         assert!(check(&channel).await.is_err());
         assert_eq!(dialed.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_requests_grpc_timeout_is_what_is_left_once_its_connection_is_there() {
+        // A health server that notes each request's grpc-timeout header.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_, health) = tonic_health::server::health_reporter();
+        let noted = seen.clone();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .layer(tower::ServiceBuilder::new().map_request(
+                    move |req: http::Request<tonic::body::Body>| {
+                        if let Some(v) = req.headers().get("grpc-timeout") {
+                            noted.lock().unwrap().push(v.to_str().unwrap().to_string());
+                        }
+                        req
+                    },
+                ))
+                .add_service(health)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        // Its connection takes 300 ms to make.
+        const DIAL: Duration = Duration::from_millis(300);
+        let connector = tower::service_fn(move |_: Uri| async move {
+            tokio::time::sleep(DIAL).await;
+            let tcp = tokio::net::TcpStream::connect(addr).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tcp))
+        });
+        let channel = through(connector, Duration::from_secs(5));
+        let mut req = tonic::Request::new(HealthCheckRequest::default());
+        req.extensions_mut()
+            .insert(SendBy(tokio::time::Instant::now() + Duration::from_secs(2)));
+        HealthClient::new(channel).check(req).await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        let ms: u64 = seen[0].strip_suffix('m').unwrap().parse().unwrap();
+        assert!(
+            (1..=2000 - 300).contains(&ms),
+            "told {ms} ms of 2 s after a {DIAL:?} dial"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -442,8 +442,9 @@ impl HookClient {
         let mut req = tonic::Request::new(pb::DescribeRequest {
             hookwire_version: env!("CARGO_PKG_VERSION").into(),
         });
-        req.set_timeout(timeout);
         let deadline = Instant::now() + timeout;
+        req.extensions_mut()
+            .insert(crate::hooks::channel::SendBy(deadline));
         let call = async {
             let lease = self.pool.acquire(deadline).await?;
             let answer = Self::client(&lease).describe(req).await;
@@ -802,7 +803,9 @@ impl ToolSlot {
             },
             deadline,
         });
-        req.set_timeout(left);
+        // `grpc-timeout` too is what is left once the request goes out.
+        req.extensions_mut()
+            .insert(crate::hooks::channel::SendBy(deadline));
         let answer = call_tool(self.lease.channel(), req);
         match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(r)) => {
