@@ -126,12 +126,31 @@ async fn a_slow_client_slows_the_run_down_and_misses_nothing() {
 #[tokio::test]
 async fn a_slow_client_gets_every_hook_verdict_of_the_runs_end_in_order() {
     use hookwire::hooks::failure::FailureClass;
-    use hookwire::pb::EventKind as K;
+    use hookwire::pb::{self, EventKind as K};
     use support::fault::{FaultHook, Misbehave};
+    let (logs, _guard) = support::logwatch::LogWatch::install("info,hookwire::hooks::stream=debug");
     let (broken, _b) = FaultHook::new(K::TurnEnd, Misbehave::Status, &[])
         .start()
         .await;
-    let (twice, _t) = FaultHook::new(K::TurnEnd, Misbehave::Duplicate, &[])
+    let release = Arc::new(tokio::sync::Notify::new());
+    let mut twice = FaultHook::new(K::TurnEnd, Misbehave::Duplicate, &[]);
+    twice.release = Some(release.clone());
+    let (twice, _t) = twice.start().await;
+    // The chain's last hook: the duplicate goes out while it is called,
+    // and it answers once hookwire read it, so only the run's last check
+    // (after the chain) can find it.
+    let last = FnHook::new("last", &[K::TurnEnd])
+        .on_turn_end(move |_, _| {
+            let (release, logs) = (release.clone(), logs.clone());
+            async move {
+                release.notify_one();
+                logs.wait_for(&["hook stream fault", "hook=twice", "class=duplicate"])
+                    .await;
+                hookwire::hook_server::Reply::new(pb::TurnEndVerdict {
+                    action: Some(pb::turn_end_verdict::Action::Proceed(pb::Continue {})),
+                })
+            }
+        })
         .start()
         .await;
     let e = engine(&format!(
@@ -140,6 +159,7 @@ async fn a_slow_client_gets_every_hook_verdict_of_the_runs_end_in_order() {
             &[
                 ("broken", &broken, "failure: open"),
                 ("twice", &twice, "failure: open"),
+                ("last", &last.addr, ""),
             ],
             "",
         )
