@@ -338,6 +338,30 @@ async fn start(
         .await
 }
 
+/// A run of `session` whose streaming client reads nothing for now: the
+/// answer's ~80 deltas fill its queue (`server.run_event_buffer: 16`), and
+/// the run waits for room.
+async fn stalled_run(engine: &Arc<Engine>, session: &str) -> hookwire::engine::RunHandle {
+    let run = engine
+        .start_run(
+            &Principal::anonymous(),
+            session,
+            "x".repeat(1000),
+            true,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(PATIENCE, async {
+        while run.events.len() < 16 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the queue filled");
+    run
+}
+
 /// The report of `run`, once it ended.
 async fn finished(run: hookwire::engine::RunHandle) -> hookwire::agent::events::RunReport {
     tokio::time::timeout(PATIENCE, run.task)
@@ -513,25 +537,7 @@ async fn a_drain_neither_waits_for_a_slow_client_nor_ends_its_recorded_run_again
     )
     .await;
     let session = new_session(&engine).await;
-    // A streaming client that reads nothing for now: the answer's ~80
-    // deltas fill its queue, and the run waits for room.
-    let mut run = engine
-        .start_run(
-            &Principal::anonymous(),
-            &session,
-            "x".repeat(1000),
-            true,
-            Default::default(),
-        )
-        .await
-        .unwrap();
-    tokio::time::timeout(PATIENCE, async {
-        while run.events.len() < 16 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the queue filled");
+    let mut run = stalled_run(&engine, &session).await;
     engine.stop_accepting();
     let began = tokio::time::Instant::now();
     // The grace runs out: the run is cancelled, records its end at once,
@@ -588,28 +594,10 @@ async fn a_drain_does_not_wait_for_an_end_that_cannot_be_recorded() {
     .await;
     let (lost, kept) = (new_session(&engine).await, new_session(&engine).await);
     store.lost_ends.lock().unwrap().insert(lost.clone());
-    // Two streaming clients that read nothing: each run waits for room.
-    let mut runs = Vec::new();
-    for s in [&lost, &kept] {
-        let run = engine
-            .start_run(
-                &Principal::anonymous(),
-                s,
-                "x".repeat(1000),
-                true,
-                Default::default(),
-            )
-            .await
-            .unwrap();
-        tokio::time::timeout(PATIENCE, async {
-            while run.events.len() < 16 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("the queue filled");
-        runs.push(run);
-    }
+    let _runs = [
+        stalled_run(&engine, &lost).await,
+        stalled_run(&engine, &kept).await,
+    ];
     engine.stop_accepting();
     let began = tokio::time::Instant::now();
     tokio::time::timeout(PATIENCE, engine.drain(GRACE))
