@@ -362,6 +362,16 @@ async fn stalled_run(engine: &Arc<Engine>, session: &str) -> hookwire::engine::R
     run
 }
 
+/// Stops `engine` accepting and drains it with `grace`: how long that took.
+async fn drained(engine: &Engine, grace: Duration) -> Duration {
+    engine.stop_accepting();
+    let began = tokio::time::Instant::now();
+    tokio::time::timeout(PATIENCE, engine.drain(grace))
+        .await
+        .expect("the drain ended");
+    began.elapsed()
+}
+
 /// The report of `run`, once it ended.
 async fn finished(run: hookwire::engine::RunHandle) -> hookwire::agent::events::RunReport {
     tokio::time::timeout(PATIENCE, run.task)
@@ -538,14 +548,9 @@ async fn a_drain_neither_waits_for_a_slow_client_nor_ends_its_recorded_run_again
     .await;
     let session = new_session(&engine).await;
     let mut run = stalled_run(&engine, &session).await;
-    engine.stop_accepting();
-    let began = tokio::time::Instant::now();
     // The grace runs out: the run is cancelled, records its end at once,
     // and its last events (the retraction, finished) wait for the client.
-    tokio::time::timeout(PATIENCE, engine.drain(GRACE))
-        .await
-        .expect("the drain ended");
-    let took = began.elapsed();
+    let took = drained(&engine, GRACE).await;
     assert_eq!(
         *store.ends.lock().unwrap(),
         [(RunOutcome::Cancelled, "server shutting down".to_string())]
@@ -598,12 +603,7 @@ async fn a_drain_does_not_wait_for_an_end_that_cannot_be_recorded() {
         stalled_run(&engine, &lost).await,
         stalled_run(&engine, &kept).await,
     ];
-    engine.stop_accepting();
-    let began = tokio::time::Instant::now();
-    tokio::time::timeout(PATIENCE, engine.drain(GRACE))
-        .await
-        .expect("the drain ended");
-    let took = began.elapsed();
+    let took = drained(&engine, GRACE).await;
     assert!(
         took < GRACE + Duration::from_secs(3),
         "the drain waited {took:?} for an end that could not be recorded"
