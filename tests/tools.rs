@@ -320,6 +320,7 @@ async fn a_batch_whose_commit_is_refused_shows_no_results_and_is_retracted_last(
     let r = result_of(&events);
     assert_eq!(outcome(&r), pb::RunOutcome::Failed, "{}", r.reason);
     assert!(r.reason.contains("max_transcript_bytes"), "{}", r.reason);
+    assert_eq!(r.turns, 1, "the turn after the refused batch never began");
     let kinds: Vec<&E> = events.iter().filter_map(|e| e.event.as_ref()).collect();
     assert!(
         kinds

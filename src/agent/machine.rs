@@ -364,7 +364,17 @@ impl Machine {
             _ => {
                 self.history.truncate(self.flushed);
                 // Nor does the client hear of it (the results of a batch
-                // whose commit was refused, a turn after it).
+                // whose commit was refused, a turn after it). A turn whose
+                // start goes unheard never began: the report counts the
+                // turns the client saw begin.
+                let current = self.turn;
+                if self
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, RunEvent::TurnStarted { turn } if *turn == current))
+                {
+                    self.turn -= 1;
+                }
                 self.events.clear();
                 self.stop(stop)
             }
@@ -769,6 +779,8 @@ mod tests {
         else {
             panic!()
         };
+        // As the runner does before each step: the client hears the turn.
+        m.drain_events().for_each(drop);
         let e = finish(m.abort(failure()));
         assert_eq!(e.outcome, RunOutcome::HookFailed);
         assert!(
@@ -777,6 +789,33 @@ mod tests {
             e.reason
         );
         assert_eq!(e.messages, vec![Message::user("hi")]);
+        assert_eq!(e.turns, 1);
+        // A settled batch whose commit is refused: the next turn, begun
+        // and unheard, is not counted.
+        let mut m = machine(4);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        m.take_committed();
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        let Step::ToolBatch(_) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+        else {
+            panic!()
+        };
+        m.drain_events().for_each(drop);
+        let settled = BatchDecision::Settled(vec![result("a"), result("b")]);
+        let Step::ModelRequest(_) = m.feed(Feed::ToolBatch(Ok(settled))) else {
+            panic!()
+        };
+        assert_eq!(m.turn(), 2);
+        let e = finish(m.abort(Stop::Failed("transcript full".into())));
+        assert_eq!(e.turns, 1, "the second turn's start was never heard");
+        assert_eq!(e.messages, vec![Message::user("hi")]);
+        assert_eq!(m.drain_events().count(), 0);
         // Before run_start's result is fed: the input is not committed.
         let mut m = machine(4);
         m.start();
