@@ -4,8 +4,11 @@
 //! keeps them leased and reaps the runs of replicas that were lost; `drain`
 //! waits for them (and for runs still starting) at shutdown.
 
+mod caller;
 mod drain;
 mod replica;
+
+pub use caller::{gone_reason, CallerDeadline};
 
 use crate::lock::LockExt;
 use std::collections::{BTreeMap, HashMap};
@@ -652,6 +655,8 @@ impl Engine {
     }
 
     /// Starts a run; its events arrive on the handle until `Finished`.
+    /// `caller` is when the caller stops waiting, if it said: a start it
+    /// abandons then says so.
     pub async fn start_run(
         self: &Arc<Self>,
         principal: &Principal,
@@ -659,6 +664,7 @@ impl Engine {
         input: String,
         streaming: bool,
         traceparent: (String, String),
+        caller: Option<CallerDeadline>,
     ) -> Result<RunHandle, EngineError> {
         // A drain waits for this start until the run is registered (or
         // failed to start): its run is in the store before it is in `runs`.
@@ -673,7 +679,12 @@ impl Engine {
                 max,
             });
         }
-        self.start_now(start, principal, session_id, input, streaming, traceparent)
+        let caller = Caller {
+            streaming,
+            traceparent,
+            deadline: caller,
+        };
+        self.start_now(start, principal, session_id, input, caller)
             .await
     }
 
@@ -684,9 +695,13 @@ impl Engine {
         principal: &Principal,
         session_id: &str,
         input: String,
-        streaming: bool,
-        traceparent: (String, String),
+        caller: Caller,
     ) -> Result<RunHandle, EngineError> {
+        let Caller {
+            streaming,
+            traceparent,
+            deadline: caller,
+        } = caller;
         let (session, grant) = self.grant(principal, Action::Run, session_id).await?;
         // A busy session answers Busy before any quota: its active run
         // counts toward `max_concurrent_runs`, so the quota check answered
@@ -709,7 +724,7 @@ impl Engine {
         // asked: a begin that committed while its answer was dropped (or
         // lost with a connection) is one too.
         let first = RunLease::first(grant.session_id(), &run_id);
-        let abandoned = AbandonedStart::new(self.store.clone(), first);
+        let abandoned = AbandonedStart::new(self.store.clone(), first, caller);
         // The lease runs from when the store took the call, later than this.
         let asked = Instant::now();
         let lease = self
@@ -941,39 +956,62 @@ impl Engine {
 /// default, so that a page never needs a client to raise its limit.
 pub const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
+/// What a run's caller brought besides its input: whether it reads the
+/// run's events, its trace context, and when it stops waiting.
+struct Caller {
+    streaming: bool,
+    traceparent: (String, String),
+    deadline: Option<CallerDeadline>,
+}
+
 /// A run begun in the store whose start may still be dropped (its caller
 /// left); dropped armed, it records the run's end (cancelled, for the
-/// reason given).
-struct AbandonedStart(Option<(Arc<dyn SessionStore>, RunLease)>, &'static str);
+/// reason given, or because the caller left: at its deadline or not).
+struct AbandonedStart {
+    armed: Option<(Arc<dyn SessionStore>, RunLease)>,
+    caller: Option<CallerDeadline>,
+    reason: Option<&'static str>,
+}
 
 impl AbandonedStart {
-    fn new(store: Arc<dyn SessionStore>, lease: RunLease) -> AbandonedStart {
-        AbandonedStart(Some((store, lease)), "client disconnected")
+    fn new(
+        store: Arc<dyn SessionStore>,
+        lease: RunLease,
+        caller: Option<CallerDeadline>,
+    ) -> AbandonedStart {
+        AbandonedStart {
+            armed: Some((store, lease)),
+            caller,
+            reason: None,
+        }
     }
 
     fn disarm(mut self) {
-        self.0 = None;
+        self.armed = None;
     }
 
     /// Dropped armed now, for `reason` rather than a caller gone.
     fn abandon(mut self, reason: &'static str) {
-        self.1 = reason;
+        self.reason = Some(reason);
     }
 }
 
 impl Drop for AbandonedStart {
     fn drop(&mut self) {
-        let Some((store, lease)) = self.0.take() else {
+        let Some((store, lease)) = self.armed.take() else {
             return;
         };
-        let reason = self.1;
+        let reason = match self.reason {
+            Some(r) => r.to_string(),
+            None => gone_reason(self.caller),
+        };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return; // shutting down: the reaper ends it after the lease
         };
         rt.spawn(async move {
             let end = RunEnd {
                 outcome: RunOutcome::Cancelled,
-                reason: reason.into(),
+                reason,
                 usage: Default::default(),
                 turns: 0,
             };

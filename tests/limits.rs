@@ -43,6 +43,7 @@ async fn start_streaming(e: &Arc<Engine>, input: &str, streaming: bool) -> RunHa
         input.into(),
         streaming,
         Default::default(),
+        None,
     )
     .await
     .unwrap()
@@ -613,6 +614,7 @@ async fn a_final_answer_a_slow_client_has_not_read_leaves_the_session_free() {
             "y".repeat(360),
             true,
             Default::default(),
+            None,
         )
         .await
         .unwrap();

@@ -2031,7 +2031,7 @@ async fn start_one(
         .await
         .unwrap();
     let run = engine
-        .start_run(&me, &s.id, "hello".into(), false, Default::default())
+        .start_run(&me, &s.id, "hello".into(), false, Default::default(), None)
         .await
         .unwrap();
     (run, s.id)

@@ -14,7 +14,7 @@ use hookwire::agent::approvals::Decision;
 use hookwire::agent::outcome::RunOutcome;
 use hookwire::auth::Principal;
 use hookwire::config::{Config, StoreSetting};
-use hookwire::engine::{Engine, EngineError};
+use hookwire::engine::{CallerDeadline, Engine, EngineError};
 use hookwire::message::Message;
 use hookwire::pb;
 use hookwire::session::Session;
@@ -291,6 +291,7 @@ fn spawn_start(
     engine: &Arc<Engine>,
     session: &str,
     input: &str,
+    caller: Option<CallerDeadline>,
 ) -> tokio::task::JoinHandle<Result<hookwire::engine::RunHandle, hookwire::engine::EngineError>> {
     let (engine, session, input) = (engine.clone(), session.to_string(), input.to_string());
     tokio::spawn(async move {
@@ -301,6 +302,7 @@ fn spawn_start(
                 input,
                 false,
                 Default::default(),
+                caller,
             )
             .await
     })
@@ -334,6 +336,7 @@ async fn start(
             input.into(),
             false,
             Default::default(),
+            None,
         )
         .await
 }
@@ -349,6 +352,7 @@ async fn stalled_run(engine: &Arc<Engine>, session: &str) -> hookwire::engine::R
             "x".repeat(1000),
             true,
             Default::default(),
+            None,
         )
         .await
         .unwrap();
@@ -459,6 +463,7 @@ async fn a_replica_that_cannot_renew_its_leases_stops_its_runs_before_they_expir
             "two tools".into(),
             true,
             Default::default(),
+            None,
         )
         .await
         .unwrap();
@@ -632,7 +637,7 @@ async fn a_drain_waits_for_a_run_that_was_starting() {
     let store = Arc::new(store);
     let engine = engine_on(&config(&[], ""), store.clone()).await;
     let session = new_session(&engine).await;
-    let starting = spawn_start(&engine, &session, "hello");
+    let starting = spawn_start(&engine, &session, "hello", None);
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the start reached the store");
@@ -683,7 +688,7 @@ async fn a_run_that_starts_after_the_grace_ran_out_is_cancelled_at_once() {
     );
     let engine = engine_on(&yaml, store.clone()).await;
     let session = new_session(&engine).await;
-    let starting = spawn_start(&engine, &session, "hello");
+    let starting = spawn_start(&engine, &session, "hello", None);
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the start reached the store");
@@ -766,6 +771,7 @@ async fn a_cancel_recorded_by_another_replica_stops_the_next_tool_batch() {
             "weather".into(),
             false,
             Default::default(),
+            None,
         )
         .await
         .unwrap();
@@ -809,7 +815,7 @@ async fn a_cancel_answered_while_the_run_was_starting_stops_it_before_any_hook()
     // does not run, so only the start itself can stop the run.
     let engine = engine_on(&yaml, store.clone()).await;
     let session = new_session(&engine).await;
-    let starting = spawn_start(&engine, &session, "weather");
+    let starting = spawn_start(&engine, &session, "weather", None);
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the start reads the transcript");
@@ -847,40 +853,50 @@ async fn a_cancel_answered_while_the_run_was_starting_stops_it_before_any_hook()
 /// active in the store with no task behind it until its lease expired.
 #[tokio::test]
 async fn a_run_whose_caller_left_while_it_was_starting_frees_its_session() {
-    let gate = Arc::new(Gate::default());
-    let store = Faulty::sqlite(Duration::from_secs(30)).await;
-    *store.transcript_gate.lock().unwrap() = Some(gate.clone());
-    let store = Arc::new(store);
-    let engine = engine_on(&config(&[], ""), store.clone()).await;
-    let session = new_session(&engine).await;
-    let abandoned = spawn_start(&engine, &session, "hello");
-    tokio::time::timeout(PATIENCE, gate.entered.notified())
-        .await
-        .expect("the start reads the transcript");
-    assert!(
-        store
-            .get_session(&session)
+    // A caller that left at its own deadline is told from one that left.
+    let cases = [
+        (None, "client disconnected"),
+        (
+            CallerDeadline::after(Duration::from_millis(50)),
+            "client disconnected at its deadline (grpc-timeout 50ms)",
+        ),
+    ];
+    for (caller, reason) in cases {
+        let gate = Arc::new(Gate::default());
+        let store = Faulty::sqlite(Duration::from_secs(30)).await;
+        *store.transcript_gate.lock().unwrap() = Some(gate.clone());
+        let store = Arc::new(store);
+        let engine = engine_on(&config(&[], ""), store.clone()).await;
+        let session = new_session(&engine).await;
+        let abandoned = spawn_start(&engine, &session, "hello", caller);
+        tokio::time::timeout(PATIENCE, gate.entered.notified())
             .await
-            .unwrap()
-            .active_run
-            .is_some(),
-        "the store began the run"
-    );
-    abandoned.abort();
-    assert!(matches!(abandoned.await, Err(e) if e.is_cancelled()));
-    gate.open.notify_one();
-    tokio::time::timeout(PATIENCE, store.ended.notified())
-        .await
-        .expect("the abandoned run's end was recorded");
-    assert_eq!(
-        store.ends.lock().unwrap().as_slice(),
-        [(RunOutcome::Cancelled, "client disconnected".to_string())]
-    );
-    let next = start(&engine, &session, "hello again")
-        .await
-        .expect("the session is free");
-    let report = finished(next).await;
-    assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+            .expect("the start reads the transcript");
+        assert!(
+            store
+                .get_session(&session)
+                .await
+                .unwrap()
+                .active_run
+                .is_some(),
+            "the store began the run"
+        );
+        abandoned.abort();
+        assert!(matches!(abandoned.await, Err(e) if e.is_cancelled()));
+        gate.open.notify_one();
+        tokio::time::timeout(PATIENCE, store.ended.notified())
+            .await
+            .expect("the abandoned run's end was recorded");
+        assert_eq!(
+            store.ends.lock().unwrap().as_slice(),
+            [(RunOutcome::Cancelled, reason.to_string())]
+        );
+        let next = start(&engine, &session, "hello again")
+            .await
+            .expect("the session is free");
+        let report = finished(next).await;
+        assert_eq!(report.outcome, RunOutcome::Completed, "{}", report.reason);
+    }
 }
 
 /// A DeleteSession whose caller left while the store recorded the cancel
@@ -1030,7 +1046,7 @@ async fn a_second_start_on_a_session_being_started_is_busy_not_over_quota() {
     )
     .await;
     let session = new_session(&engine).await;
-    let first = spawn_start(&engine, &session, "hello");
+    let first = spawn_start(&engine, &session, "hello", None);
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the first start reaches the store");
@@ -1061,7 +1077,7 @@ async fn a_run_begun_in_the_store_whose_answer_was_lost_frees_its_session() {
     let engine = engine_on(&config(&[], ""), store.clone()).await;
     let session = new_session(&engine).await;
     // The caller leaves while the store's answer is on its way.
-    let abandoned = spawn_start(&engine, &session, "hello");
+    let abandoned = spawn_start(&engine, &session, "hello", None);
     tokio::time::timeout(PATIENCE, gate.entered.notified())
         .await
         .expect("the store began the run");

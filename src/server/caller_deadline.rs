@@ -5,28 +5,12 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-/// A caller that leaves this close to its deadline (or after it) left
-/// because of it: its clock started before the request was sent, ours
-/// when it arrived.
-const SLACK: Duration = Duration::from_millis(100);
-
-/// When a caller stops waiting, by the timeout it sent.
-#[derive(Clone, Copy, Debug)]
-pub struct CallerDeadline {
-    at: Instant,
-    timeout: Duration,
-}
+use crate::engine::CallerDeadline;
 
 /// When the caller of a request with these headers stops waiting, if it
 /// said (`None` for no header, or one that is not a valid `grpc-timeout`).
 pub fn of(headers: &tonic::metadata::MetadataMap) -> Option<CallerDeadline> {
-    let timeout = parse(headers.get("grpc-timeout")?.to_str().ok()?)?;
-    Some(CallerDeadline {
-        at: Instant::now().checked_add(timeout)?,
-        timeout,
-    })
+    CallerDeadline::after(parse(headers.get("grpc-timeout")?.to_str().ok()?)?)
 }
 
 fn parse(v: &str) -> Option<Duration> {
@@ -46,18 +30,6 @@ fn parse(v: &str) -> Option<Duration> {
     })
 }
 
-/// Why a run is cancelled when its client went away: at its deadline, or
-/// otherwise.
-pub fn gone_reason(deadline: Option<CallerDeadline>) -> String {
-    match deadline {
-        Some(CallerDeadline { at, timeout }) if Instant::now() + SLACK >= at => format!(
-            "client disconnected at its deadline (grpc-timeout {})",
-            humantime_serde::re::humantime::format_duration(timeout)
-        ),
-        _ => "client disconnected".to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,19 +45,5 @@ mod tests {
         for bad in ["", "S", "1", "1s", "123456789S", "-1S", "1.5S", "1 S", "ü"] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_client_gone_at_its_deadline_is_told_from_one_gone_before() {
-        let mut headers = tonic::metadata::MetadataMap::new();
-        headers.insert("grpc-timeout", "1S".parse().unwrap());
-        let deadline = of(&headers);
-        assert_eq!(gone_reason(deadline), "client disconnected");
-        tokio::time::advance(Duration::from_millis(950)).await;
-        assert_eq!(
-            gone_reason(deadline),
-            "client disconnected at its deadline (grpc-timeout 1s)"
-        );
-        assert_eq!(gone_reason(None), "client disconnected");
     }
 }

@@ -9,10 +9,11 @@ use tonic::{Request, Response, Status};
 use crate::agent::events::RunEvent;
 use crate::auth::Principal;
 use crate::engine::Engine;
+use crate::engine::{gone_reason, CallerDeadline};
 use crate::pb;
 use crate::pb::agent_service_server::AgentService;
 use crate::request::{CreateSession, ResolveApproval, RunRef, SessionRef, StartRun};
-use crate::server::caller_deadline::{self, CallerDeadline};
+use crate::server::caller_deadline;
 use crate::server::convert;
 use crate::server::status::{self, no_principal};
 use crate::store::SessionFilter;
@@ -120,7 +121,7 @@ impl AgentService for AgentApi {
         let session = self.engine.session_info(&who, &r.session_id).await?;
         let mut handle = self
             .engine
-            .start_run(&who, &r.session_id, r.input, true, trace)
+            .start_run(&who, &r.session_id, r.input, true, trace, deadline)
             .await?;
         let run_id = handle.run_id.clone();
         let engine = self.engine.clone();
@@ -185,7 +186,7 @@ impl AgentService for AgentApi {
         let r = StartRun::try_from(req.into_inner())?;
         let mut handle = self
             .engine
-            .start_run(&who, &r.session_id, r.input, false, trace)
+            .start_run(&who, &r.session_id, r.input, false, trace, deadline)
             .await?;
         // A caller that leaves (tonic drops this handler) stops the run at
         // once, not at its next event.
@@ -246,7 +247,7 @@ struct ClientGone(Option<(Arc<Engine>, String, Option<CallerDeadline>)>);
 impl Drop for ClientGone {
     fn drop(&mut self) {
         if let Some((engine, run_id, deadline)) = self.0.take() {
-            engine.client_gone(&run_id, &caller_deadline::gone_reason(deadline));
+            engine.client_gone(&run_id, &gone_reason(deadline));
         }
     }
 }

@@ -294,6 +294,7 @@ async fn per_run(b: &Bench, sessions: &[String], runs: usize) -> (f64, f64, f64)
                 "hello there".into(),
                 false,
                 Default::default(),
+                None,
             )
             .await
             .expect("run starts");
