@@ -638,6 +638,74 @@ async fn wrong_kind_verdict_fails_the_run_closed() {
     server.stop().await;
 }
 
+/// A closed hook that fails an event ends the run, and the run's report
+/// (and a `Run` client's events) keeps what happened at that event before
+/// it: the verdict of a hook earlier in a chain, a hook that failed open.
+/// Both used to be dropped with the event. Under `model_request` (merged,
+/// called together) the failed-open hook is kept likewise.
+#[tokio::test]
+async fn an_event_failed_closed_keeps_the_records_of_the_hooks_before_it() {
+    for kind in [K::RunStart, K::ModelRequest] {
+        let tagger = FnHook::new("tagger", &[K::RunStart])
+            .on_run_start(|_, ev| async move {
+                Reply::new(hook_server::rewrite_input(format!("{}!", ev.input))).reason("tagged")
+            })
+            .start()
+            .await;
+        let (flaky, _flaky) = FaultHook::new(kind, Misbehave::Status, &[]).start().await;
+        let (wrong, _wrong) = FaultHook::new(kind, Misbehave::WrongKind, &[])
+            .start()
+            .await;
+        let server = TestServer::start(&config(
+            &[
+                ("tagger", &tagger.addr, "priority: 3"),
+                ("flaky", &flaky, "priority: 2\n    failure: open"),
+                ("wrong", &wrong, "priority: 1"),
+            ],
+            "",
+        ))
+        .await;
+        let mut c = server.client().await;
+        let s = session(&mut c, "a").await;
+        let events = run_events(&mut c, &s, "hi").await;
+        let streamed = verdicts(&events);
+        let r = result_of(&events);
+        assert_eq!(
+            outcome(&r),
+            pb::RunOutcome::HookFailed,
+            "{kind:?}: {}",
+            r.reason
+        );
+        assert!(r.reason.contains("hook `wrong` failed"), "{}", r.reason);
+        let seen = |v: &[pb::HookVerdictApplied]| -> Vec<(String, pb::VerdictKind, String)> {
+            v.iter()
+                .map(|v| (v.hook.clone(), v.verdict_kind(), v.failed_open.clone()))
+                .collect()
+        };
+        let expected = vec![
+            (
+                "tagger".to_string(),
+                pb::VerdictKind::RewriteInput,
+                String::new(),
+            ),
+            (
+                "flaky".to_string(),
+                pb::VerdictKind::Continue,
+                "status".to_string(),
+            ),
+        ];
+        assert_eq!(seen(&r.hook_verdicts), expected, "{kind:?}: the report");
+        assert_eq!(seen(&streamed), expected, "{kind:?}: the client's events");
+        let invoked = invoke(&mut c, &s, "hi").await;
+        assert_eq!(
+            seen(&invoked.hook_verdicts),
+            expected,
+            "{kind:?}: Invoke's report"
+        );
+        server.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn session_extra_hooks_fire_after_agent_hooks() {
     let suffix = |tag: &'static str| {

@@ -87,6 +87,11 @@ pub struct RunHooks {
     /// Where tools' compiled argument schemas are cached (`None`: compiled
     /// at each check), for `rewrite_args` verdicts.
     schemas: Option<Arc<HookRegistry>>,
+    /// The records of an event a closed hook failed (the verdicts of the
+    /// hooks before it in a chain, the failed-open ones): the event's
+    /// failure ends the run, and [`RunHooks::check_faults`] hands them to
+    /// its last check, so its report keeps them.
+    orphaned: Mutex<Vec<VerdictRecord>>,
 }
 
 impl RunHooks {
@@ -115,7 +120,15 @@ impl RunHooks {
             inst,
             stats: DispatchStats::default(),
             schemas: None,
+            orphaned: Mutex::new(Vec::new()),
         }
+    }
+
+    /// `failure` ends the run: `records`, the event's records so far, go
+    /// to its last check instead of being lost with the event.
+    fn orphan(&self, failure: HookFailure, records: &mut Vec<VerdictRecord>) -> HookFailure {
+        self.orphaned.locked().append(records);
+        failure
     }
 
     /// Checks rewritten tool arguments with the registry's compiled
@@ -534,12 +547,13 @@ impl RunHooks {
                 Ok(false) => continue,
                 Err(f) => {
                     let mut span = self.not_called(hook, kind, &f);
-                    self.policy(hook, kind, f, &mut records, &mut span)?;
+                    self.policy(hook, kind, f, &mut records, &mut span)
+                        .map_err(|f| self.orphan(f, &mut records))?;
                     continue;
                 }
             }
             if let Some(f) = hook.failed() {
-                return Err(f);
+                return Err(self.orphan(f, &mut records));
             }
             let (result, mut span) = self
                 .call(hook, turn, &to_wire(&payload), event_deadline)
@@ -547,7 +561,8 @@ impl RunHooks {
             let verdict = match result {
                 Ok(v) => v,
                 Err(f) => {
-                    self.policy(hook, kind, f, &mut records, &mut span)?;
+                    self.policy(hook, kind, f, &mut records, &mut span)
+                        .map_err(|f| self.orphan(f, &mut records))?;
                     continue;
                 }
             };
@@ -555,7 +570,8 @@ impl RunHooks {
             let verdict_kind = verdict.action.kind();
             let Verdict { meta, action } = verdict;
             if let Err(f) = self.apply_scratchpad(meta.scratchpad) {
-                self.policy(hook, kind, f, &mut records, &mut span)?;
+                self.policy(hook, kind, f, &mut records, &mut span)
+                    .map_err(|f| self.orphan(f, &mut records))?;
                 continue;
             }
             match E::apply(&mut payload, action) {
@@ -564,7 +580,8 @@ impl RunHooks {
                         FailureClass::WrongKind,
                         format!("answered a {wrong} verdict to a {kind} event"),
                     );
-                    self.policy(hook, kind, f, &mut records, &mut span)?;
+                    self.policy(hook, kind, f, &mut records, &mut span)
+                        .map_err(|f| self.orphan(f, &mut records))?;
                 }
                 Ok(step) => {
                     if meta.telemetry_redaction.is_some() {
@@ -639,7 +656,8 @@ impl RunHooks {
             let verdict = match result {
                 Ok(v) => v,
                 Err(f) => {
-                    self.policy(hook, kind, f, &mut failed_open, &mut span)?;
+                    self.policy(hook, kind, f, &mut failed_open, &mut span)
+                        .map_err(|f| self.orphan(f, &mut failed_open))?;
                     continue;
                 }
             };
@@ -648,7 +666,8 @@ impl RunHooks {
                 unreachable!("checked in call()")
             };
             if let Err(f) = self.apply_scratchpad(meta.scratchpad) {
-                self.policy(hook, kind, f, &mut failed_open, &mut span)?;
+                self.policy(hook, kind, f, &mut failed_open, &mut span)
+                    .map_err(|f| self.orphan(f, &mut failed_open))?;
                 continue;
             }
             if meta.telemetry_redaction.is_some() {
@@ -712,13 +731,15 @@ impl RunHooks {
     /// if that is unknown), under a `hook {hook} {event}` span of its own.
     /// A closed blocking hook's fault is the run's failure (the first in
     /// firing order is returned); open and observe-mode ones are recorded as
-    /// failed open in `records`. The runner calls this before every step and
-    /// before every `CallTool`.
+    /// failed open in `records`, after the records of an event a closed hook
+    /// failed (see `orphaned`). The runner calls this before every step,
+    /// before every `CallTool` and once more before the run's end.
     pub fn check_faults(
         &self,
         records: &mut Vec<VerdictRecord>,
         fallback: EventKind,
     ) -> Result<(), HookFailure> {
+        records.append(&mut self.orphaned.locked());
         let mut failed = None;
         for hook in &self.hooks {
             let stream = hook.stream.locked().as_ref().map(|(s, _)| s.clone());
