@@ -14,11 +14,12 @@ use crate::lock::LockExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::agent::approvals::{Approvals, Decision};
+use crate::agent::approvals::{Approvals, Decision, EARLY_ANSWER_HOLD};
 use crate::agent::contain::drive_contained;
 use crate::agent::events::{QueuedEvent, RunReport};
 use crate::agent::ledger::Ledger;
@@ -914,19 +915,43 @@ impl Engine {
         self.grant_run(principal, Action::ResolveApproval, run_id)
             .await?;
         let d = Decision { approve, note };
+        // An answer may come before its question: the hook that asks tells
+        // its approver (a bot, say) before hookwire has its `ask`. Such an
+        // answer waits for the request, for up to EARLY_ANSWER_HOLD.
+        let held = Instant::now() + EARLY_ANSWER_HOLD;
+        let mut pause = Duration::from_millis(5);
+        let mut waiting = None;
+        loop {
+            match self.answer(run_id, call_id, &d).await {
+                Err(StoreError::ApprovalNotAsked { .. }) if Instant::now() + pause < held => {
+                    waiting.get_or_insert_with(|| self.inst.metrics.early_answer());
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                answered => return answered.map_err(Into::into),
+            }
+        }
+    }
+
+    /// One attempt of [`Engine::resolve_approval`].
+    async fn answer(&self, run_id: &str, call_id: &str, d: &Decision) -> Result<(), StoreError> {
         // A run of this replica knows at once that a request was withdrawn
         // (its batch stopped): refused here, never recorded as answered.
         // A request is registered here before the store records it, so a
         // pending record of a local run always has its waiter.
-        if self.local_run(run_id).is_some() && !self.approvals.is_pending(run_id, call_id) {
-            return Err(StoreError::ApprovalNotPending {
-                run_id: run_id.to_string(),
-                call_id: call_id.to_string(),
+        if let Some(run) = self.local_run(run_id) {
+            if !self.approvals.is_pending(run_id, call_id) {
+                let (run_id, call_id) = (run_id.to_string(), call_id.to_string());
+                // A stopped run asks nothing more.
+                return Err(if run.has_asked(&call_id) || run.cancel.is_cancelled() {
+                    StoreError::ApprovalNotPending { run_id, call_id }
+                } else {
+                    StoreError::ApprovalNotAsked { run_id, call_id }
+                });
             }
-            .into());
         }
-        self.store.resolve_approval(run_id, call_id, &d).await?;
-        self.approvals.deliver(run_id, call_id, d);
+        self.store.resolve_approval(run_id, call_id, d).await?;
+        self.approvals.deliver(run_id, call_id, d.clone());
         Ok(())
     }
 

@@ -307,6 +307,56 @@ async fn an_invoke_approval_is_answered_on_another_replica(store: Store) {
     assert_eq!(again.code(), tonic::Code::NotFound, "{again:?}");
 }
 
+/// The bot is faster than the hook: its answer reaches replica B before
+/// the hook's `ask` reached A. B holds the answer until the store has the
+/// request, then answers it; the run on A completes, the tool run once.
+/// Such an answer used to be NOT_FOUND, and the bot had to retry.
+async fn an_answer_on_another_replica_before_its_question_waits_for_it(store: Store) {
+    let owner = weather_owner().start().await;
+    let (ask, mut asked, gate) = gated_asker("May I?");
+    let ask = ask.start().await;
+    let cl = Cluster::start(
+        2,
+        &store,
+        &[("asker", &ask.addr), ("owner", &owner.addr)],
+        "",
+    )
+    .await;
+    let (mut a, mut b) = (cl.client(0).await, cl.client(1).await);
+    let s = session(&mut a, "a").await;
+    let run = tokio::spawn(async move { invoke(&mut a, &s, "weather").await });
+    let routed = within("the hook's question", asked.recv())
+        .await
+        .expect("the hook asked");
+    let answering = tokio::spawn(async move {
+        b.resolve_approval(pb::ResolveApprovalRequest {
+            run_id: routed.run_id,
+            call_id: routed.call_id,
+            approve: true,
+            note: String::new(),
+        })
+        .await
+    });
+    let answerer = &cl.replicas[1 % cl.replicas.len()];
+    within(
+        "the early answer held",
+        until_metric(answerer.admin, "hookwire_approval_answers_waiting 1"),
+    )
+    .await;
+    gate.add_permits(1);
+    within("the held answer", answering)
+        .await
+        .unwrap()
+        .expect("answered once the question was recorded");
+    let r = within("the invoke's result", run).await.unwrap();
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{r:?}");
+    assert_eq!(
+        owner.hook.tool_calls.lock().unwrap().len(),
+        1,
+        "the tool ran once"
+    );
+}
+
 /// A hook server owning get_weather whose tool never returns; signals when
 /// a call arrived.
 async fn stuck_tool() -> (TestHook, Arc<tokio::sync::Notify>) {
@@ -520,6 +570,11 @@ async fn postgres_an_invoke_approval_is_answered_on_another_replica() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_answer_on_another_replica_before_its_question_waits_for_it() {
+    an_answer_on_another_replica_before_its_question_waits_for_it(Store::postgres()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_killed_replicas_run_is_interrupted_by_another() {
     a_killed_replicas_run_is_interrupted_by_another(Store::postgres()).await
 }
@@ -675,6 +730,7 @@ async fn sqlite_approval_and_cancel_scenarios() {
     approval_raised_on_one_replica_is_answered_on_another(Store::sqlite()).await;
     cancel_on_another_replica_stops_the_run_and_denies_its_approval(Store::sqlite()).await;
     an_invoke_approval_is_answered_on_another_replica(Store::sqlite()).await;
+    an_answer_on_another_replica_before_its_question_waits_for_it(Store::sqlite()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

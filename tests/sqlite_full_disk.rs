@@ -104,7 +104,7 @@ async fn sqlite_writes_after_a_commit_failed_on_a_full_disk_are_committed() {
         .await
         .unwrap_err();
     assert!(
-        matches!(refused, StoreError::ApprovalNotPending { .. }),
+        matches!(refused, StoreError::ApprovalNotAsked { .. }),
         "{refused:?}"
     );
     s.append(&lease, &[Message::user("after")]).await.unwrap();

@@ -580,8 +580,18 @@ async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
             call_id: "c1".into()
         }
     );
+    // The run is active: the question may still come.
+    assert_eq!(
+        s.resolve_approval("r", "never-asked", &yes)
+            .await
+            .unwrap_err(),
+        StoreError::ApprovalNotAsked {
+            run_id: "r".into(),
+            call_id: "never-asked".into()
+        }
+    );
     assert!(matches!(
-        s.resolve_approval("r", "never-asked", &yes).await,
+        s.resolve_approval("no-such-run", "c1", &yes).await,
         Err(StoreError::ApprovalNotPending { .. })
     ));
     let c1 = waiting(&[("r", "c1")]);
@@ -604,7 +614,10 @@ async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
         .unwrap()
         .is_empty());
     // Answered before the wait gave up: the answer stands.
-    assert_eq!(s.expire_approval(&l, "c1").await.unwrap(), Some(yes));
+    assert_eq!(
+        s.expire_approval(&l, "c1").await.unwrap(),
+        Some(yes.clone())
+    );
     // Timed out first: a later answer is refused.
     s.request_approval(&l, "c2").await.unwrap();
     assert_eq!(s.expire_approval(&l, "c2").await.unwrap(), None);
@@ -644,6 +657,11 @@ async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
     s.end_run(&l, &[], &end(RunOutcome::Cancelled))
         .await
         .unwrap();
+    // Ended: no question can come any more.
+    assert!(matches!(
+        s.resolve_approval("r", "never-asked", &yes).await,
+        Err(StoreError::ApprovalNotPending { .. })
+    ));
     assert_eq!(
         s.request_cancel("r", "again").await.unwrap_err(),
         StoreError::RunNotFound("r".into())

@@ -655,6 +655,66 @@ async fn an_invoke_call_the_approver_denies_never_runs() {
     assert_eq!(r.final_text, format!("Tool said: {denial}"));
 }
 
+/// An approver's answer that reaches hookwire before the hook's `ask` (the
+/// hook told its bot first) waits for the question, then answers it: the
+/// call runs once. It used to be NOT_FOUND, so a bot that fast had to
+/// retry. An answer for a run that ended is NOT_FOUND at once.
+#[tokio::test]
+async fn an_answer_that_comes_before_its_question_waits_for_it() {
+    let owner = weather_owner().start().await;
+    let (asker, mut asked, gate) = gated_asker("check the weather?");
+    let asker = asker.start().await;
+    let (server, admin) = TestServer::start_with_admin(&config(
+        &[("owner", &owner.addr, ""), ("asker", &asker.addr, "")],
+        "tools: [get_weather]",
+    ))
+    .await;
+    let mut c = server.client().await;
+    let s = session(&mut c, "a").await;
+    let mut invoker = c.clone();
+    let invoking = tokio::spawn(async move { invoke(&mut invoker, &s, "weather").await });
+    let routed = tokio::time::timeout(std::time::Duration::from_secs(20), asked.recv())
+        .await
+        .expect("the hook was asked in time")
+        .expect("the hook was asked");
+    let mut bot = c.clone();
+    let request = pb::ResolveApprovalRequest {
+        run_id: routed.run_id.clone(),
+        call_id: routed.call_id.clone(),
+        approve: true,
+        note: String::new(),
+    };
+    let answer = request.clone();
+    let answering = tokio::spawn(async move { bot.resolve_approval(answer).await });
+    // The answer is in, and waits: only now does the hook give its ask.
+    until_metric(admin, "hookwire_approval_answers_waiting 1").await;
+    assert!(
+        !answering.is_finished(),
+        "the answer waits for its question"
+    );
+    gate.add_permits(1);
+    answering
+        .await
+        .unwrap()
+        .expect("the early answer is taken once the question comes");
+    let r = invoking.await.unwrap();
+    assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
+    assert_eq!(r.final_text, "Tool said: sunny in Paris");
+    assert_eq!(owner.hook.tool_calls.lock().unwrap().len(), 1, "ran once");
+    until_metric(admin, "hookwire_approval_answers_waiting 0").await;
+    // The run is over: no question can come, and the answer says so now.
+    let late = c
+        .resolve_approval(pb::ResolveApprovalRequest {
+            call_id: "never-asked".into(),
+            ..request
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(late.code(), tonic::Code::NotFound, "{late:?}");
+    assert!(!late.message().contains("within"), "not held: {late:?}");
+    server.stop().await;
+}
+
 /// Nobody answers: the call is denied at the ask's timeout, exactly as for
 /// a Run whose client does not answer (same outcome, text, transcript and
 /// verdicts), and the Invoke caller reads why in its result.

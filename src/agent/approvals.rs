@@ -5,9 +5,15 @@
 use crate::lock::LockExt;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+
+/// How long a ResolveApproval that came before its question waits for it
+/// (the hook's `ask` to be recorded) before it is NOT_FOUND: the hook that
+/// asks may tell its approver before hookwire has the `ask`.
+pub const EARLY_ANSWER_HOLD: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {

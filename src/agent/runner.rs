@@ -84,6 +84,9 @@ pub struct Run {
     /// The tool-call ids of the run's accepted turns: approvals are
     /// addressed by (run, call id), so a later turn never reuses one.
     call_ids: Mutex<HashSet<String>>,
+    /// The calls that asked for approval: an answer for any other call of
+    /// the run came before its question (see [`Run::has_asked`]).
+    asked: Mutex<HashSet<String>>,
     pub inst: Instruments,
     /// Where the run records what it commits, under its lease.
     pub ledger: Ledger,
@@ -131,6 +134,7 @@ impl Run {
             records: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
             call_ids: Mutex::default(),
+            asked: Mutex::default(),
             content: ContentView::new(inst.content),
             inst,
             ledger,
@@ -146,6 +150,14 @@ impl Run {
 
     pub fn cancel(&self, reason: &str) {
         self.stop_from_outside(Stop::Cancelled(reason.to_string()));
+    }
+
+    /// Whether call `call_id` of the run asked for approval (it may have
+    /// been answered or withdrawn since). One that did not may still ask:
+    /// the hook that asks can tell its approver before hookwire has its
+    /// `ask`.
+    pub fn has_asked(&self, call_id: &str) -> bool {
+        self.asked.locked().contains(call_id)
     }
 
     /// Stops the run because this replica can no longer record it.
@@ -337,6 +349,7 @@ impl Run {
         // out, batch stopped, or the run cancelled or out of time mid-wait);
         // the store's record of a request left pending is denied when the
         // run's end is recorded.
+        self.asked.locked().insert(call.id.clone());
         let mut pending =
             self.approvals
                 .register(&self.run_id, &call.id, Some(stop.token().clone()));

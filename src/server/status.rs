@@ -32,6 +32,7 @@ fn store_code(e: &StoreError) -> Code {
         StoreError::Busy { .. } => Code::FailedPrecondition,
         StoreError::RunNotFound(_) => Code::NotFound,
         StoreError::ApprovalNotPending { .. } => Code::NotFound,
+        StoreError::ApprovalNotAsked { .. } => Code::NotFound,
         StoreError::TranscriptFull { .. } => Code::ResourceExhausted,
         StoreError::LeaseLost(_) => Code::Aborted,
         // A run's own write, refused; it ends the run rather than reaching

@@ -11,6 +11,10 @@ pub enum StoreError {
     RunNotFound(String),
     #[error("no pending approval for call `{call_id}` in run `{run_id}` (already answered, timed out, cancelled, or never asked)")]
     ApprovalNotPending { run_id: String, call_id: String },
+    /// The run is active and has asked nothing for this call (yet): an
+    /// answer that came before its question.
+    #[error("no approval was asked for call `{call_id}` in run `{run_id}` within {held} of the answer (an answer waits that long for its question)", held = humantime_serde::re::humantime::format_duration(crate::agent::approvals::EARLY_ANSWER_HOLD))]
+    ApprovalNotAsked { run_id: String, call_id: String },
     #[error("session `{session}`'s transcript holds {bytes} bytes and may not pass {limit} (server.max_transcript_bytes); start a new session")]
     TranscriptFull {
         session: String,

@@ -10,9 +10,9 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{
-    close_pending_turn, closes_staged_turn, page_token, parse_page_token, ClaimedRun, NewSession,
-    OwnerUsage, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore, Signal, StoreError,
-    StoreOptions,
+    close_pending_turn, closes_staged_turn, not_asked_or_done, page_token, parse_page_token,
+    ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore,
+    Signal, StoreError, StoreOptions,
 };
 use crate::agent::approvals::Decision;
 use crate::agent::outcome::RunOutcome;
@@ -567,11 +567,20 @@ impl SessionStore for MemoryStore {
             let mut g = self.lock();
             match g.approvals.get_mut(run_id).and_then(|a| a.get_mut(call_id)) {
                 Some(a) if a.0 == Approval::Pending => *a = (Approval::Answered, Some(d.clone())),
-                _ => {
+                Some(_) => {
                     return Err(StoreError::ApprovalNotPending {
                         run_id: run_id.to_string(),
                         call_id: call_id.to_string(),
                     })
+                }
+                None => {
+                    // Only a run that may still ask: not ended, no cancel.
+                    let may_ask = g.runs.get(run_id).is_some_and(|r| {
+                        !r.ended
+                            && r.cancel_reason.is_none()
+                            && g.sessions.contains_key(&r.session_id)
+                    });
+                    return Err(not_asked_or_done(may_ask, run_id, call_id));
                 }
             }
             g.runs.get(run_id).map(|r| r.replica.clone())

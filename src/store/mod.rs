@@ -308,7 +308,9 @@ pub trait SessionStore: Send + Sync + 'static {
     /// is for a run that may start nothing more.
     async fn request_approval(&self, lease: &RunLease, call_id: &str) -> Result<(), StoreError>;
     /// Answers a pending approval; the first answer wins, later ones get
-    /// [`StoreError::ApprovalNotPending`].
+    /// [`StoreError::ApprovalNotPending`], as does an answer for a run that
+    /// ended. An active run that asked nothing for the call yet gets
+    /// [`StoreError::ApprovalNotAsked`] (see [`not_asked_or_done`]).
     async fn resolve_approval(
         &self,
         run_id: &str,
@@ -400,6 +402,19 @@ pub const LOST_REPLICA_RESULT: &str =
 /// Whether an end with `outcome` closes the run's staged tool batch
 /// (records its turn with [`close_pending_turn`]) rather than dropping it.
 ///
+/// The refusal of an answer to a call no request is recorded for: the
+/// question may still come while the run may start work (`active`: not
+/// ended, no cancel recorded, its session there), since the hook that asks
+/// tells its approver first; never after.
+pub(crate) fn not_asked_or_done(active: bool, run_id: &str, call_id: &str) -> StoreError {
+    let (run_id, call_id) = (run_id.to_string(), call_id.to_string());
+    if active {
+        StoreError::ApprovalNotAsked { run_id, call_id }
+    } else {
+        StoreError::ApprovalNotPending { run_id, call_id }
+    }
+}
+
 /// `interrupted` is the end of a run its replica could not finish: lost
 /// (the reaper ends it), cut off from the store (it stops itself before
 /// its lease can expire), or shutting down with a call still executing.

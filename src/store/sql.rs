@@ -22,9 +22,9 @@ use super::sqlite_conn::SqliteConn;
 use super::waits::Waits;
 
 use super::{
-    close_pending_turn, closes_staged_turn, migrations, page_token, parse_page_token, ClaimedRun,
-    NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore, Signal,
-    StoreError, StoreOptions,
+    close_pending_turn, closes_staged_turn, migrations, not_asked_or_done, page_token,
+    parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter,
+    SessionPage, SessionStore, Signal, StoreError, StoreOptions,
 };
 use crate::agent::approvals::Decision;
 use crate::auth::quota;
@@ -1124,10 +1124,28 @@ impl SessionStore for SqlStore {
             .await?
             .rows_affected();
             if n == 0 {
-                return Err(StoreError::ApprovalNotPending {
-                    run_id: run_id.to_string(),
-                    call_id: call_id.to_string(),
-                });
+                // Answered, expired or withdrawn; or not asked yet. Under
+                // PostgreSQL's read committed, a request committed after
+                // the UPDATE began is seen here: asked just now, so the
+                // answer is tried again (as one not asked yet is).
+                let state: Option<(String,)> =
+                    sqlx::query_as("SELECT state FROM approvals WHERE run_id = $1 AND call_id = $2")
+                        .bind(run_id)
+                        .bind(call_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let active = match state {
+                    Some((state,)) => state == "pending",
+                    // Only a run that may still ask: not ended, no cancel.
+                    None => sqlx::query(&format!(
+                        "SELECT 1 FROM runs WHERE id = $1 AND ended_ms IS NULL AND {MAY_START}"
+                    ))
+                    .bind(run_id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .is_some(),
+                };
+                return Err(not_asked_or_done(active, run_id, call_id));
             }
             let (replica,): (String,) = sqlx::query_as("SELECT replica FROM runs WHERE id = $1")
                 .bind(run_id)

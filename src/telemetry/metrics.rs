@@ -123,6 +123,7 @@ pub struct Metrics {
     model_tokens: Family<TokenLabels, Counter>,
     active_runs: Gauge,
     active_hook_streams: Gauge,
+    early_answers: Gauge,
     hook_connections: Family<HookLabels, Gauge>,
     hook_streams: Family<HookLabels, Gauge>,
     hook_streams_refused: Family<HookLabels, Counter>,
@@ -237,6 +238,12 @@ impl Metrics {
             "Open Process streams to hook servers",
             active_hook_streams.clone(),
         );
+        let early_answers = Gauge::default();
+        registry.register(
+            "hookwire_approval_answers_waiting",
+            "ResolveApproval answers that came before their question (the hook's ask) and wait for it",
+            early_answers.clone(),
+        );
         let hook_connections = Family::default();
         registry.register(
             "hookwire_hook_connections",
@@ -302,6 +309,7 @@ impl Metrics {
             model_tokens,
             active_runs,
             active_hook_streams,
+            early_answers,
             hook_connections,
             hook_streams,
             hook_streams_refused,
@@ -502,6 +510,11 @@ impl Metrics {
     /// As [`Metrics::active_run`], for an open hook stream.
     pub fn active_hook_stream(&self) -> ActiveGuard {
         ActiveGuard::new(&self.active_hook_streams)
+    }
+
+    /// As [`Metrics::active_run`], for an answer waiting for its question.
+    pub fn early_answer(&self) -> ActiveGuard {
+        ActiveGuard::new(&self.early_answers)
     }
 }
 

@@ -740,10 +740,64 @@ pub fn routing_asker(
     (hook, rx)
 }
 
+/// Like [`routing_asker`], holding each `ask` verdict until the returned
+/// semaphore gives a permit: its approver can answer before hookwire has
+/// the question.
+#[allow(dead_code)]
+pub fn gated_asker(
+    question: &'static str,
+) -> (
+    FnHook,
+    tokio::sync::mpsc::UnboundedReceiver<Routed>,
+    Arc<tokio::sync::Semaphore>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let hook = FnHook::new("asker", &[pb::EventKind::ToolCall]).on_tool_call(move |ctx, ev| {
+        let _ = tx.send(Routed {
+            run_id: ctx.run_id.clone(),
+            call_id: ev.call.map(|c| c.id).unwrap_or_default(),
+            streaming: ctx.streaming,
+            principal: ctx.principal.clone(),
+        });
+        let held = held.clone();
+        async move {
+            held.acquire().await.expect("the gate stays open").forget();
+            Reply::new(pb::ToolCallVerdict {
+                action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
+                    question: question.into(),
+                    timeout_ms: 0,
+                })),
+            })
+        }
+    });
+    (hook, rx, gate)
+}
+
+/// Waits until the admin endpoint's metrics hold `line` (a series and its
+/// value), for up to 20 s.
+#[allow(dead_code)]
+pub async fn until_metric(admin: std::net::SocketAddr, line: &str) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let metrics = http_get(admin, "/metrics").await;
+        if metrics.lines().any(|l| l == line) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{line} never appeared in\n{metrics}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// Answers the approval `asked` is about, as an approval bot does: the hook
 /// published the question before hookwire received its `ask` (and recorded
-/// the request), so an answer that arrives first is NOT_FOUND and is sent
-/// again, for up to 10 s. Any other refusal panics.
+/// the request); an answer that arrives first waits for it, for up to 5 s,
+/// and one NOT_FOUND after that is sent again, for up to 10 s. Any other
+/// refusal panics.
 #[allow(dead_code)]
 pub async fn resolve_once_pending<T>(
     c: &mut AgentServiceClient<T>,

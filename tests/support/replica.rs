@@ -13,6 +13,8 @@ use tonic::transport::Channel;
 /// One `hookwire serve` process.
 pub struct Replica {
     pub addr: String,
+    /// The admin HTTP endpoint (metrics, health).
+    pub admin: std::net::SocketAddr,
     child: tokio::process::Child,
     pub log: Arc<Mutex<Vec<String>>>,
 }
@@ -32,23 +34,25 @@ impl Replica {
             .spawn()
             .expect("spawn hookwire serve");
         let log = Arc::new(Mutex::new(Vec::new()));
-        let (addr_tx, addr_rx) = tokio::sync::oneshot::channel::<Option<String>>();
+        let (addr_tx, addr_rx) = tokio::sync::oneshot::channel::<Option<(String, String)>>();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut errs = BufReader::new(child.stderr.take().unwrap()).lines();
         let l2 = log.clone();
         tokio::spawn(async move {
             let mut addr_tx = Some(addr_tx);
-            let mut addr = None;
+            let (mut addr, mut admin) = (None, None);
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(a) = line
-                    .split_whitespace()
-                    .find_map(|w| w.strip_prefix("grpc="))
-                {
-                    addr = Some(a.to_string());
+                for w in line.split_whitespace() {
+                    if let Some(a) = w.strip_prefix("grpc=") {
+                        addr = Some(a.to_string());
+                    }
+                    if let Some(a) = w.strip_prefix("admin=") {
+                        admin = Some(a.to_string());
+                    }
                 }
                 if line.contains("hookwire serving") {
                     if let Some(tx) = addr_tx.take() {
-                        let _ = tx.send(addr.clone());
+                        let _ = tx.send(addr.clone().zip(admin.clone()));
                     }
                 }
                 l2.lock().unwrap().push(line);
@@ -63,7 +67,7 @@ impl Replica {
                 l3.lock().unwrap().push(line);
             }
         });
-        let addr = match addr_rx.await {
+        let (addr, admin) = match addr_rx.await {
             Ok(Some(a)) => a,
             _ => {
                 let status = child.wait().await;
@@ -75,6 +79,7 @@ impl Replica {
         };
         Replica {
             addr: format!("http://{addr}"),
+            admin: admin.parse().expect("the admin address"),
             child,
             log,
         }
