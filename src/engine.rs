@@ -849,24 +849,28 @@ impl Engine {
                     run.stop_from_outside(stop);
                 }
             }
-            let report = drive_contained(run, transcript, input)
+            let driven = drive_contained(run.clone(), transcript, input)
                 .instrument(span.clone())
                 .await;
+            let report = driven.report;
             let outcome = report.outcome.name();
             spans::record_run_outcome(
                 &span,
                 outcome,
                 (report.outcome != crate::agent::outcome::RunOutcome::Completed).then_some(outcome),
             );
-            // The run's span ends here, before the run counts as finished:
-            // whoever waits for that (a drain, a test about to flush the
-            // exporter) then finds the span closed and handed to export.
+            // The run's span ends here, before its last events wait for a
+            // slow client: exported even if the process exits first (a
+            // drain past its grace does not wait for that client). Whoever
+            // waits for the run to finish (a drain, a test about to flush
+            // the exporter) finds it closed and handed to export.
             drop(span);
             leaving
                 .engine
                 .inst
                 .metrics
                 .run_finished(&agent_name, outcome, started.elapsed());
+            run.deliver_tail(driven.tail).await;
             drop(active);
             // drive recorded the run's end; only now does it leave this
             // replica (a drain waits for the record).

@@ -19,7 +19,7 @@ use futures::FutureExt;
 
 use crate::agent::events::{RunEvent, RunReport};
 use crate::agent::outcome::RunOutcome;
-use crate::agent::runner::{drive, Run};
+use crate::agent::runner::{drive_to_end, Driven, Run};
 use crate::event::EventKind;
 use crate::hooks::payload::Payload;
 use crate::message::{Message, Usage};
@@ -30,17 +30,26 @@ use crate::store::{RunEnd, StoreError};
 pub const INTERNAL_ERROR: &str =
     "internal error: the run stopped on a bug in hookwire (the server log has details under this run id)";
 
-/// [`drive`], with any panic contained to the run.
+/// [`drive_to_end`], with any panic contained to the run (a panicked run's
+/// client has its report already: its tail is empty).
 pub async fn drive_contained(
     run: Arc<Run>,
     transcript: Arc<Vec<Message>>,
     input: String,
-) -> RunReport {
+) -> Driven {
     // Boxed: the driver's future is large (every await of the run, hook
     // calls included), and inline it made the spawned run task that size,
     // which the compiler may then copy whole on spawn and on each poll of
     // the task (callgrind: up to ~120k instructions of memcpy per run).
-    contain(run.clone(), Box::pin(drive(run, transcript, input))).await
+    let driver = Box::pin(drive_to_end(run.clone(), transcript, input));
+    let mut tail = Vec::new();
+    let report = contain(run, async {
+        let driven = driver.await;
+        tail = driven.tail;
+        driven.report
+    })
+    .await;
+    Driven { report, tail }
 }
 
 /// Runs a run's driver; a panic in it becomes a `failed` report.

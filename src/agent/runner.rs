@@ -274,6 +274,15 @@ impl Run {
     /// reads) would otherwise drop them, and the client could not tell
     /// that deltas it has were void. Bounded by the stall timeout (not
     /// waited for at all once the client stalled or left).
+    /// Sends a run's last events ([`Driven::tail`]), once its end is
+    /// recorded: each waits for room in the client's queue, as long as the
+    /// client keeps reading.
+    pub async fn deliver_tail(&self, tail: Vec<RunEvent>) {
+        for ev in tail {
+            self.deliver_last(ev).await;
+        }
+    }
+
     async fn deliver_last(&self, ev: RunEvent) {
         if !self.events.wants(&ev) || self.events.stalled() || self.events.is_closed() {
             return self.emit(ev);
@@ -462,10 +471,28 @@ fn terminate(hook: String, t: crate::hooks::verdict::Terminate) -> Stop {
     }
 }
 
+/// A run driven to its end: its report, and the events its client is yet
+/// to get (the last step's, a retraction, the last check's verdicts,
+/// `Finished`): see [`Run::deliver_tail`].
+pub struct Driven {
+    pub report: RunReport,
+    pub tail: Vec<RunEvent>,
+}
+
 /// Drives one run to its end and returns its report (also sent as the last
 /// event). `transcript` is the session's committed history, shared (with
 /// the transcript cache and every model request of the run), never copied.
 pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) -> RunReport {
+    let driven = drive_to_end(run.clone(), transcript, input).await;
+    run.deliver_tail(driven.tail).await;
+    driven.report
+}
+
+/// [`drive`] up to the run's last events: its end recorded, its hooks told,
+/// the client's last events not sent yet. Whoever owns the run's span ends
+/// it before sending them: they may wait for a slow client (past a drain's
+/// grace, until the process exits).
+pub async fn drive_to_end(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) -> Driven {
     let cfg = &run.agent.config;
     let tools = Arc::new(run.agent.tools(&run.registry));
     let template = RequestTemplate {
@@ -775,15 +802,13 @@ pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) 
     // faults) waits for room like the rest: the queue may be full.
     // The last step's events first: a retraction voids what was sent of
     // its turn, them included.
-    let last = machine
+    let tail = machine
         .drain_events()
         .chain(retraction)
         .chain(faults.into_iter().map(RunEvent::HookVerdict))
-        .chain([RunEvent::Finished(report.clone())]);
-    for ev in last {
-        run.deliver_last(ev).await;
-    }
-    report
+        .chain([RunEvent::Finished(report.clone())])
+        .collect();
+    Driven { report, tail }
 }
 
 /// Records the run's end with its last commit (the ledger retries a store
