@@ -515,7 +515,7 @@ async fn approval_approve_deny_and_timeout() {
     assert_eq!(ran, 0, "a denied call never executes");
     assert_eq!(
         r.final_text,
-        "Tool said: the user denied the call of tool `get_weather`: not today"
+        "Tool said: approval for tool `get_weather` was denied: not today"
     );
 
     let (r, _, ran) = approval_run(None, 500).await;
@@ -650,7 +650,7 @@ async fn an_invoke_call_the_approver_denies_never_runs() {
     let (r, ran, _) = invoke_answered_by_carol(false, "not today").await;
     assert_eq!(outcome(&r), pb::RunOutcome::Completed, "{}", r.reason);
     assert_eq!(ran, 0, "a denied call never executes");
-    let denial = "the user denied the call of tool `get_weather`: not today";
+    let denial = "approval for tool `get_weather` was denied: not today";
     assert_eq!(history_results(&r.messages), [(denial.to_string(), true)]);
     assert_eq!(r.final_text, format!("Tool said: {denial}"));
 }

@@ -413,10 +413,11 @@ impl Run {
             Some(Decision {
                 approve: false,
                 note,
+                // Whoever answered: the session's owner, or an approver.
             }) => denied(if note.is_empty() {
-                format!("the user denied the call of tool `{}`", call.name)
+                format!("approval for tool `{}` was denied", call.name)
             } else {
-                format!("the user denied the call of tool `{}`: {note}", call.name)
+                format!("approval for tool `{}` was denied: {note}", call.name)
             }),
             _ => denied(format!(
                 "approval for tool `{}` timed out after {} and was denied",
