@@ -13,20 +13,10 @@ use hookwire::auth::Principal;
 use hookwire::config::Config;
 use hookwire::engine::{Engine, RunHandle};
 use hookwire::telemetry::Instruments;
+use support::memory_engine as engine;
 use support::*;
 
 /// An engine on `yaml` with its hooks described, as `serve` builds it.
-async fn engine(yaml: &str) -> Arc<Engine> {
-    let config = Config::parse(yaml, "test config").expect("valid config");
-    let models = hookwire::server::build_models(&config).unwrap();
-    let inst = Instruments::new(&config.telemetry);
-    let store = Arc::new(hookwire::store::MemoryStore::new(Default::default()));
-    let e = Arc::new(Engine::new(config, models, inst, store).unwrap());
-    e.registry().describe_all(Duration::from_secs(5)).await;
-    e.registry().start();
-    e
-}
-
 async fn start(e: &Arc<Engine>, input: &str) -> RunHandle {
     start_streaming(e, input, true).await
 }
@@ -595,45 +585,8 @@ async fn an_invoke_caller_that_leaves_ends_its_run() {
 /// stopped reading held the session for `server.client_stall_timeout`.
 #[tokio::test]
 async fn a_final_answer_a_slow_client_has_not_read_leaves_the_session_free() {
-    use hookwire::pb::EventKind as K;
-    let accept = FnHook::new("accept", &[K::TurnEnd]).start().await;
-    let e = engine(&format!(
-        "{}server:\n  run_event_buffer: 16\n  client_stall_timeout: 60s\n",
-        config(&[("accept", &accept.addr, "")], "")
-    ))
-    .await;
-    let s = e
-        .create_session(&Principal::anonymous(), "a", vec![], Default::default())
-        .await
-        .unwrap();
-    // ~30 deltas of 12 characters, held until turn_end accepts the answer.
-    let mut h = e
-        .start_run(
-            &Principal::anonymous(),
-            &s.id,
-            "y".repeat(360),
-            true,
-            Default::default(),
-            None,
-        )
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            let session = e.store().get_session(&s.id).await.unwrap();
-            if session.active_run.is_none() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the session is free while the client has read nothing");
-    assert_eq!(
-        h.events.len(),
-        16,
-        "the client read nothing: its queue is full"
-    );
+    let unread = UnreadEnd::start().await;
+    let mut h = unread.run;
     let mut events = Vec::new();
     while let Some(ev) = h.events.recv().await.map(|e| *e) {
         events.push(ev);

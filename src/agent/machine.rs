@@ -537,6 +537,27 @@ mod tests {
         }
     }
 
+    /// A run up to its first tool batch, driven as the runner does: the
+    /// input recorded after its step, the events heard before the next.
+    fn at_tool_batch() -> Machine {
+        let mut m = machine(4);
+        m.start();
+        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
+            panic!()
+        };
+        assert_eq!(m.take_committed(), &[Message::user("hi")]);
+        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
+        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
+            panic!()
+        };
+        let Step::ToolBatch(_) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
+        else {
+            panic!()
+        };
+        m.drain_events().for_each(drop);
+        m
+    }
+
     fn finish(step: Step) -> Ending {
         match step {
             Step::Finish(e) => e,
@@ -764,23 +785,7 @@ mod tests {
         };
         // Before the tool batch: the assistant turn with its calls is not
         // committed (no call without its result).
-        let mut m = machine(4);
-        m.start();
-        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
-            panic!()
-        };
-        // As the runner does after each step: the input is recorded.
-        assert_eq!(m.take_committed(), &[Message::user("hi")]);
-        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
-        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
-            panic!()
-        };
-        let Step::ToolBatch(_) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
-        else {
-            panic!()
-        };
-        // As the runner does before each step: the client hears the turn.
-        m.drain_events().for_each(drop);
+        let m = &mut at_tool_batch();
         let e = finish(m.abort(failure()));
         assert_eq!(e.outcome, RunOutcome::HookFailed);
         assert!(
@@ -792,21 +797,7 @@ mod tests {
         assert_eq!(e.turns, 1);
         // A settled batch whose commit is refused: the next turn, begun
         // and unheard, is not counted.
-        let mut m = machine(4);
-        m.start();
-        let Step::ModelRequest(base) = m.feed(Feed::RunStart(Ok("hi".into()))) else {
-            panic!()
-        };
-        m.take_committed();
-        m.feed(Feed::ModelRequest(Ok(RequestDecision::Call(base))));
-        let Step::ModelResponse(r) = m.feed(Feed::Model(Ok(call_response()))) else {
-            panic!()
-        };
-        let Step::ToolBatch(_) = m.feed(Feed::ModelResponse(Ok(ResponseDecision::Accept(r))))
-        else {
-            panic!()
-        };
-        m.drain_events().for_each(drop);
+        let m = &mut at_tool_batch();
         let settled = BatchDecision::Settled(vec![result("a"), result("b")]);
         let Step::ModelRequest(_) = m.feed(Feed::ToolBatch(Ok(settled))) else {
             panic!()

@@ -713,6 +713,17 @@ pub struct Routed {
     pub principal: String,
 }
 
+impl Routed {
+    fn of(ctx: &Ctx, ev: pb::ToolCallEvent) -> Routed {
+        Routed {
+            run_id: ctx.run_id.clone(),
+            call_id: ev.call.map(|c| c.id).unwrap_or_default(),
+            streaming: ctx.streaming,
+            principal: ctx.principal.clone(),
+        }
+    }
+}
+
 /// Like [`asker`], publishing every question it asks on the channel
 /// returned (what a hook sends its approval bot), before it answers `ask`.
 #[allow(dead_code)]
@@ -722,12 +733,7 @@ pub fn routing_asker(
 ) -> (FnHook, tokio::sync::mpsc::UnboundedReceiver<Routed>) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let hook = FnHook::new("asker", &[pb::EventKind::ToolCall]).on_tool_call(move |ctx, ev| {
-        let _ = tx.send(Routed {
-            run_id: ctx.run_id.clone(),
-            call_id: ev.call.map(|c| c.id).unwrap_or_default(),
-            streaming: ctx.streaming,
-            principal: ctx.principal.clone(),
-        });
+        let _ = tx.send(Routed::of(&ctx, ev));
         async move {
             Reply::new(pb::ToolCallVerdict {
                 action: Some(pb::tool_call_verdict::Action::Ask(pb::Ask {
@@ -755,12 +761,7 @@ pub fn gated_asker(
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let held = gate.clone();
     let hook = FnHook::new("asker", &[pb::EventKind::ToolCall]).on_tool_call(move |ctx, ev| {
-        let _ = tx.send(Routed {
-            run_id: ctx.run_id.clone(),
-            call_id: ev.call.map(|c| c.id).unwrap_or_default(),
-            streaming: ctx.streaming,
-            principal: ctx.principal.clone(),
-        });
+        let _ = tx.send(Routed::of(&ctx, ev));
         let held = held.clone();
         async move {
             held.acquire().await.expect("the gate stays open").forget();
@@ -907,4 +908,88 @@ pub fn config(hooks: &[(&str, &str, &str)], agent_extra: &str) -> String {
         y.push_str(&format!("    {}\n", line.trim()));
     }
     y
+}
+
+/// An engine on `yaml` with the memory store, its hooks described and
+/// started: a replica without its gRPC server.
+#[allow(dead_code)]
+pub async fn memory_engine(yaml: &str) -> Arc<hookwire::engine::Engine> {
+    let config = Config::parse(yaml, "test config").expect("valid config");
+    let models = hookwire::server::build_models(&config).unwrap();
+    let inst = hookwire::telemetry::Instruments::new(&config.telemetry);
+    let store = Arc::new(hookwire::store::MemoryStore::new(Default::default()));
+    let e = Arc::new(hookwire::engine::Engine::new(config, models, inst, store).unwrap());
+    e.registry()
+        .describe_all(std::time::Duration::from_secs(5))
+        .await;
+    e.registry().start();
+    e
+}
+
+/// A run whose `Run` client reads nothing, on an engine whose client queue
+/// holds 16 events: its answer's ~30 deltas are held for a blocking
+/// turn_end hook, so they go with the run's last events, after its end is
+/// recorded. Returned once it is (the session free), the queue full.
+#[allow(dead_code)]
+pub struct UnreadEnd {
+    pub engine: Arc<hookwire::engine::Engine>,
+    pub session_id: String,
+    pub run: hookwire::engine::RunHandle,
+    _accept: TestHook,
+}
+
+#[allow(dead_code)]
+impl UnreadEnd {
+    pub async fn start() -> UnreadEnd {
+        use hookwire::auth::Principal;
+        let accept = FnHook::new("accept", &[pb::EventKind::TurnEnd])
+            .start()
+            .await;
+        let e = memory_engine(&format!(
+            "{}server:\n  run_event_buffer: 16\n  client_stall_timeout: 60s\n",
+            config(&[("accept", &accept.addr, "")], "")
+        ))
+        .await;
+        let s = e
+            .create_session(&Principal::anonymous(), "a", vec![], Default::default())
+            .await
+            .unwrap();
+        // ~30 deltas of 12 characters, held until turn_end accepts them.
+        let run = e
+            .start_run(
+                &Principal::anonymous(),
+                &s.id,
+                "y".repeat(360),
+                true,
+                Default::default(),
+                None,
+            )
+            .await
+            .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            while e
+                .store()
+                .get_session(&s.id)
+                .await
+                .unwrap()
+                .active_run
+                .is_some()
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the run's end is recorded while its client reads nothing");
+        assert_eq!(
+            run.events.len(),
+            16,
+            "the client read nothing: its queue is full"
+        );
+        UnreadEnd {
+            engine: e,
+            session_id: s.id,
+            run,
+            _accept: accept,
+        }
+    }
 }
