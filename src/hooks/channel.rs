@@ -97,13 +97,15 @@ fn explained(ended_by: Option<&EndedBy>, e: BoxError) -> BoxError {
 pub struct SendBy(pub tokio::time::Instant);
 
 /// `grpc-timeout` from the request's [`SendBy`], if it has one: the time
-/// left in milliseconds (at least 1; at most 8 digits, as gRPC allows).
+/// left in milliseconds (at least 1; at most 8 digits, as gRPC allows),
+/// rounded up: the server's deadline is never before the caller's, so its
+/// timeout only ever comes after hookwire gave up.
 fn stamp_timeout(req: &mut Request<Body>) {
     let Some(SendBy(at)) = req.extensions().get::<SendBy>().copied() else {
         return;
     };
     let left = at.saturating_duration_since(tokio::time::Instant::now());
-    let ms = left.as_millis().clamp(1, 99_999_999);
+    let ms = left.as_micros().div_ceil(1000).clamp(1, 99_999_999);
     if let Ok(v) = HeaderValue::from_str(&format!("{ms}m")) {
         req.headers_mut().insert("grpc-timeout", v);
     }

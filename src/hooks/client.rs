@@ -812,6 +812,10 @@ impl ToolSlot {
                 let r = r.into_inner();
                 Ok((r.content, r.is_error))
             }
+            // Failed once the deadline passed (the hook server's own timer
+            // for the grpc-timeout it was sent, which may be polled before
+            // ours): the call failed at its deadline, whatever the status.
+            Ok(Err(_)) if Instant::now() >= deadline => Err(timeout),
             Ok(Err(status)) => Err(classify_status(&status, false)),
             Err(_) => Err(timeout),
         }
