@@ -870,8 +870,8 @@ impl Engine {
                 .inst
                 .metrics
                 .run_finished(&agent_name, outcome, started.elapsed());
-            run.deliver_tail(driven.tail).await;
             drop(active);
+            run.deliver_tail(driven.tail).await;
             // drive recorded the run's end; only now does it leave this
             // replica (a drain waits for the record).
             drop(leaving);
@@ -942,15 +942,17 @@ impl Engine {
         // A run of this replica knows at once that a request was withdrawn
         // (its batch stopped): refused here, never recorded as answered.
         // A request is registered here before the store records it, so a
-        // pending record of a local run always has its waiter.
+        // pending record of a local run always has its waiter. A call not
+        // asked yet has no record in the store either: the store
+        // says whether the run may still ask (not ended, no cancel), as it
+        // does for a run of another replica. Read in this order (asked,
+        // then pending) against the run's (registered, then asked).
         if let Some(run) = self.local_run(run_id) {
-            if !self.approvals.is_pending(run_id, call_id) {
-                let (run_id, call_id) = (run_id.to_string(), call_id.to_string());
-                // A stopped run asks nothing more.
-                return Err(if run.has_asked(&call_id) || run.cancel.is_cancelled() {
-                    StoreError::ApprovalNotPending { run_id, call_id }
-                } else {
-                    StoreError::ApprovalNotAsked { run_id, call_id }
+            let asked = run.has_asked(call_id);
+            if !self.approvals.is_pending(run_id, call_id) && (asked || run.cancel.is_cancelled()) {
+                return Err(StoreError::ApprovalNotPending {
+                    run_id: run_id.to_string(),
+                    call_id: call_id.to_string(),
                 });
             }
         }

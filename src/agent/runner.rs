@@ -265,15 +265,6 @@ impl Run {
         }
     }
 
-    /// Queues one of the run's last events (a retraction, a verdict of the
-    /// last fault check, `Finished`), any
-    /// held delta ahead of it, waiting for room for as long as the client
-    /// keeps reading: unlike [`Run::deliver`], not cut short by the cancel
-    /// or deadline that may have ended the run. A run that ended while its
-    /// client was behind (a slow reader, a model streaming faster than it
-    /// reads) would otherwise drop them, and the client could not tell
-    /// that deltas it has were void. Bounded by the stall timeout (not
-    /// waited for at all once the client stalled or left).
     /// Sends a run's last events ([`Driven::tail`]), once its end is
     /// recorded: each waits for room in the client's queue, as long as the
     /// client keeps reading.
@@ -283,6 +274,15 @@ impl Run {
         }
     }
 
+    /// Queues one of the run's last events (a retraction, a verdict of the
+    /// last fault check, `Finished`), any
+    /// held delta ahead of it, waiting for room for as long as the client
+    /// keeps reading: unlike [`Run::deliver`], not cut short by the cancel
+    /// or deadline that may have ended the run. A run that ended while its
+    /// client was behind (a slow reader, a model streaming faster than it
+    /// reads) would otherwise drop them, and the client could not tell
+    /// that deltas it has were void. Bounded by the stall timeout (not
+    /// waited for at all once the client stalled or left).
     async fn deliver_last(&self, ev: RunEvent) {
         if !self.events.wants(&ev) || self.events.stalled() || self.events.is_closed() {
             return self.emit(ev);
@@ -358,10 +358,13 @@ impl Run {
         // out, batch stopped, or the run cancelled or out of time mid-wait);
         // the store's record of a request left pending is denied when the
         // run's end is recorded.
-        self.asked.locked().insert(call.id.clone());
+        // Registered before it counts as asked: an answer checking the
+        // other way round (asked, then pending) never finds it asked and
+        // not pending while it is being registered.
         let mut pending =
             self.approvals
                 .register(&self.run_id, &call.id, Some(stop.token().clone()));
+        self.asked.locked().insert(call.id.clone());
         if let Err(s) = self.ledger.request_approval(&call.id).await {
             return Some(CallOutcome::Stop(s));
         }

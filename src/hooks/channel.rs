@@ -105,10 +105,15 @@ fn stamp_timeout(req: &mut Request<Body>) {
         return;
     };
     let left = at.saturating_duration_since(tokio::time::Instant::now());
-    let ms = left.as_micros().div_ceil(1000).clamp(1, 99_999_999);
-    if let Ok(v) = HeaderValue::from_str(&format!("{ms}m")) {
+    if let Ok(v) = HeaderValue::from_str(&grpc_timeout(left)) {
         req.headers_mut().insert("grpc-timeout", v);
     }
+}
+
+/// `left` as a `grpc-timeout` value: milliseconds, rounded up.
+fn grpc_timeout(left: Duration) -> String {
+    let ms = left.as_micros().div_ceil(1000).clamp(1, 99_999_999);
+    format!("{ms}m")
 }
 
 /// The HTTP/2 settings of a hook connection.
@@ -598,6 +603,15 @@ mod tests {
             (1..=2000 - 300).contains(&ms),
             "told {ms} ms of 2 s after a {DIAL:?} dial"
         );
+    }
+
+    #[test]
+    fn a_grpc_timeout_is_rounded_up_so_the_server_never_gives_up_first() {
+        assert_eq!(grpc_timeout(Duration::from_micros(999_600)), "1000m");
+        assert_eq!(grpc_timeout(Duration::from_millis(1700)), "1700m");
+        assert_eq!(grpc_timeout(Duration::from_micros(1)), "1m");
+        assert_eq!(grpc_timeout(Duration::ZERO), "1m");
+        assert_eq!(grpc_timeout(Duration::from_secs(200_000)), "99999999m");
     }
 
     #[tokio::test(start_paused = true)]

@@ -399,9 +399,6 @@ pub async fn open(
 pub const LOST_REPLICA_RESULT: &str =
     "outcome unknown: the replica running this call was lost before its result was recorded (it may have run; it is not retried)";
 
-/// Whether an end with `outcome` closes the run's staged tool batch
-/// (records its turn with [`close_pending_turn`]) rather than dropping it.
-///
 /// The refusal of an answer to a call no request is recorded for: the
 /// question may still come while the run may start work (`active`: not
 /// ended, no cancel recorded, its session there), since the hook that asks
@@ -415,6 +412,9 @@ pub(crate) fn not_asked_or_done(active: bool, run_id: &str, call_id: &str) -> St
     }
 }
 
+/// Whether an end with `outcome` closes the run's staged tool batch
+/// (records its turn with [`close_pending_turn`]) rather than dropping it.
+///
 /// `interrupted` is the end of a run its replica could not finish: lost
 /// (the reaper ends it), cut off from the store (it stops itself before
 /// its lease can expire), or shutting down with a call still executing.
