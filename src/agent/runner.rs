@@ -413,10 +413,10 @@ impl Run {
         };
         match decision {
             Some(Decision { approve: true, .. }) => None,
+            // Whoever answered: the session's owner, or an approver.
             Some(Decision {
                 approve: false,
                 note,
-                // Whoever answered: the session's owner, or an approver.
             }) => denied(if note.is_empty() {
                 format!("approval for tool `{}` was denied", call.name)
             } else {
@@ -483,19 +483,13 @@ pub struct Driven {
     pub tail: Vec<RunEvent>,
 }
 
-/// Drives one run to its end and returns its report (also sent as the last
-/// event). `transcript` is the session's committed history, shared (with
-/// the transcript cache and every model request of the run), never copied.
-pub async fn drive(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) -> RunReport {
-    let driven = drive_to_end(run.clone(), transcript, input).await;
-    run.deliver_tail(driven.tail).await;
-    driven.report
-}
-
-/// [`drive`] up to the run's last events: its end recorded, its hooks told,
-/// the client's last events not sent yet. Whoever owns the run's span ends
-/// it before sending them: they may wait for a slow client (past a drain's
-/// grace, until the process exits).
+/// Drives one run to its end and returns its report (also the last event
+/// of its tail), up to the run's last events: its end recorded, its hooks
+/// told, the client's last events not sent yet ([`Run::deliver_tail`]).
+/// Whoever owns the run's span ends it before sending them: they may wait
+/// for a slow client (past a drain's grace, until the process exits).
+/// `transcript` is the session's committed history, shared (with the
+/// transcript cache and every model request of the run), never copied.
 pub async fn drive_to_end(run: Arc<Run>, transcript: Arc<Vec<Message>>, input: String) -> Driven {
     let cfg = &run.agent.config;
     let tools = Arc::new(run.agent.tools(&run.registry));
@@ -1537,7 +1531,11 @@ mod tests {
             inst,
             Ledger::new(store.clone(), lease),
         ));
-        let driving = tokio::spawn(drive(run, Arc::new(vec![]), "hi".into()));
+        let driving = tokio::spawn(async move {
+            let driven = drive_to_end(run.clone(), Arc::new(vec![]), "hi".into()).await;
+            run.deliver_tail(driven.tail).await;
+            driven.report
+        });
         // Nothing is read until the model has failed: by then the queue is
         // full and the deltas past it are held.
         failing.notified().await;
