@@ -14,13 +14,13 @@ use crate::lock::LockExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::agent::approvals::{Approvals, Decision, EARLY_ANSWER_HOLD};
+use crate::agent::approvals::{Approvals, Decision};
 use crate::agent::contain::drive_contained;
+use crate::agent::early_answer::hold_for_question;
 use crate::agent::events::{QueuedEvent, RunReport};
 use crate::agent::ledger::Ledger;
 use crate::agent::outcome::RunOutcome;
@@ -42,7 +42,7 @@ use crate::hooks::registry::{HookRegistry, RegistryError};
 use crate::model::ModelProvider;
 use crate::session::Session;
 use crate::store::{
-    NewSession, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore, StoreError,
+    asked_hint, NewSession, RunEnd, RunLease, SessionFilter, SessionPage, SessionStore, StoreError,
     TranscriptCache,
 };
 use crate::telemetry::{propagation, spans, Instruments};
@@ -921,20 +921,20 @@ impl Engine {
         let d = Decision { approve, note };
         // An answer may come before its question: the hook that asks tells
         // its approver (a bot, say) before hookwire has its `ask`. Such an
-        // answer waits for the request, for up to EARLY_ANSWER_HOLD.
-        let held = Instant::now() + EARLY_ANSWER_HOLD;
-        let mut pause = Duration::from_millis(5);
+        // answer waits for the request (see `early_answer`).
+        let mut hints = self.store.subscribe();
         let mut waiting = None;
-        loop {
-            match self.answer(run_id, call_id, &d).await {
-                Err(StoreError::ApprovalNotAsked { .. }) if Instant::now() + pause < held => {
-                    waiting.get_or_insert_with(|| self.inst.metrics.early_answer());
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(200));
-                }
-                answered => return answered.map_err(Into::into),
-            }
-        }
+        hold_for_question(
+            &mut hints,
+            &asked_hint(run_id),
+            || self.answer(run_id, call_id, &d),
+            |e| matches!(e, StoreError::ApprovalNotAsked { .. }),
+            || {
+                waiting.get_or_insert_with(|| self.inst.metrics.early_answer());
+            },
+        )
+        .await
+        .map_err(Into::into)
     }
 
     /// One attempt of [`Engine::resolve_approval`].

@@ -570,6 +570,11 @@ async fn approvals_first_answer_wins_and_cancel_denies(engine: &str) {
     s.resolve_approval("r", "c1", &yes).await.unwrap();
     assert_eq!(
         hints.recv().await.unwrap(),
+        store::asked_hint("r"),
+        "every replica hears of the question: an answer held for it is tried again"
+    );
+    assert_eq!(
+        hints.recv().await.unwrap(),
         "A",
         "the run's replica is woken"
     );

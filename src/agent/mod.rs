@@ -6,6 +6,7 @@ pub mod approvals;
 pub mod batch;
 pub mod client_queue;
 pub mod contain;
+pub mod early_answer;
 pub mod events;
 pub mod guard;
 pub mod ledger;

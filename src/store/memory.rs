@@ -554,6 +554,8 @@ impl SessionStore for MemoryStore {
             .entry(lease.run_id.clone())
             .or_default()
             .insert(call_id.to_string(), (Approval::Pending, None));
+        drop(g);
+        let _ = self.wake.send(super::asked_hint(&lease.run_id));
         Ok(())
     }
 

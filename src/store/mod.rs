@@ -349,10 +349,19 @@ pub trait SessionStore: Send + Sync + 'static {
     /// their runs' recent starts stay counted.
     async fn expire_sessions(&self, ttl: Duration, limit: u32) -> Result<Vec<Session>, StoreError>;
 
-    /// Wake-up hints: the id of a replica that has something to act on.
+    /// Wake-up hints: the id of a replica that has something to act on,
+    /// or [`asked_hint`] once a run's approval request is recorded.
     fn subscribe(&self) -> broadcast::Receiver<String>;
     /// Closes connections (after the last write).
     async fn close(&self);
+}
+
+/// The hint every replica gets once a request for approval in `run_id` is
+/// recorded: an answer that came before it, held on any replica, is tried
+/// again at once (see `agent::early_answer`). Not a replica's id: the
+/// signal loop ignores it.
+pub fn asked_hint(run_id: &str) -> String {
+    format!("asked:{run_id}")
 }
 
 /// Checks the store setting without touching the database (what `hookwire

@@ -1097,8 +1097,17 @@ impl SessionStore for SqlStore {
             .bind(call_id)
             .execute(&mut *tx)
             .await?;
+            if self.is_postgres() {
+                // Delivered at commit, to every replica.
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(WAKE_CHANNEL)
+                    .bind(super::asked_hint(&lease.run_id))
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
         });
+        self.wake_local(&super::asked_hint(&lease.run_id));
         Ok(())
     }
 
