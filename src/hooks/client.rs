@@ -788,7 +788,7 @@ impl ToolSlot {
         call: &ToolCall,
         deadline: Instant,
     ) -> Result<(String, bool), Fault> {
-        let timeout = Fault::new(FailureClass::Deadline, "CallTool timed out");
+        let timeout = tool_timed_out();
         // Sent with no time left, the request would still reach the server
         // (the call is polled before its timer) and the tool would run for
         // a caller that already gave up on it.
@@ -812,13 +812,27 @@ impl ToolSlot {
                 let r = r.into_inner();
                 Ok((r.content, r.is_error))
             }
-            // Failed once the deadline passed (the hook server's own timer
-            // for the grpc-timeout it was sent, which may be polled before
-            // ours): the call failed at its deadline, whatever the status.
-            Ok(Err(_)) if Instant::now() >= deadline => Err(timeout),
-            Ok(Err(status)) => Err(classify_status(&status, false)),
+            Ok(Err(status)) => Err(tool_failure(&status, Instant::now(), deadline)),
             Err(_) => Err(timeout),
         }
+    }
+}
+
+fn tool_timed_out() -> Fault {
+    Fault::new(FailureClass::Deadline, "CallTool timed out")
+}
+
+/// What a `CallTool` that failed with `status` at `at` is. Failed once the
+/// deadline passed (the hook server's own timer for the grpc-timeout it
+/// was sent, which may be polled before ours), the call failed at its
+/// deadline, whatever the status: a `CANCELLED` or an `UNAVAILABLE` then is
+/// the deadline's doing, and a breaker or a dashboard counting them as the
+/// server's faults would blame it for a tool that was merely slow.
+fn tool_failure(status: &tonic::Status, at: Instant, deadline: Instant) -> Fault {
+    if at >= deadline {
+        tool_timed_out()
+    } else {
+        classify_status(status, false)
     }
 }
 
@@ -930,5 +944,31 @@ mod tests {
         assert!(other.encode().contains(
             r#"hookwire_hook_call_duration_seconds_count{hook="h",event="tool_call",outcome="ok"} 1"#
         ));
+    }
+
+    /// A `CallTool` failing at or after its deadline failed at the
+    /// deadline, whatever its status; one failing before it is what its
+    /// status says.
+    #[test]
+    fn a_tool_call_failing_past_its_deadline_is_a_deadline() {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let cancelled = tonic::Status::cancelled("Timeout expired");
+        let unavailable = tonic::Status::unavailable("connection reset");
+        for status in [&cancelled, &unavailable] {
+            for at in [deadline, deadline + Duration::from_millis(1)] {
+                let f = tool_failure(status, at, deadline);
+                assert_eq!(f.class, FailureClass::Deadline, "{status:?}");
+                assert_eq!(f.detail, "CallTool timed out");
+            }
+        }
+        let early = deadline - Duration::from_millis(1);
+        assert_eq!(
+            tool_failure(&unavailable, early, deadline).class,
+            classify_status(&unavailable, false).class
+        );
+        assert_ne!(
+            tool_failure(&unavailable, early, deadline).class,
+            FailureClass::Deadline
+        );
     }
 }
