@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use crate::agent::approvals::{Approvals, Decision};
-use crate::agent::contain::drive_contained;
+use crate::agent::contain::{contain_tail, drive_contained};
 use crate::agent::early_answer::hold_for_question;
 use crate::agent::events::{QueuedEvent, RunReport};
 use crate::agent::ledger::Ledger;
@@ -871,7 +871,7 @@ impl Engine {
                 .metrics
                 .run_finished(&agent_name, outcome, started.elapsed());
             drop(active);
-            run.deliver_tail(driven.tail).await;
+            contain_tail(&run, run.deliver_tail(driven.tail)).await;
             // drive recorded the run's end; only now does it leave this
             // replica (a drain waits for the record).
             drop(leaving);

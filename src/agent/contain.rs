@@ -155,6 +155,22 @@ fn announce(run: &Run, report: &RunReport) {
     quietly(|| run.emit(RunEvent::Finished(report.clone())));
 }
 
+/// Sends a run's last events (`send`: [`Run::deliver_tail`]) after its
+/// end was recorded; a panic there is logged and counted as the run's, and
+/// ends only the sending. The run's task still returns its report, which a
+/// `Run` client then gets once the run's event queue closes, and the run
+/// still leaves its replica (a drain would otherwise wait for it).
+pub async fn contain_tail(run: &Run, send: impl std::future::Future<Output = ()>) {
+    if let Err(p) = AssertUnwindSafe(send).catch_unwind().await {
+        tracing::error!(
+            run_id = %run.run_id,
+            "sending a run's last events panicked; its client gets the report without them"
+        );
+        tracing::debug!(panic = %panic_text(p.as_ref()), "panic payload");
+        quietly(|| run.inst.metrics.run_panicked(&run.agent.config.name));
+    }
+}
+
 /// Runs a clean-up step; a panic in it is logged and otherwise ignored.
 fn quietly<T>(step: impl FnOnce() -> T) -> Option<T> {
     match std::panic::catch_unwind(AssertUnwindSafe(step)) {
@@ -321,6 +337,31 @@ mod tests {
             Some(RunEvent::Finished(r)) => assert_eq!(r, report),
             other => panic!("expected the report, got {other:?}"),
         }
+        assert!(run
+            .inst
+            .metrics
+            .encode()
+            .contains(r#"hookwire_run_panics_total{agent="a"} 1"#));
+    }
+
+    /// A panic while the last events are sent ends the sending only: the
+    /// run's task goes on (to return its report and leave the replica),
+    /// and the panic is counted.
+    #[tokio::test]
+    async fn a_panic_sending_the_last_events_ends_only_the_sending() {
+        let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::default());
+        let (run, _events) = run(Arc::new(Approvals::default()), store).await;
+        contain_tail(&run, async {
+            tokio::task::yield_now().await;
+            panic!("injected");
+        })
+        .await;
+        assert!(run
+            .inst
+            .metrics
+            .encode()
+            .contains(r#"hookwire_run_panics_total{agent="a"} 1"#));
+        contain_tail(&run, async {}).await;
         assert!(run
             .inst
             .metrics
