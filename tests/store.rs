@@ -1943,6 +1943,49 @@ async fn postgres_two_stores_migrating_at_once_migrate_once() {
     b.close().await;
 }
 
+/// The next wake-up hint, within 10 s.
+async fn next_hint(hints: &mut tokio::sync::broadcast::Receiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(10), hints.recv())
+        .await
+        .expect("a hint within 10 s")
+        .unwrap()
+}
+
+/// A notification sent while the store's PostgreSQL listener has no
+/// connection is lost for good, so once it listens again the listener
+/// tells every waiter to read the store ([`store::REREAD_ALL`]), and only
+/// then: a held approval answer woken by it either finds its question or
+/// will hear of it. Here the server ends the listener's connection; a
+/// question recorded as soon as `REREAD_ALL` arrives is heard.
+#[tokio::test]
+async fn postgres_a_listener_that_lost_its_connection_says_so_once_it_listens_again() {
+    let url = support::postgres::database();
+    let setting = StoreSetting::parse(&url, false).unwrap();
+    let s = store::open(&setting, StoreOptions::default())
+        .await
+        .unwrap();
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    let mut hints = s.subscribe();
+    let db = url.rsplit('/').next().unwrap();
+    let ended = support::postgres::server().query(
+        &url,
+        &format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = '{db}' AND query LIKE 'LISTEN%'"
+        ),
+    );
+    assert_eq!(ended, "1", "the listener's connection was ended");
+    assert_eq!(next_hint(&mut hints).await, store::REREAD_ALL);
+    s.request_approval(&l, "c1").await.unwrap();
+    assert_eq!(
+        next_hint(&mut hints).await,
+        store::asked_hint("r"),
+        "listening again before it said so"
+    );
+    s.close().await;
+}
+
 /// A renewal that waited for the store (under load: seconds, behind other
 /// calls) while its run recorded its end is refused: the store does not
 /// renew an ended run. That is the end winning the race, not another

@@ -13,12 +13,16 @@ use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::Instant;
 
 use super::approvals::EARLY_ANSWER_HOLD;
+use crate::store::REREAD_ALL;
 
 /// The first pause between tries without a hint, doubled after each.
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
-/// The longest pause between tries without a hint: a hint missed (a
-/// Postgres listener reconnecting) costs at most this.
-const LONGEST_PAUSE: Duration = Duration::from_millis(200);
+/// The longest pause between tries without a hint. Hints are not missed
+/// unnoticed (a lagging receiver and a listener that lost its connection
+/// both count as the hint), so the pauses are only a fallback, and a held
+/// answer whose question never comes (a mistyped call id) costs about a
+/// dozen store reads over its hold rather than one per 200 ms.
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 
 /// Calls `attempt` until it finds the question (any result but an error
 /// `not_asked` accepts) or [`EARLY_ANSWER_HOLD`] has passed since the
@@ -51,8 +55,8 @@ where
 }
 
 /// Waits until `hint` arrives or `until`, whichever is first; hints lost
-/// to a full channel count as the one awaited (the next try reads the
-/// store anyway).
+/// to a full channel, and [`REREAD_ALL`] (the store may have lost them),
+/// count as the one awaited (the next try reads the store anyway).
 async fn until_hint(hints: &mut broadcast::Receiver<String>, hint: &str, until: Instant) {
     let pause = tokio::time::sleep_until(until);
     tokio::pin!(pause);
@@ -60,7 +64,7 @@ async fn until_hint(hints: &mut broadcast::Receiver<String>, hint: &str, until: 
         tokio::select! {
             _ = &mut pause => return,
             h = hints.recv() => match h {
-                Ok(h) if h == hint => return,
+                Ok(h) if h == hint || h == REREAD_ALL => return,
                 Ok(_) => {}
                 Err(RecvError::Lagged(_)) => return,
                 // A store without hints: the pause alone.
@@ -96,8 +100,8 @@ mod tests {
     }
 
     /// The question is recorded 400 ms after the answer came, when the
-    /// pause between tries has grown to 200 ms: the answer is tried again
-    /// at the hint, not at the next pause's end (515 ms), by which time an
+    /// pause between tries has grown to 320 ms: the answer is tried again
+    /// at the hint, not at the next pause's end (635 ms), by which time an
     /// `ask` with a 50 ms timeout had already been denied.
     #[tokio::test(start_paused = true)]
     async fn a_held_answer_is_tried_again_as_soon_as_its_question_is_recorded() {
@@ -122,6 +126,25 @@ mod tests {
             "tried at the hint"
         );
         assert_eq!(tries.load(Ordering::SeqCst), before + 1, "one try for it");
+    }
+
+    /// A store that may have lost hints (a PostgreSQL listener that lost
+    /// its connection) says so once it listens again: a held answer reads
+    /// the store then, as for its own hint, instead of at its next pause.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_answer_is_tried_again_when_the_store_may_have_lost_its_hint() {
+        let (tx, mut hints) = broadcast::channel(16);
+        let (asked, tries) = (Arc::default(), Arc::default());
+        let start = Instant::now();
+        let held = tokio::spawn({
+            let mut attempt = answer(&asked, &tries);
+            async move { hold_for_question(&mut hints, "asked:r1", &mut attempt, |_| true, || {}).await }
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        asked.store(true, Ordering::SeqCst);
+        tx.send(REREAD_ALL.to_string()).unwrap();
+        assert_eq!(held.await.unwrap(), Ok(()));
+        assert_eq!(start.elapsed(), Duration::from_millis(400), "tried at once");
     }
 
     /// Without hints (a missed one, a closed channel) the answer is tried
@@ -149,8 +172,9 @@ mod tests {
         );
         let tries = tries.load(Ordering::SeqCst);
         assert_eq!(holds, tries - 1);
-        // 5, 10, ... 160 ms, then every 200 ms: tens of tries, not thousands.
-        assert!((20..40).contains(&tries), "{tries} tries");
+        // At 0, 5, 15, 35, ... 635, 1 275 ms, then every second and at the
+        // hold's end: 13 tries, not one per 200 ms (31) or thousands.
+        assert_eq!(tries, 13);
     }
 
     /// Any other error is the answer's result at once.

@@ -394,7 +394,7 @@ async fn signal_loop(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
             h = hints.recv() => match h {
-                Ok(r) if r == me || r == "*" => {}
+                Ok(r) if r == me || r == crate::store::REREAD_ALL => {}
                 Ok(_) => continue,
                 // Missed hints: read the tables now.
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}

@@ -350,7 +350,8 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn expire_sessions(&self, ttl: Duration, limit: u32) -> Result<Vec<Session>, StoreError>;
 
     /// Wake-up hints: the id of a replica that has something to act on,
-    /// or [`asked_hint`] once a run's approval request is recorded.
+    /// [`asked_hint`] once a run's approval request is recorded, or
+    /// [`REREAD_ALL`] when hints may have been missed.
     fn subscribe(&self) -> broadcast::Receiver<String>;
     /// Closes connections (after the last write).
     async fn close(&self);
@@ -363,6 +364,11 @@ pub trait SessionStore: Send + Sync + 'static {
 pub fn asked_hint(run_id: &str) -> String {
     format!("asked:{run_id}")
 }
+
+/// The hint that stands for every other: sent when the store may have
+/// lost hints (a PostgreSQL listener that lost its connection, once it
+/// listens again), so whoever waits for one reads the store instead.
+pub const REREAD_ALL: &str = "*";
 
 /// Checks the store setting without touching the database (what `hookwire
 /// config check` can say offline): a Postgres URL the driver accepts and a

@@ -24,7 +24,7 @@ use super::waits::Waits;
 use super::{
     close_pending_turn, closes_staged_turn, migrations, not_asked_or_done, page_token,
     parse_page_token, ClaimedRun, NewSession, OwnerUsage, RunEnd, RunLease, SessionFilter,
-    SessionPage, SessionStore, Signal, StoreError, StoreOptions,
+    SessionPage, SessionStore, Signal, StoreError, StoreOptions, REREAD_ALL,
 };
 use crate::agent::approvals::Decision;
 use crate::auth::quota;
@@ -40,8 +40,8 @@ fn json_lists<T: serde::Serialize>(items: &[T]) -> Result<Vec<String>, StoreErro
         .collect()
 }
 
-/// The NOTIFY channel whose payload is the id of a replica to wake ("*":
-/// every replica).
+/// The NOTIFY channel whose payload is the id of a replica to wake
+/// ([`REREAD_ALL`]: every replica), or an [`super::asked_hint`].
 const WAKE_CHANNEL: &str = "hookwire_wake";
 
 /// How long start-up keeps trying to reach Postgres (a database starting
@@ -477,34 +477,46 @@ impl SqlStore {
 }
 
 /// Postgres LISTEN loop: each notification's payload goes to subscribers.
-/// After a reconnect (missed notifications), every replica is woken so it
-/// re-reads the tables.
+/// A notification sent while nobody listens is gone for good, so after a
+/// lost connection [`REREAD_ALL`] goes out once the listener listens
+/// again: a reader woken by it then sees everything committed while the
+/// listener was away, and whatever is committed later is notified.
 async fn listen(
     pool: PgPool,
     wake: broadcast::Sender<String>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut ready = Some(ready);
+    let mut listened = false;
     loop {
         match PgListener::connect_with(&pool).await {
             Ok(mut l) => match l.listen(WAKE_CHANNEL).await {
-                Ok(()) => loop {
+                Ok(()) => {
                     if let Some(r) = ready.take() {
                         let _ = r.send(());
                     }
-                    match l.try_recv().await {
-                        Ok(Some(n)) => {
-                            let _ = wake.send(n.payload().to_string());
-                        }
-                        Ok(None) => {
-                            let _ = wake.send("*".into());
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "postgres listener failed; reconnecting");
-                            break;
-                        }
+                    if listened {
+                        let _ = wake.send(REREAD_ALL.into());
                     }
-                },
+                    listened = true;
+                    // Until the connection is lost. sqlx's listener would
+                    // reconnect by itself after `Ok(None)`, but without
+                    // saying when it listens again, which is when
+                    // `REREAD_ALL` must go out; so it is reconnected here.
+                    let lost = loop {
+                        match l.try_recv().await {
+                            Ok(Some(n)) => {
+                                let _ = wake.send(n.payload().to_string());
+                            }
+                            Ok(None) => break "connection closed".to_string(),
+                            Err(e) => break e.to_string(),
+                        };
+                    };
+                    if pool.is_closed() {
+                        return;
+                    }
+                    tracing::warn!(error = %lost, "postgres listener lost; reconnecting");
+                }
                 Err(e) => tracing::warn!(error = %e, "postgres LISTEN failed; retrying"),
             },
             Err(e) if pool.is_closed() => {
@@ -513,7 +525,6 @@ async fn listen(
             }
             Err(e) => tracing::warn!(error = %e, "postgres listener cannot connect; retrying"),
         }
-        let _ = wake.send("*".into());
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
