@@ -207,6 +207,41 @@ async fn one_active_run_per_session_and_transcript_in_order(engine: &str) {
     s.close().await;
 }
 
+/// A commit of more messages than one INSERT carries (200) keeps every
+/// one, in order, with its run; and the transcript reads on from any
+/// position across the statements' seams.
+async fn a_commit_of_hundreds_of_messages_keeps_them_in_order(engine: &str) {
+    let s = open(engine, StoreOptions::default()).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let lease = s.begin_run("s", "r1", "A").await.unwrap();
+    let texts = |from: usize, n: usize| (from..from + n).map(|i| format!("m{i}"));
+    let turn: Vec<Message> = texts(0, 450).map(|t| Message::user(&t)).collect();
+    s.append(&lease, &turn).await.unwrap();
+    let last: Vec<Message> = texts(450, 201)
+        .map(|t| Message::assistant_text(&t))
+        .collect();
+    s.end_run(&lease, &last, &end(RunOutcome::Completed))
+        .await
+        .unwrap();
+    let got: Vec<String> = s
+        .transcript("s")
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(got, texts(0, 651).collect::<Vec<_>>());
+    let after: Vec<String> = s
+        .transcript_after("s", 199)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(after, texts(199, 452).collect::<Vec<_>>());
+    s.close().await;
+}
+
 async fn a_claimed_run_fences_out_its_old_holder(engine: &str) {
     let s = open(engine, opts(SHORT_LEASE, 1 << 20)).await;
     s.create_session(&new_session("s", "a", "o")).await.unwrap();
@@ -1907,6 +1942,7 @@ contract!(
     a_run_longer_than_its_lease_keeps_it,
     a_lost_replicas_runs_are_all_ended_in_one_pass,
     one_active_run_per_session_and_transcript_in_order,
+    a_commit_of_hundreds_of_messages_keeps_them_in_order,
     a_claimed_run_fences_out_its_old_holder,
     the_same_end_twice_is_one_end,
     a_settled_batch_is_no_longer_staged,

@@ -130,6 +130,45 @@ macro_rules! prune_deleted_starts {
     }};
 }
 
+/// Most messages one INSERT carries: two parameters each and two shared
+/// stay far below either engine's limit (SQLite 32 766, PostgreSQL 65 535).
+const MESSAGES_PER_INSERT: usize = 200;
+
+/// `INSERT INTO messages` of `n` rows: `$1` the session, `$2` the run,
+/// then each message's sequence number and body.
+fn messages_insert(n: usize) -> String {
+    let mut sql = String::from("INSERT INTO messages (session_id, run_id, seq, body) VALUES ");
+    for i in 0..n {
+        let (seq, body) = (3 + 2 * i, 4 + 2 * i);
+        sql.push_str(if i == 0 { "" } else { ", " });
+        sql.push_str(&format!("($1, $2, ${seq}, ${body})"));
+    }
+    sql
+}
+
+/// In the open transaction `$tx`, appends `$bodies` (JSON) to the session
+/// of `$lease` as messages `$first`, `$first + 1`, ...: one statement per
+/// [`MESSAGES_PER_INSERT`] messages rather than one per message, since
+/// every statement is a round trip (to sqlx's SQLite worker thread, or
+/// over the network to PostgreSQL) and a tool turn commits several.
+macro_rules! insert_messages {
+    ($tx:expr, $lease:expr, $first:expr, $bodies:expr) => {{
+        let first: i64 = $first;
+        let bodies: &[String] = $bodies;
+        for (c, chunk) in bodies.chunks(MESSAGES_PER_INSERT).enumerate() {
+            let sql = messages_insert(chunk.len());
+            let mut q = sqlx::query(&sql)
+                .bind(&$lease.session_id)
+                .bind(&$lease.run_id);
+            for (i, body) in chunk.iter().enumerate() {
+                let at = i64::try_from(c * MESSAGES_PER_INSERT + i).unwrap_or(i64::MAX);
+                q = q.bind(first + at).bind(body);
+            }
+            q.execute(&mut *$tx).await?;
+        }
+    }};
+}
+
 /// Extends the lease `$lease` holds, on `$conn` (a connection or an open
 /// transaction), or returns [`StoreError::LeaseLost`] from the enclosing
 /// call when it no longer holds the run (another replica claimed it, or
@@ -900,15 +939,7 @@ impl SessionStore for SqlStore {
                     },
                 });
             };
-            for (i, body) in bodies.iter().enumerate() {
-                sqlx::query("INSERT INTO messages (session_id, seq, run_id, body) VALUES ($1, $2, $3, $4)")
-                    .bind(&lease.session_id)
-                    .bind(next - count + i64::try_from(i).unwrap_or(0))
-                    .bind(&lease.run_id)
-                    .bind(body)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            insert_messages!(tx, lease, next - count, &bodies);
             tx.commit().await?;
         });
         Ok(())
@@ -1065,15 +1096,7 @@ impl SessionStore for SqlStore {
                 .await?;
             }
             if let Some((next,)) = next {
-                for (i, body) in bodies.iter().enumerate() {
-                    sqlx::query("INSERT INTO messages (session_id, seq, run_id, body) VALUES ($1, $2, $3, $4)")
-                        .bind(&lease.session_id)
-                        .bind(next - count + i64::try_from(i).unwrap_or(0))
-                        .bind(&lease.run_id)
-                        .bind(body)
-                        .execute(&mut *tx)
-                        .await?;
-                }
+                insert_messages!(tx, lease, next - count, &bodies);
             }
             tx.commit().await?;
         });
