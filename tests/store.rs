@@ -152,6 +152,11 @@ async fn sessions_are_created_read_listed_by_page_and_deleted(engine: &str) {
     s.close().await;
 }
 
+/// The text of each message, in order.
+fn texts_of(transcript: &[Message]) -> Vec<String> {
+    transcript.iter().map(|m| m.text()).collect()
+}
+
 async fn one_active_run_per_session_and_transcript_in_order(engine: &str) {
     let s = open(engine, StoreOptions::default()).await;
     s.create_session(&new_session("s", "a", "o")).await.unwrap();
@@ -181,14 +186,10 @@ async fn one_active_run_per_session_and_transcript_in_order(engine: &str) {
     )
     .await
     .unwrap();
-    let texts: Vec<String> = s
-        .transcript("s")
-        .await
-        .unwrap()
-        .iter()
-        .map(|m| m.text())
-        .collect();
-    assert_eq!(texts, ["one", "two", "three", "four"]);
+    assert_eq!(
+        texts_of(&s.transcript("s").await.unwrap()),
+        ["one", "two", "three", "four"]
+    );
     let info = s.get_session("s").await.unwrap();
     assert_eq!(info.active_run, None);
     assert_eq!(info.run_count, 1);
@@ -223,21 +224,9 @@ async fn a_commit_of_hundreds_of_messages_keeps_them_in_order(engine: &str) {
     s.end_run(&lease, &last, &end(RunOutcome::Completed))
         .await
         .unwrap();
-    let got: Vec<String> = s
-        .transcript("s")
-        .await
-        .unwrap()
-        .iter()
-        .map(|m| m.text())
-        .collect();
+    let got = texts_of(&s.transcript("s").await.unwrap());
     assert_eq!(got, texts(0, 651).collect::<Vec<_>>());
-    let after: Vec<String> = s
-        .transcript_after("s", 199)
-        .await
-        .unwrap()
-        .iter()
-        .map(|m| m.text())
-        .collect();
+    let after = texts_of(&s.transcript_after("s", 199).await.unwrap());
     assert_eq!(after, texts(199, 452).collect::<Vec<_>>());
     s.close().await;
 }

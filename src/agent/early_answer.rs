@@ -99,19 +99,28 @@ mod tests {
         }
     }
 
+    /// The answer of run `r1`'s call, held in a task of its own.
+    fn hold_in_background(
+        mut hints: broadcast::Receiver<String>,
+        asked: &Arc<AtomicBool>,
+        tries: &Arc<AtomicUsize>,
+    ) -> tokio::task::JoinHandle<Result<(), NotAsked>> {
+        let mut attempt = answer(asked, tries);
+        tokio::spawn(async move {
+            hold_for_question(&mut hints, "asked:r1", &mut attempt, |_| true, || {}).await
+        })
+    }
+
     /// The question is recorded 400 ms after the answer came, when the
     /// pause between tries has grown to 320 ms: the answer is tried again
     /// at the hint, not at the next pause's end (635 ms), by which time an
     /// `ask` with a 50 ms timeout had already been denied.
     #[tokio::test(start_paused = true)]
     async fn a_held_answer_is_tried_again_as_soon_as_its_question_is_recorded() {
-        let (tx, mut hints) = broadcast::channel(16);
+        let (tx, hints) = broadcast::channel(16);
         let (asked, tries) = (Arc::default(), Arc::default());
         let start = Instant::now();
-        let held = tokio::spawn({
-            let mut attempt = answer(&asked, &tries);
-            async move { hold_for_question(&mut hints, "asked:r1", &mut attempt, |_| true, || {}).await }
-        });
+        let held = hold_in_background(hints, &asked, &tries);
         tokio::time::sleep(Duration::from_millis(400)).await;
         // Another run's question: not this answer's.
         tx.send("asked:r2".to_string()).unwrap();
@@ -133,13 +142,10 @@ mod tests {
     /// the store then, as for its own hint, instead of at its next pause.
     #[tokio::test(start_paused = true)]
     async fn a_held_answer_is_tried_again_when_the_store_may_have_lost_its_hint() {
-        let (tx, mut hints) = broadcast::channel(16);
+        let (tx, hints) = broadcast::channel(16);
         let (asked, tries) = (Arc::default(), Arc::default());
         let start = Instant::now();
-        let held = tokio::spawn({
-            let mut attempt = answer(&asked, &tries);
-            async move { hold_for_question(&mut hints, "asked:r1", &mut attempt, |_| true, || {}).await }
-        });
+        let held = hold_in_background(hints, &asked, &tries);
         tokio::time::sleep(Duration::from_millis(400)).await;
         asked.store(true, Ordering::SeqCst);
         tx.send(REREAD_ALL.to_string()).unwrap();
