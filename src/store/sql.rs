@@ -137,11 +137,11 @@ const MESSAGES_PER_INSERT: usize = 200;
 /// `INSERT INTO messages` of `n` rows: `$1` the session, `$2` the run,
 /// then each message's sequence number and body.
 fn messages_insert(n: usize) -> String {
+    use std::fmt::Write as _;
     let mut sql = String::from("INSERT INTO messages (session_id, run_id, seq, body) VALUES ");
     for i in 0..n {
-        let (seq, body) = (3 + 2 * i, 4 + 2 * i);
-        sql.push_str(if i == 0 { "" } else { ", " });
-        sql.push_str(&format!("($1, $2, ${seq}, ${body})"));
+        let sep = if i == 0 { "" } else { ", " };
+        let _ = write!(sql, "{sep}($1, $2, ${}, ${})", 3 + 2 * i, 4 + 2 * i);
     }
     sql
 }
@@ -153,16 +153,16 @@ fn messages_insert(n: usize) -> String {
 /// over the network to PostgreSQL) and a tool turn commits several.
 macro_rules! insert_messages {
     ($tx:expr, $lease:expr, $first:expr, $bodies:expr) => {{
-        let first: i64 = $first;
+        let mut seq: i64 = $first;
         let bodies: &[String] = $bodies;
-        for (c, chunk) in bodies.chunks(MESSAGES_PER_INSERT).enumerate() {
+        for chunk in bodies.chunks(MESSAGES_PER_INSERT) {
             let sql = messages_insert(chunk.len());
             let mut q = sqlx::query(&sql)
                 .bind(&$lease.session_id)
                 .bind(&$lease.run_id);
-            for (i, body) in chunk.iter().enumerate() {
-                let at = i64::try_from(c * MESSAGES_PER_INSERT + i).unwrap_or(i64::MAX);
-                q = q.bind(first + at).bind(body);
+            for body in chunk {
+                q = q.bind(seq).bind(body);
+                seq += 1;
             }
             q.execute(&mut *$tx).await?;
         }
