@@ -129,31 +129,14 @@ impl Floor {
     /// Opens a stream the way hookwire does (first event queued before the
     /// call is awaited) and returns it after the first round trip.
     async fn open(&self) -> PingStream {
-        let mut client = HookServiceClient::new(self.channel.clone())
-            .max_decoding_message_size(16 * 1024 * 1024);
-        let (tx, rx) = mpsc::channel(256);
-        tx.send(self.event.clone()).await.unwrap();
-        let mut inbound = client
-            .process(ReceiverStream::new(rx))
-            .await
-            .expect("floor stream opens")
-            .into_inner();
-        inbound.message().await.unwrap().expect("first verdict");
-        PingStream {
-            tx,
-            inbound,
-            event: self.event.clone(),
-        }
+        PingStream::open(&self.channel, &self.event).await
     }
 
     /// Opens `n` streams one after another, one round trip each: what a
     /// run pays per hook before its first verdict, without hookwire.
     pub async fn open_streams(&self, n: usize) {
         for _ in 0..n {
-            let s = self.open().await;
-            drop(s.tx);
-            let mut inbound = s.inbound;
-            while inbound.message().await.ok().flatten().is_some() {}
+            self.open().await.close().await;
         }
     }
 
@@ -217,6 +200,45 @@ impl Floor {
         }
         rate
     }
+
+    /// Round trips per second with `streams` workers at once, each opening
+    /// a stream, making `per_stream` round trips on it (the first is the
+    /// open's) and closing it, over and over: a run's hook stream, one per
+    /// run, with tonic alone. What the protocol's shape costs on this stack
+    /// before hookwire or the run does anything.
+    pub async fn throughput_per_stream_of(
+        &self,
+        streams: usize,
+        per_stream: usize,
+        window: Duration,
+        verbose: bool,
+    ) -> f64 {
+        let count = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks: Vec<_> = (0..streams)
+            .map(|_| {
+                let (channel, event) = (self.channel.clone(), self.event.clone());
+                let (count, stop) = (count.clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut s = PingStream::open(&channel, &event).await;
+                        count.fetch_add(1, Ordering::Relaxed);
+                        for _ in 1..per_stream {
+                            s.ping().await;
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                        s.close().await;
+                    }
+                })
+            })
+            .collect();
+        let rate = window_rate(&count, window, verbose).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = t.await;
+        }
+        rate
+    }
 }
 
 /// Counts `count`'s increase per second over `window`, after a warm-up of a
@@ -261,6 +283,31 @@ struct PingStream {
 }
 
 impl PingStream {
+    async fn open(channel: &Channel, event: &pb::HookEvent) -> PingStream {
+        let mut client =
+            HookServiceClient::new(channel.clone()).max_decoding_message_size(16 * 1024 * 1024);
+        let (tx, rx) = mpsc::channel(256);
+        tx.send(event.clone()).await.unwrap();
+        let mut inbound = client
+            .process(ReceiverStream::new(rx))
+            .await
+            .expect("floor stream opens")
+            .into_inner();
+        inbound.message().await.unwrap().expect("first verdict");
+        PingStream {
+            tx,
+            inbound,
+            event: event.clone(),
+        }
+    }
+
+    /// Half-closes the stream and reads it to its end, as a run's end does.
+    async fn close(self) {
+        drop(self.tx);
+        let mut inbound = self.inbound;
+        while inbound.message().await.ok().flatten().is_some() {}
+    }
+
     async fn ping(&mut self) {
         self.tx.send(self.event.clone()).await.unwrap();
         self.inbound.message().await.unwrap().expect("verdict");

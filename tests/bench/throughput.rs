@@ -2,7 +2,10 @@
 //! one hook, against 64 raw streams ping-ponging on one connection. The
 //! same runs without the hook, at the same concurrency, tell how much of
 //! the machine the run itself takes (the client call, the stream opened per
-//! run, the orchestration), and so what the hook events alone cost.
+//! run, the orchestration), and so what the hook events alone cost. And
+//! tonic alone with the hooked runs' stream shape (a stream per run, closed
+//! after the run's N round trips) tells whether a cost that grows with
+//! concurrency is the protocol's, one stream per run, or hookwire's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,6 +41,10 @@ pub async fn measure(rig: &mut Rig, floor: &Floor, plan: &Plan) -> Vec<Row> {
     // The floor with as many streams as runs (no target): whether a cost
     // that grows with concurrency is the runs' or HTTP/2's and tokio's own.
     let mut floors_at = vec![Vec::new(); n];
+    // The same number of streams, each closed after a run's N round trips
+    // (no target): what one stream per run costs with tonic alone, the
+    // shape the hooked runs have before hookwire or the run adds anything.
+    let mut shaped = vec![Vec::new(); n];
     // Runs that did not complete, per concurrency, both variants together.
     let mut failed = vec![Vec::new(); n];
     for _ in 0..plan.throughput_rounds {
@@ -52,6 +59,11 @@ pub async fn measure(rig: &mut Rig, floor: &Floor, plan: &Plan) -> Vec<Row> {
             } else {
                 floor.throughput(c, window, plan.verbose).await
             });
+            shaped[i].push(
+                floor
+                    .throughput_per_stream_of(c, events as usize, window, plan.verbose)
+                    .await,
+            );
             let (h, hf) = runs_per_second(rig, &mut pools, HOOKED, c, window, plan).await;
             let (b, bf) = runs_per_second(rig, &mut pools, BARE, c, window, plan).await;
             hooked[i].push(h);
@@ -132,6 +144,28 @@ pub async fn measure(rig: &mut Rig, floor: &Floor, plan: &Plan) -> Vec<Row> {
                 .against(format!("floor {c} streams"), at, &over(&direct)),
             );
         }
+        let shape = Spread::of(&shaped[i]);
+        rows.push(
+            Row::new(
+                4,
+                format!(
+                    "floor: round trips/s, {c} streams, each closed after {events} (a stream per run, tonic alone)"
+                ),
+                "/s",
+                shape,
+            )
+            .against(&floor_name, floor_spread, &ratio(&shaped[i])),
+        );
+        let per_shape: Vec<f64> = direct.iter().zip(&shaped[i]).map(|(x, f)| x / f).collect();
+        rows.push(
+            Row::new(
+                4,
+                format!("hook events/s, {c} concurrent chat runs, against a stream per run on tonic alone"),
+                "/s",
+                Spread::of(&direct),
+            )
+            .against(format!("{c} streams of {events}"), shape, &per_shape),
+        );
         rows.push(
             Row::new(
                 4,
