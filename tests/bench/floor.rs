@@ -14,6 +14,7 @@ use hookwire::pb;
 use hookwire::pb::hook_service_client::HookServiceClient;
 use hookwire::pb::hook_service_server::{HookService, HookServiceServer};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
@@ -175,30 +176,24 @@ impl Floor {
     /// Round trips per second with `streams` streams ping-ponging at once on
     /// the one connection, over `window` after a short warm-up.
     pub async fn throughput(&self, streams: usize, window: Duration, verbose: bool) -> f64 {
-        let count = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
+        let tally = Tally::default();
         let mut opened = Vec::new();
         for _ in 0..streams {
             opened.push(self.open().await);
         }
-        let tasks: Vec<_> = opened
+        let tasks = opened
             .into_iter()
             .map(|mut s| {
-                let (count, stop) = (count.clone(), stop.clone());
+                let tally = tally.clone();
                 tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
+                    while tally.running() {
                         s.ping().await;
-                        count.fetch_add(1, Ordering::Relaxed);
+                        tally.add();
                     }
                 })
             })
             .collect();
-        let rate = window_rate(&count, window, verbose).await;
-        stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            let _ = t.await;
-        }
-        rate
+        tally.rate(tasks, window, verbose).await
     }
 
     /// Round trips per second with `streams` workers at once, each opening
@@ -213,29 +208,51 @@ impl Floor {
         window: Duration,
         verbose: bool,
     ) -> f64 {
-        let count = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let tasks: Vec<_> = (0..streams)
+        let tally = Tally::default();
+        let tasks = (0..streams)
             .map(|_| {
                 let (channel, event) = (self.channel.clone(), self.event.clone());
-                let (count, stop) = (count.clone(), stop.clone());
+                let tally = tally.clone();
                 tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
+                    while tally.running() {
                         let mut s = PingStream::open(&channel, &event).await;
-                        count.fetch_add(1, Ordering::Relaxed);
+                        tally.add();
                         for _ in 1..per_stream {
                             s.ping().await;
-                            count.fetch_add(1, Ordering::Relaxed);
+                            tally.add();
                         }
                         s.close().await;
                     }
                 })
             })
             .collect();
-        let rate = window_rate(&count, window, verbose).await;
-        stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            let _ = t.await;
+        tally.rate(tasks, window, verbose).await
+    }
+}
+
+/// Round trips counted by a floor's workers, and the flag that stops them.
+#[derive(Clone, Default)]
+struct Tally {
+    count: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Tally {
+    fn running(&self) -> bool {
+        !self.stop.load(Ordering::Relaxed)
+    }
+
+    fn add(&self) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The count's rate over the window; then stops `workers` and waits
+    /// for them.
+    async fn rate(self, workers: Vec<JoinHandle<()>>, window: Duration, verbose: bool) -> f64 {
+        let rate = window_rate(&self.count, window, verbose).await;
+        self.stop.store(true, Ordering::Relaxed);
+        for w in workers {
+            let _ = w.await;
         }
         rate
     }
