@@ -1684,6 +1684,75 @@ async fn postgres_a_statement_stuck_behind_a_lock_gives_up_after_a_lease() {
     s.close().await;
 }
 
+/// PostgreSQL: lease renewals do not queue behind the runs' own calls.
+/// Here every connection of the pool waits on a lock that another session
+/// holds (as every one waited over 20 s under a burst of 10 000 run
+/// starts); the renewal still goes through at once. In the pool it waited
+/// with the rest, and under that burst the replica stopped a third of its
+/// runs as if the store were unreachable.
+#[tokio::test]
+async fn postgres_a_lease_is_renewed_while_every_pooled_connection_waits() {
+    use sqlx::Connection as _;
+    let url = support::postgres::database();
+    let setting = StoreSetting::Postgres {
+        url: url.clone(),
+        password_env: None,
+        max_connections: 2,
+    };
+    // A long lease: the statement timeout (a lease) must not free the
+    // pool before the renewal is tried.
+    let s = store::open(&setting, opts(Duration::from_secs(120), 1 << 20))
+        .await
+        .unwrap();
+    s.create_session(&new_session("s1", "a", "o"))
+        .await
+        .unwrap();
+    let lease = s.begin_run("s1", "r1", "A").await.unwrap();
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // More callers than the pool has connections (one of its two is the
+    // listener's), each waiting on the lock once it has one.
+    let blocked: Vec<_> = (0..3)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.get_session("s1").await })
+        })
+        .collect();
+    // Every pooled connection is waiting on the lock: some wait, none idle
+    // (but the listener's).
+    let db = url.rsplit('/').next().unwrap();
+    let state = format!(
+        "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT%')
+              || ',' || count(*) FILTER (WHERE state = 'idle' AND query NOT LIKE 'LISTEN%')
+         FROM pg_stat_activity WHERE datname = '{db}'"
+    );
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let now = support::postgres::server().query(&url, &state);
+            let (waiting, idle) = now.split_once(',').unwrap();
+            if waiting != "0" && idle == "0" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every pooled connection waits on the lock");
+    let renewed = tokio::time::timeout(Duration::from_secs(10), s.renew_all(&[lease]))
+        .await
+        .expect("the renewal did not wait for the pool");
+    assert_eq!(renewed.unwrap(), vec![true]);
+    tx.rollback().await.unwrap();
+    for b in blocked {
+        b.await.unwrap().unwrap();
+    }
+    s.close().await;
+}
+
 /// PostgreSQL: a replica that starts while another one migrates waits for
 /// it, however long the migration takes. The migrations used to run under
 /// the pool's statement timeout (a lease, at least 5 s): the wait for the

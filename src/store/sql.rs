@@ -235,6 +235,15 @@ pub struct SqlStore {
     skip_locked: &'static str,
     wake: broadcast::Sender<String>,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// PostgreSQL: a connection of its own for lease renewals. In the
+    /// pool they queued behind the runs' own calls, and under a burst of
+    /// run starts (10 000 at once, calls waiting over 20 s for a
+    /// connection) a renewal waited past the point where the replica
+    /// stops its runs for want of a lease: a third of the burst's runs
+    /// stopped as if the store were unreachable. The store answered; it
+    /// was the queue. SQLite has one connection and no such second one
+    /// to give (one writer at a time either way).
+    renewals: Option<PgPool>,
     /// Slow waits for a connection, reported in summary.
     waits: Waits,
 }
@@ -388,6 +397,7 @@ impl SqlStore {
             skip_locked: "",
             wake: broadcast::channel(256).0,
             listener: Mutex::new(None),
+            renewals: None,
             waits: Waits::default(),
         })
     }
@@ -462,6 +472,12 @@ impl SqlStore {
         let (wake, _) = broadcast::channel(256);
         let (ready_tx, ready) = tokio::sync::oneshot::channel();
         let listener = tokio::spawn(listen(pool.clone(), wake.clone(), ready_tx));
+        // Opened at the first renewal, and again after a lost connection.
+        let renewals = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_lazy_with(connect);
         // Listening before the first write, so no hint of ours is missed
         // (polling would still find it, a little later).
         if tokio::time::timeout(Duration::from_secs(10), ready)
@@ -477,6 +493,7 @@ impl SqlStore {
             skip_locked: "FOR UPDATE SKIP LOCKED",
             wake,
             listener: Mutex::new(Some(listener)),
+            renewals: Some(renewals),
             waits: Waits::default(),
         })
     }
@@ -866,11 +883,21 @@ impl SessionStore for SqlStore {
             .collect();
         let mut held = Vec::with_capacity(leases.len());
         for (chunk, list) in leases.chunks(JSON_CHUNK).zip(json_lists(&keys)?) {
-            let renewed: Vec<(String,)> = with_pool!(self, p => sqlx::query_as(&sql)
-                .bind(list)
-                .bind(ms(self.options.lease))
-                .fetch_all(p)
-                .await?);
+            let renewed: Vec<(String,)> = match &self.renewals {
+                Some(own) => {
+                    let mut conn = own.acquire().await?;
+                    sqlx::query_as(&sql)
+                        .bind(list)
+                        .bind(ms(self.options.lease))
+                        .fetch_all(&mut *conn)
+                        .await?
+                }
+                None => with_pool!(self, p => sqlx::query_as(&sql)
+                    .bind(list)
+                    .bind(ms(self.options.lease))
+                    .fetch_all(p)
+                    .await?),
+            };
             let renewed: HashSet<String> = renewed.into_iter().map(|(id,)| id).collect();
             held.extend(chunk.iter().map(|l| renewed.contains(&l.run_id)));
         }
@@ -1441,6 +1468,9 @@ impl SessionStore for SqlStore {
         match &self.pool {
             Pool::Sqlite(one) => one.close().await,
             Pool::Postgres(pool) => pool.close().await,
+        }
+        if let Some(own) = &self.renewals {
+            own.close().await;
         }
     }
 }
