@@ -985,8 +985,11 @@ struct Recording {
 /// With `stall`, the first refusal comes after that long (a call that
 /// waited for a connection in vain); with `no_claims`, no reaper claims an
 /// expired run (a single replica whose reaper waits on the same store).
+/// With `slow`, the first end waits that long and then goes through (a
+/// call that waited long for a connection, and got one).
 #[derive(Default)]
 struct EndFaults {
+    slow: std::sync::Mutex<Option<Duration>>,
     refuse: std::sync::atomic::AtomicUsize,
     lose_answer: std::sync::atomic::AtomicBool,
     calls: std::sync::atomic::AtomicUsize,
@@ -1089,6 +1092,10 @@ impl SessionStore for Recording {
             return self.inner.end_run(l, m, e).await;
         };
         f.calls.fetch_add(1, SeqCst);
+        let slow = f.slow.lock().unwrap().take();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
         if f.refuse
             .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
             .is_ok()
@@ -2262,6 +2269,21 @@ async fn a_run_whose_first_end_write_waited_longer_than_a_lease_is_still_retried
     });
     ends.refuse.store(1, std::sync::atomic::Ordering::SeqCst);
     completes_with_its_answer(&ends, "memory", 1, 2).await;
+}
+
+/// An end that waits for the store longer than a lease (under a burst of
+/// 10 000 run starts on PostgreSQL, calls waited over 20 s for a
+/// connection) keeps its run's lease: the replica renews a run until its
+/// end is settled. Renewals used to stop once the end began; the lease
+/// expired, the reaper took the run, and the end was refused as a lost
+/// lease, the run interrupted.
+#[tokio::test]
+async fn a_run_whose_end_waits_longer_than_a_lease_keeps_its_lease_and_completes() {
+    let ends = Arc::new(EndFaults {
+        slow: std::sync::Mutex::new(Some(Duration::from_millis(2500))),
+        ..Default::default()
+    });
+    completes_with_its_answer(&ends, "memory", 1, 1).await;
 }
 
 /// The end's first write committed, but its answer was lost with the

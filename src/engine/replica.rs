@@ -185,10 +185,15 @@ impl Engine {
     }
 
     async fn renew_leases(&self) {
+        // A run recording its end is renewed too, until that end is
+        // settled: the end may wait for the store longer than what is left
+        // of the lease (under a burst on PostgreSQL, calls waited over 20 s
+        // for a connection), and an end whose lease expired meanwhile was
+        // refused and the run reaped as a lost replica's.
         let runs: Vec<_> = self
             .runs_in_flight()
             .into_iter()
-            .filter(|r| !r.ledger.is_ending())
+            .filter(|r| !r.ledger.end_settled())
             .collect();
         // A few statements for all of them (`renew_all`), not one store
         // call per run: with 10 000 runs in flight that was 10 000 calls
