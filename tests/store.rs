@@ -1658,25 +1658,33 @@ async fn until_a_statement_waits_for_a_lock(watch: &mut sqlx::PgConnection) {
     panic!("no statement waited for the open transaction's lock");
 }
 
+/// Session `s1` with run `r1` started in it: the run's lease.
+async fn run_in_s1(s: &Arc<dyn SessionStore>) -> store::RunLease {
+    s.create_session(&new_session("s1", "a", "o"))
+        .await
+        .unwrap();
+    s.begin_run("s1", "r1", "A").await.unwrap()
+}
+
+/// A transaction of another client of `url`'s database that ran `sql`:
+/// what it locked stays locked until it is rolled back.
+async fn holding(url: &str, sql: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let other = sqlx::PgPool::connect(url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query(sql).execute(&mut *tx).await.unwrap();
+    tx
+}
+
 /// PostgreSQL: a store call stuck behind another transaction's row lock
 /// (or a server that stopped answering) gives up after a lease, as
 /// `Unavailable`, instead of holding its run for as long as the lock.
 #[tokio::test]
 async fn postgres_a_statement_stuck_behind_a_lock_gives_up_after_a_lease() {
-    use sqlx::Connection as _;
     let url = support::postgres::database();
     // The statement timeout is the lease, at least 5 s.
     let s = open_sql(&url, opts(Duration::from_millis(1), 1 << 20)).await;
-    s.create_session(&new_session("s1", "a", "o"))
-        .await
-        .unwrap();
-    let lease = s.begin_run("s1", "r1", "A").await.unwrap();
-    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut tx = other.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM runs WHERE id = 'r1' FOR UPDATE")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let lease = run_in_s1(&s).await;
+    let tx = holding(&url, "SELECT 1 FROM runs WHERE id = 'r1' FOR UPDATE").await;
     let stuck = tokio::time::timeout(
         Duration::from_secs(30),
         s.append(&lease, &[Message::user("x")]),
@@ -1699,7 +1707,6 @@ async fn postgres_a_statement_stuck_behind_a_lock_gives_up_after_a_lease() {
 /// runs as if the store were unreachable.
 #[tokio::test]
 async fn postgres_a_lease_is_renewed_while_every_pooled_connection_waits() {
-    use sqlx::Connection as _;
     let url = support::postgres::database();
     let setting = StoreSetting::Postgres {
         url: url.clone(),
@@ -1711,16 +1718,8 @@ async fn postgres_a_lease_is_renewed_while_every_pooled_connection_waits() {
     let s = store::open(&setting, opts(Duration::from_secs(120), 1 << 20))
         .await
         .unwrap();
-    s.create_session(&new_session("s1", "a", "o"))
-        .await
-        .unwrap();
-    let lease = s.begin_run("s1", "r1", "A").await.unwrap();
-    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut tx = other.begin().await.unwrap();
-    sqlx::query("LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let lease = run_in_s1(&s).await;
+    let tx = holding(&url, "LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE").await;
     // More callers than the pool has connections (one of its two is the
     // listener's), each waiting on the lock once it has one.
     let blocked: Vec<_> = (0..3)
