@@ -239,7 +239,7 @@ pub struct SqlStore {
     /// pool they queued behind the runs' own calls, and under a burst of
     /// run starts (10 000 at once, calls waiting over 20 s for a
     /// connection) a renewal waited past the point where the replica
-    /// stops its runs for want of a lease: a third of the burst's runs
+    /// stops its runs for want of a lease: up to a third of the burst's runs
     /// stopped as if the store were unreachable. The store answered; it
     /// was the queue. SQLite has one connection and no such second one
     /// to give (one writer at a time either way).
