@@ -1642,20 +1642,29 @@ async fn postgres_a_deleted_sessions_run_goes_when_it_ends() {
 /// Waits until a statement on the database at `url` waits for a row lock
 /// (the store's call is then blocked behind the test's open transaction).
 async fn until_a_statement_waits_for_a_lock(watch: &mut sqlx::PgConnection) {
+    until_the_database_shows(
+        watch,
+        "SELECT COUNT(*) > 0 FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        "a statement waiting for the open transaction's lock",
+    )
+    .await
+}
+
+/// Waits (about 10 s at most) until `condition`, a query of one boolean,
+/// holds on `watch`'s database; else fails the test for want of `what`.
+async fn until_the_database_shows(watch: &mut sqlx::PgConnection, condition: &str, what: &str) {
     for _ in 0..2000 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&mut *watch)
-        .await
-        .unwrap();
-        if waiting > 0 {
+        let holds: bool = sqlx::query_scalar(condition)
+            .fetch_one(&mut *watch)
+            .await
+            .unwrap();
+        if holds {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    panic!("no statement waited for the open transaction's lock");
+    panic!("never saw {what}");
 }
 
 /// Session `s1` with run `r1` started in it: the run's lease.
@@ -1707,6 +1716,7 @@ async fn postgres_a_statement_stuck_behind_a_lock_gives_up_after_a_lease() {
 /// runs as if the store were unreachable.
 #[tokio::test]
 async fn postgres_a_lease_is_renewed_while_every_pooled_connection_waits() {
+    use sqlx::Connection as _;
     let url = support::postgres::database();
     let setting = StoreSetting::Postgres {
         url: url.clone(),
@@ -1729,25 +1739,16 @@ async fn postgres_a_lease_is_renewed_while_every_pooled_connection_waits() {
         })
         .collect();
     // Every pooled connection is waiting on the lock: some wait, none idle
-    // (but the listener's).
-    let db = url.rsplit('/').next().unwrap();
-    let state = format!(
-        "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT%')
-              || ',' || count(*) FILTER (WHERE state = 'idle' AND query NOT LIKE 'LISTEN%')
-         FROM pg_stat_activity WHERE datname = '{db}'"
-    );
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let now = support::postgres::server().query(&url, &state);
-            let (waiting, idle) = now.split_once(',').unwrap();
-            if waiting != "0" && idle == "0" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("every pooled connection waits on the lock");
+    // (but the listener's; the watch is not idle while it asks).
+    let mut watch = sqlx::PgConnection::connect(&url).await.unwrap();
+    until_the_database_shows(
+        &mut watch,
+        "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT%') > 0
+             AND count(*) FILTER (WHERE state = 'idle' AND query NOT LIKE 'LISTEN%') = 0
+         FROM pg_stat_activity WHERE datname = current_database()",
+        "every pooled connection waiting on the lock",
+    )
+    .await;
     let renewed = tokio::time::timeout(Duration::from_secs(10), s.renew_all(&[lease]))
         .await
         .expect("the renewal did not wait for the pool");
