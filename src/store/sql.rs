@@ -67,10 +67,15 @@ enum Pool {
 /// the macro.
 macro_rules! with_pool {
     ($self:ident, $p:ident => $body:expr) => {
+        with_pool!(lock: $self, $p => $body)
+    };
+    // `lock_first`: SQLite's connection ahead of the calls in line (lease
+    // renewals; see `sqlite_conn`).
+    ($lock:ident: $self:ident, $p:ident => $body:expr) => {
         match &$self.pool {
             Pool::Sqlite(one) => {
                 let asked = std::time::Instant::now();
-                let mut held = one.lock().await?;
+                let mut held = one.$lock().await?;
                 $self.waits.record("sqlite", asked.elapsed());
                 let done: Result<_, StoreError> = async {
                     let $p = held.conn();
@@ -242,7 +247,8 @@ pub struct SqlStore {
     /// stops its runs for want of a lease: up to a third of the burst's runs
     /// stopped as if the store were unreachable. The store answered; it
     /// was the queue. SQLite has one connection and no such second one
-    /// to give (one writer at a time either way).
+    /// to give (one writer at a time either way): there renewals go ahead
+    /// of the queue instead (`SqliteConn::lock_first`).
     renewals: Option<PgPool>,
     /// Slow waits for a connection, reported in summary.
     waits: Waits,
@@ -892,7 +898,8 @@ impl SessionStore for SqlStore {
                         .fetch_all(&mut *conn)
                         .await?
                 }
-                None => with_pool!(self, p => sqlx::query_as(&sql)
+                // SQLite: ahead of the runs' calls on its one connection.
+                None => with_pool!(lock_first: self, p => sqlx::query_as(&sql)
                     .bind(list)
                     .bind(ms(self.options.lease))
                     .fetch_all(p)
