@@ -2114,6 +2114,91 @@ async fn postgres_two_stores_migrating_at_once_migrate_once() {
     b.close().await;
 }
 
+/// PostgreSQL: a quota check and a page of sessions read no further than
+/// their limit however many sessions the principal keeps, whatever the
+/// planner knows of the tables. Not analyzed yet (as after a burst), it
+/// chose bitmap scans, which read every matching index entry before the
+/// LIMIT: all 5 000 here, twice over. Analyzed, with the principal a fifth
+/// of the table, it counted its recent runs by scanning the whole table.
+#[tokio::test]
+async fn postgres_capped_reads_stop_at_their_limit_whatever_the_planner_knows() {
+    use sqlx::Connection as _;
+    let url = support::postgres::database();
+    let s = open_sql(&url, StoreOptions::default()).await;
+    let mut watch = sqlx::PgConnection::connect(&url).await.unwrap();
+    let now = "CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)";
+    for q in [
+        // Analyzed only when the test says so, whatever autovacuum is up to.
+        "ALTER TABLE sessions SET (autovacuum_enabled = false)".to_string(),
+        "ALTER TABLE runs SET (autovacuum_enabled = false)".to_string(),
+        // 20 000 sessions of someone else first in the heap, then 5 000 of
+        // `big`; each with a run started now.
+        "INSERT INTO sessions (id, agent, owner, extra_hooks, metadata, created_ms, last_active_ms)
+         SELECT 'other-' || i, 'a', 'other', '[]', '{}', i, i FROM generate_series(1, 20000) AS i
+         UNION ALL
+         SELECT 'big-' || i, 'a', 'big', '[]', '{}', i, i FROM generate_series(1, 5000) AS i"
+            .to_string(),
+        format!(
+            "INSERT INTO runs (id, session_id, replica, epoch, lease_expires_ms, started_ms,
+                               ended_ms, outcome, owner)
+             SELECT o || '-' || i || '-run', o || '-' || i, 'A', 1, 0, {now}, {now}, 'completed', o
+             FROM (VALUES ('other', 20000), ('big', 5000)) AS t(o, n), generate_series(1, n) AS i"
+        ),
+    ] {
+        sqlx::query(&q).execute(&mut watch).await.unwrap();
+    }
+    for analyzed in [false, true] {
+        if analyzed {
+            sqlx::query("ANALYZE sessions, runs")
+                .execute(&mut watch)
+                .await
+                .unwrap();
+        }
+        let usage = s
+            .owner_usage("big", Duration::from_secs(60), 100)
+            .await
+            .unwrap();
+        assert_eq!((usage.sessions, usage.recent_runs), (100, 100));
+        let page = s
+            .list_sessions(&SessionFilter {
+                owner: Some("big".into()),
+                page_size: 50,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(page.sessions.len(), 50);
+    }
+    // A server process reports what it read when it exits, so the store's
+    // connections are closed first; then at least the counts' 2 x 100 and
+    // the pages' 2 x 50 rows show, read from the indexes or by scans.
+    s.close().await;
+    let reads = "SELECT
+           CAST(COALESCE(SUM(idx_tup_read) FILTER (WHERE indexrelname = 'sessions_owner_page'), 0) AS BIGINT),
+           CAST(COALESCE(SUM(idx_tup_read) FILTER (WHERE indexrelname = 'runs_owner_started'), 0) AS BIGINT),
+           (SELECT CAST(SUM(seq_tup_read) AS BIGINT) FROM pg_stat_user_tables
+            WHERE relname IN ('sessions', 'runs'))
+         FROM pg_stat_user_indexes";
+    until_the_database_shows(
+        &mut watch,
+        &format!("SELECT s + q >= 300 AND r + q >= 200 FROM ({reads}) AS t(s, r, q)"),
+        "the index reads of the store's closed connections",
+    )
+    .await;
+    let (sessions, runs, scanned): (i64, i64, i64) =
+        sqlx::query_as(reads).fetch_one(&mut watch).await.unwrap();
+    // Each count and page plus the entry that ends it, twice.
+    assert!(
+        sessions <= 2 * 152,
+        "two quota counts and two pages read {sessions} of the owner's sessions' index entries"
+    );
+    assert!(
+        runs <= 2 * 101,
+        "two quota counts read {runs} of the owner's runs' index entries"
+    );
+    assert_eq!(scanned, 0, "rows read by scanning sessions and runs whole");
+}
+
 /// The next wake-up hint, within 10 s.
 async fn next_hint(hints: &mut tokio::sync::broadcast::Receiver<String>) -> String {
     tokio::time::timeout(Duration::from_secs(10), hints.recv())

@@ -424,10 +424,21 @@ impl SqlStore {
         // CancelRun, for as long as it lasts. A run whose write waited a
         // whole lease may have been claimed by another replica by then.
         let statement_timeout = options.lease.max(MIN_STATEMENT_TIMEOUT);
-        let connect = check_postgres(url, password_env)?.options([(
-            "statement_timeout",
-            format!("{}ms", statement_timeout.as_millis()),
-        )]);
+        // No bitmap scans: every capped read here (a quota's counts, a page
+        // of sessions) relies on an index scan stopping at its LIMIT, and a
+        // bitmap scan reads every matching entry first. The planner picks
+        // one whenever its statistics underrate how many rows an owner has
+        // (tables not yet analyzed, or a principal that grew since): a
+        // quota check for an owner of 5 000 sessions then read all 5 000
+        // (BENCHMARKS.md, "The fixes after efdf4f5"). None of the store's
+        // queries needs one.
+        let connect = check_postgres(url, password_env)?.options([
+            (
+                "statement_timeout",
+                format!("{}ms", statement_timeout.as_millis()),
+            ),
+            ("enable_bitmapscan", "off".to_string()),
+        ]);
         let started = tokio::time::Instant::now();
         let pool = loop {
             match PgPoolOptions::new()
@@ -695,25 +706,33 @@ impl SessionStore for SqlStore {
         // deleted_run_starts (its own index), so they still count for the
         // run rate, once each. The window's start is a subquery so that PostgreSQL evaluates
         // its volatile clock once and can bound the index scan with it.
+        // Each capped count is ordered as its index is, so that the plan
+        // that stops at the cap (walking that index) is also the one that
+        // needs no sort. Unordered, PostgreSQL with statistics counted the
+        // recent runs of a principal owning a fifth of the table by
+        // scanning all of it (it expected the cap's rows early in the
+        // heap); bitmap scans are off for the same reason (see
+        // `SqlStore::postgres`).
         let sql = self.sql(
             "SELECT
                (SELECT COUNT(*) FROM
-                 (SELECT 1 FROM sessions WHERE owner = $1 LIMIT $3) AS s),
+                 (SELECT 1 FROM sessions WHERE owner = $1
+                   ORDER BY created_ms, id LIMIT $3) AS s),
                (SELECT COUNT(*) FROM
                  (SELECT 1 FROM runs WHERE owner = $1 AND ended_ms IS NULL
                    AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = runs.session_id)
-                   LIMIT $3) AS r),
+                   ORDER BY ended_ms LIMIT $3) AS r),
                (SELECT COUNT(*) FROM runs r WHERE r.owner IS NULL AND r.ended_ms IS NULL
                  AND (SELECT s.owner FROM sessions s WHERE s.id = r.session_id) = $1),
                (SELECT COUNT(*) FROM
                  (SELECT 1 FROM runs WHERE owner = $1 AND started_ms > (SELECT {now} - $2)
                    AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = runs.session_id)
-                   LIMIT $3) AS r),
+                   ORDER BY started_ms LIMIT $3) AS r),
                (SELECT COUNT(*) FROM runs r WHERE r.owner IS NULL AND r.started_ms > (SELECT {now} - $2)
                  AND (SELECT s.owner FROM sessions s WHERE s.id = r.session_id) = $1),
                (SELECT COUNT(*) FROM
                  (SELECT 1 FROM deleted_run_starts WHERE owner = $1 AND started_ms > (SELECT {now} - $2)
-                   LIMIT $3) AS d)",
+                   ORDER BY started_ms LIMIT $3) AS d)",
         );
         let (sessions, active, active_ownerless, recent, recent_ownerless, recent_deleted): (
             i64,
