@@ -66,6 +66,11 @@ struct Inner {
     /// run since the process started (the SQL engines' partial indexes on
     /// `ended_ms IS NULL` do the same).
     live: HashSet<String>,
+    /// The runs not ended with a cancel recorded: what the signal poll
+    /// reads for cancels, so that every replica's poll (each 500 ms) costs
+    /// the cancels pending, not every run in flight (the SQL engines'
+    /// partial index `runs_cancelled` does the same).
+    cancelling: HashSet<String>,
     /// By run id, so a run's approvals are found without a scan.
     approvals: HashMap<String, Approvals>,
     /// What each owner holds (quotas), kept as sessions and runs come and
@@ -505,7 +510,11 @@ impl SessionStore for MemoryStore {
         };
         let adding = adding + size(&closing)?;
         let Inner {
-            runs, live, owners, ..
+            runs,
+            live,
+            cancelling,
+            owners,
+            ..
         } = &mut *g;
         if let Some(r) = runs.get_mut(&lease.run_id) {
             r.ended = true;
@@ -516,6 +525,7 @@ impl SessionStore for MemoryStore {
             }
         }
         live.remove(&lease.run_id);
+        cancelling.remove(&lease.run_id);
         for (state, _) in g
             .approvals
             .get_mut(&lease.run_id)
@@ -623,6 +633,7 @@ impl SessionStore for MemoryStore {
             };
             r.cancel_reason.get_or_insert_with(|| reason.to_string());
             let replica = r.replica.clone();
+            g.cancelling.insert(run_id.to_string());
             for a in g
                 .approvals
                 .get_mut(run_id)
@@ -653,7 +664,7 @@ impl SessionStore for MemoryStore {
         let g = self.lock();
         let mine = |id: &str| g.runs.get(id).filter(|r| !r.ended && r.replica == replica);
         let mut out = Vec::new();
-        for id in &g.live {
+        for id in &g.cancelling {
             if let Some(reason) = mine(id).and_then(|r| r.cancel_reason.as_ref()) {
                 out.push(Signal::Cancel {
                     run_id: id.clone(),
@@ -786,8 +797,9 @@ mod tests {
     }
 
     /// What the replicas read every few hundred milliseconds (signals,
-    /// expired leases) is indexed by the runs in flight; ended runs, and
-    /// the approvals of sessions that expired, are not kept there.
+    /// expired leases) is indexed by the runs in flight, and the cancels by
+    /// the runs in flight with one recorded; ended runs, and the approvals
+    /// of sessions that expired, are not kept there.
     #[tokio::test(start_paused = true)]
     async fn the_periodic_reads_see_only_runs_in_flight() {
         let s = MemoryStore::default();
@@ -811,6 +823,7 @@ mod tests {
         .unwrap();
         s.request_cancel("r1", "stop").await.unwrap();
         assert_eq!(s.lock().live, HashSet::from(["r1".to_string()]));
+        assert_eq!(s.lock().cancelling, HashSet::from(["r1".to_string()]));
         let signals = s
             .signals("A", &[("r1".to_string(), "c".to_string())])
             .await
@@ -827,9 +840,17 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(gone.len(), 2);
-        let g = s.lock();
-        assert!(!g.runs.contains_key("r0") && !g.approvals.contains_key("r0"));
-        assert!(g.runs.contains_key("r1") && g.approvals.contains_key("r1"));
+        {
+            let g = s.lock();
+            assert!(!g.runs.contains_key("r0") && !g.approvals.contains_key("r0"));
+            assert!(g.runs.contains_key("r1") && g.approvals.contains_key("r1"));
+        }
+
+        // The cancelled run's end takes it out of both indexes: the poll
+        // then reads nothing.
+        s.end_run(&held, &[], &ended()).await.unwrap();
+        assert!(s.lock().live.is_empty() && s.lock().cancelling.is_empty());
+        assert!(s.signals("A", &[]).await.unwrap().is_empty());
     }
 
     /// A quota check reads the owner's share, kept as runs start and end:
