@@ -191,7 +191,7 @@ async fn round(
             let mut c = clients[i % clients.len()].clone();
             let finished = finished.clone();
             tokio::spawn(async move {
-                let r = service::invoke(&mut c, &s, "hold").await.1;
+                let r = service::invoke_under_load(&mut c, &s, "hold").await.1;
                 finished.fetch_add(1, Ordering::SeqCst);
                 r
             })
@@ -251,8 +251,8 @@ async fn round(
                 gauge(server.admin, "hookwire_runtime_alive_tasks").await,
             );
         }
-        let (th, rh) = service::invoke(&mut c0.clone(), h, "hi").await;
-        let (tb, rb) = service::invoke(&mut c0.clone(), b, "hi").await;
+        let (th, rh) = service::invoke_under_load(&mut c0.clone(), h, "hi").await;
+        let (tb, rb) = service::invoke_under_load(&mut c0.clone(), b, "hi").await;
         probe_calls += calls_per_run;
         if completed(&rh) && completed(&rb) {
             hooked.push(micros(th));

@@ -157,6 +157,33 @@ pub async fn sessions(c: &AgentServiceClient<Channel>, agent: &str, n: usize) ->
     out
 }
 
+/// One run through `Invoke` under a load that may refuse it: a gRPC error
+/// (a store that could not record the run's start answers `UNAVAILABLE`)
+/// is a run that did not complete, with the status's message as its
+/// reason, so the figure reports it rather than ending `make bench`.
+pub async fn invoke_under_load(
+    c: &mut AgentServiceClient<Channel>,
+    session: &str,
+    input: &str,
+) -> (Duration, pb::RunResult) {
+    let t = Instant::now();
+    let r = c
+        .invoke(pb::RunRequest {
+            session_id: session.into(),
+            input: input.into(),
+        })
+        .await;
+    let r = match r {
+        Ok(r) => r.into_inner(),
+        Err(status) => pb::RunResult {
+            outcome: pb::RunOutcome::Failed as i32,
+            reason: format!("{:?}: {}", status.code(), status.message()),
+            ..Default::default()
+        },
+    };
+    (t.elapsed(), r)
+}
+
 /// One run through `Invoke`, timed at the client.
 pub async fn invoke(
     c: &mut AgentServiceClient<Channel>,
