@@ -166,22 +166,13 @@ pub async fn invoke_under_load(
     session: &str,
     input: &str,
 ) -> (Duration, pb::RunResult) {
-    let t = Instant::now();
-    let r = c
-        .invoke(pb::RunRequest {
-            session_id: session.into(),
-            input: input.into(),
-        })
-        .await;
-    let r = match r {
-        Ok(r) => r.into_inner(),
-        Err(status) => pb::RunResult {
-            outcome: pb::RunOutcome::Failed as i32,
-            reason: format!("{:?}: {}", status.code(), status.message()),
-            ..Default::default()
-        },
-    };
-    (t.elapsed(), r)
+    let (t, r) = timed_invoke(c, session, input).await;
+    let r = r.unwrap_or_else(|status| pb::RunResult {
+        outcome: pb::RunOutcome::Failed as i32,
+        reason: format!("{:?}: {}", status.code(), status.message()),
+        ..Default::default()
+    });
+    (t, r)
 }
 
 /// One run through `Invoke`, timed at the client.
@@ -190,6 +181,15 @@ pub async fn invoke(
     session: &str,
     input: &str,
 ) -> (Duration, pb::RunResult) {
+    let (t, r) = timed_invoke(c, session, input).await;
+    (t, r.expect("invoke"))
+}
+
+async fn timed_invoke(
+    c: &mut AgentServiceClient<Channel>,
+    session: &str,
+    input: &str,
+) -> (Duration, Result<pb::RunResult, tonic::Status>) {
     let t = Instant::now();
     let r = c
         .invoke(pb::RunRequest {
@@ -197,8 +197,7 @@ pub async fn invoke(
             input: input.into(),
         })
         .await
-        .expect("invoke")
-        .into_inner();
+        .map(tonic::Response::into_inner);
     (t.elapsed(), r)
 }
 
