@@ -737,6 +737,53 @@ async fn transcript_size_is_limited(engine: &str) {
     s.close().await;
 }
 
+/// A write refused for what is in its way changes nothing: a start refused
+/// for a busy session counts no run, and a commit refused for size leaves
+/// the staged batch staged (an interrupted end still closes it) and the
+/// transcript's size as it was. (On PostgreSQL the writes are first tried
+/// as one statement each, which must change nothing when it cannot do
+/// all of its write.)
+async fn a_refused_write_changes_nothing(engine: &str) {
+    let s = open(engine, opts(Duration::from_secs(30), 200)).await;
+    s.create_session(&new_session("s", "a", "o")).await.unwrap();
+    let l = s.begin_run("s", "r", "A").await.unwrap();
+    assert!(matches!(
+        s.begin_run("s", "r2", "A").await,
+        Err(StoreError::Busy { .. })
+    ));
+    let session = s.get_session("s").await.unwrap();
+    assert_eq!(session.run_count, 1, "the refused start counted no run");
+    assert_eq!(session.active_run.as_deref(), Some("r"));
+    s.append(&l, &[Message::user("x".repeat(20))])
+        .await
+        .unwrap();
+    s.stage_turn(&l, Some(&call_turn(&["c1"]))).await.unwrap();
+    let err = s
+        .append(&l, &[Message::user("y".repeat(300))])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::TranscriptFull { .. }), "{err}");
+    // Had the refused commit grown the transcript, this one would not fit.
+    s.append(&l, &[Message::user("w".repeat(20))])
+        .await
+        .unwrap();
+    s.stage_turn(&l, Some(&call_turn(&["c2"]))).await.unwrap();
+    let err = s
+        .append(&l, &[Message::user("y".repeat(300))])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::TranscriptFull { .. }), "{err}");
+    let interrupted = RunEnd {
+        reason: "the replica shut down before the run ended".into(),
+        ..end(RunOutcome::Interrupted)
+    };
+    s.end_run(&l, &[], &interrupted).await.unwrap();
+    let t = s.transcript("s").await.unwrap();
+    assert_eq!(t.len(), 4, "the staged batch was still staged: {t:?}");
+    assert_eq!(t[2], call_turn(&["c2"]));
+    s.close().await;
+}
+
 async fn idle_sessions_expire_but_busy_ones_do_not(engine: &str) {
     let s = open(engine, StoreOptions::default()).await;
     s.create_session(&new_session("idle", "a", "o"))
@@ -2084,6 +2131,7 @@ contract!(
     an_interrupted_end_closes_the_staged_batch,
     approvals_first_answer_wins_and_cancel_denies,
     transcript_size_is_limited,
+    a_refused_write_changes_nothing,
     idle_sessions_expire_but_busy_ones_do_not,
     deleting_a_session_with_an_active_run_lets_the_run_end,
     a_cancelled_or_deleted_runs_work_is_refused,

@@ -4,7 +4,10 @@
 //! Each operation is one transaction. Fenced writes start with the update
 //! of the run row that names the lease's epoch: on Postgres it takes the
 //! row lock, so a claim by the reaper (which bumps the epoch) and a write
-//! by the old holder are serialized and exactly one of them wins.
+//! by the old holder are serialized and exactly one of them wins. On
+//! PostgreSQL a run's start, commits and end first try one statement that
+//! does the whole write when nothing is in its way (`pg`), and fall back
+//! to the transaction here otherwise.
 
 use crate::lock::LockExt;
 use std::collections::HashSet;
@@ -20,6 +23,8 @@ use tokio::sync::broadcast;
 
 use super::sqlite_conn::SqliteConn;
 use super::waits::Waits;
+
+mod pg;
 
 use super::{
     close_pending_turn, closes_staged_turn, migrations, not_asked_or_done, page_token,
@@ -831,6 +836,14 @@ impl SessionStore for SqlStore {
         );
         let lease_ms = ms(self.options.lease);
         let limit = self.options.max_transcript_bytes;
+        let lease = RunLease {
+            run_id: run_id.to_string(),
+            session_id: session_id.to_string(),
+            epoch: 1,
+        };
+        if self.pg_begin_run(session_id, run_id, replica).await? {
+            return Ok(lease);
+        }
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
             let claimed: Option<(i64, String)> = sqlx::query_as(&claim)
@@ -881,11 +894,7 @@ impl SessionStore for SqlStore {
             }
             tx.commit().await?;
         });
-        Ok(RunLease {
-            run_id: run_id.to_string(),
-            session_id: session_id.to_string(),
-            epoch: 1,
-        })
+        Ok(lease)
     }
 
     async fn renew(&self, lease: &RunLease) -> Result<(), StoreError> {
@@ -953,6 +962,9 @@ impl SessionStore for SqlStore {
         let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
         let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
         let limit = i64::try_from(self.options.max_transcript_bytes).unwrap_or(i64::MAX);
+        if self.pg_append(lease, &bodies, bytes).await? {
+            return Ok(());
+        }
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
             let fenced = sqlx::query(&fence)
@@ -1063,6 +1075,9 @@ impl SessionStore for SqlStore {
             .iter()
             .map(serde_json::to_string)
             .collect::<Result<Vec<_>, _>>()?;
+        if self.pg_end_run(lease, &bodies, end).await? {
+            return Ok(());
+        }
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         with_pool!(self, p => {
             let mut tx = p.begin().await?;
