@@ -33,6 +33,17 @@ use crate::store::{RunEnd, RunLease, StoreError};
 /// Whether a run's start, commit or end was written by its one statement.
 pub(super) type Written = bool;
 
+/// The insert of a write's messages: the bodies, array parameter `$bodies`,
+/// numbered up to the `next_seq` that the CTE named `grown` returned (after
+/// adding their count, `$4`); `$1` is the run, `$3` its session.
+fn insert_messages(grown: &str, bodies: u8) -> String {
+    format!(
+        "INSERT INTO messages (session_id, run_id, seq, body)
+         SELECT $3, $1, {grown}.next_seq - $4 + m.n - 1, m.body
+         FROM {grown}, unnest(${bodies}::text[]) WITH ORDINALITY AS m(body, n)"
+    )
+}
+
 impl SqlStore {
     /// A pooled connection when the engine is PostgreSQL.
     async fn pg_conn(&self) -> Result<Option<PoolConnection<Postgres>>, StoreError> {
@@ -96,24 +107,22 @@ impl SqlStore {
         let Some(mut conn) = self.pg_conn().await? else {
             return Ok(false);
         };
-        let sql = self.sql(
+        let sql = self.sql(&format!(
             "WITH fenced AS (
                  SELECT id FROM runs WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL FOR UPDATE),
              grown AS (
                  UPDATE sessions SET next_seq = next_seq + $4,
-                     transcript_bytes = transcript_bytes + $5, last_active_ms = {now}
+                     transcript_bytes = transcript_bytes + $5, last_active_ms = {{now}}
                  WHERE id = $3 AND active_run = $1 AND transcript_bytes + $5 <= $6
                      AND EXISTS (SELECT 1 FROM fenced)
                  RETURNING next_seq),
              renewed AS (
-                 UPDATE runs SET lease_expires_ms = {now} + $7, pending_turn = NULL
+                 UPDATE runs SET lease_expires_ms = {{now}} + $7, pending_turn = NULL
                  WHERE id = $1 AND EXISTS (SELECT 1 FROM grown)),
-             added AS (
-                 INSERT INTO messages (session_id, run_id, seq, body)
-                 SELECT $3, $1, grown.next_seq - $4 + m.n - 1, m.body
-                 FROM grown, unnest($8::text[]) WITH ORDINALITY AS m(body, n))
+             added AS ({})
              SELECT next_seq FROM grown",
-        );
+            insert_messages("grown", 8),
+        ));
         let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
         let limit = i64::try_from(self.options.max_transcript_bytes).unwrap_or(i64::MAX);
         let row: Option<(i64,)> = sqlx::query_as(&sql)
@@ -142,29 +151,27 @@ impl SqlStore {
         let Some(mut conn) = self.pg_conn().await? else {
             return Ok(false);
         };
-        let sql = self.sql(
+        let sql = self.sql(&format!(
             "WITH fenced AS (
                  SELECT id FROM runs
                  WHERE id = $1 AND epoch = $2 AND ended_ms IS NULL AND pending_turn IS NULL
                  FOR UPDATE),
              freed AS (
-                 UPDATE sessions SET active_run = NULL, last_active_ms = {now},
+                 UPDATE sessions SET active_run = NULL, last_active_ms = {{now}},
                      next_seq = next_seq + $4, transcript_bytes = transcript_bytes + $5
                  WHERE id = $3 AND active_run = $1 AND EXISTS (SELECT 1 FROM fenced)
                  RETURNING next_seq),
              finished AS (
-                 UPDATE runs SET ended_ms = {now}, outcome = $6, reason = $7, input_tokens = $8,
+                 UPDATE runs SET ended_ms = {{now}}, outcome = $6, reason = $7, input_tokens = $8,
                      output_tokens = $9, turns = $10
                  WHERE id = $1 AND EXISTS (SELECT 1 FROM freed)),
              denied AS (
                  UPDATE approvals SET state = 'expired'
                  WHERE run_id = $1 AND state = 'pending' AND EXISTS (SELECT 1 FROM freed)),
-             added AS (
-                 INSERT INTO messages (session_id, run_id, seq, body)
-                 SELECT $3, $1, freed.next_seq - $4 + m.n - 1, m.body
-                 FROM freed, unnest($11::text[]) WITH ORDINALITY AS m(body, n))
+             added AS ({})
              SELECT next_seq FROM freed",
-        );
+            insert_messages("freed", 11),
+        ));
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
         let bytes =
